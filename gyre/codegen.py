@@ -70,11 +70,10 @@ def generate(out_dir: Path) -> list[Path]:
 
 def committed_files(root: Path) -> list[Path]:
     """Generated files as they stand in a tree (the proto packages under gyre/)."""
-    found: list[Path] = []
-    for proto in proto_files():
-        folder = root / proto.relative_to(PROTO_ROOT).parent
-        if folder.is_dir():
-            found.extend(p for p in folder.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+    folders = {root / proto.relative_to(PROTO_ROOT).parent for proto in proto_files()}
+    found = [
+        p for folder in folders if folder.is_dir() for p in folder.iterdir() if p.name.endswith(GENERATED_SUFFIXES)
+    ]
     return sorted(found)
 
 
