@@ -1,0 +1,121 @@
+"""Durable pull consumers: decode, hand to the service, ack after its commit (shell).
+
+The contract (DESIGN section 5): a handler applies an event and records `(consumer, event_id)`
+in the same transaction (see `gyre.db.inbox`); the message is acked only after that commit.
+A crash before the ack means redelivery, which the inbox turns into a no-op. A message that can
+never be decoded is dead-lettered with the reason at once; one whose handler keeps failing is
+retried with back-off and dead-lettered after `max_deliver` attempts. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+from google.protobuf import message
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from gyre.bus import Bus
+from gyre.events import DecodedEvent, UndecodableEvent, parse_envelope, stream_name, subject_for, unpack_payload
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[DecodedEvent], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerSpec:
+    durable: str
+    """Durable consumer name, unique per (consuming service, purpose), e.g. `trajectory-tasks`."""
+    producer: str
+    """The producing service whose stream is read."""
+    handlers: Mapping[type[message.Message], Handler]
+    """One handler per event class; the consumer filters the stream to exactly these subjects."""
+    batch: int = 64
+    max_deliver: int = 5
+    ack_wait_s: float = 60.0
+    fetch_timeout_s: float = 1.0
+
+    def retry_delay_s(self, num_delivered: int) -> float:
+        return float(min(30, 2 ** max(0, num_delivered - 1)))
+
+
+class Consumer:
+    """One durable pull consumer bound to one producer's stream."""
+
+    def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
+        self.bus = bus
+        self.spec = spec
+        self.types = {cls.DESCRIPTOR.full_name: cls for cls in spec.handlers}
+        self.handlers = {cls.DESCRIPTOR.full_name: h for cls, h in spec.handlers.items()}
+        self.processed = 0
+        self.dead_lettered = 0
+
+    async def _subscribe(self):  # type: ignore[no-untyped-def]
+        stream = await self.bus.ensure_stream(self.spec.producer)
+        subjects = sorted(subject_for(t, prefix=self.bus.prefix) for t in self.types)
+        config = ConsumerConfig(
+            durable_name=self.spec.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            # The server would stop redelivering past this; we dead-letter one delivery earlier.
+            max_deliver=self.spec.max_deliver + 1,
+            ack_wait=self.spec.ack_wait_s,
+            filter_subjects=subjects,
+        )
+        assert stream == stream_name(self.spec.producer, prefix=self.bus.prefix)
+        return await self.bus.js.pull_subscribe(subjects[0], durable=self.spec.durable, stream=stream, config=config)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Process messages until `stop` is set; every fetch is bounded by `fetch_timeout_s`."""
+        sub = await self._subscribe()
+        log.info("consumer_started", consumer=self.spec.durable, producer=self.spec.producer)
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout_s)
+            except (NatsTimeoutError, asyncio.TimeoutError):
+                continue
+            for msg in msgs:
+                await self.handle(msg)
+        await sub.unsubscribe()
+
+    async def handle(self, msg: Msg) -> None:
+        structlog.contextvars.clear_contextvars()
+        try:
+            event = await self._decode(msg)
+        except UndecodableEvent as exc:
+            await self._give_up(msg, f"undecodable: {exc}")
+            return
+        if event is None:  # a type this consumer does not handle (filtered out normally)
+            await msg.ack()
+            return
+        structlog.contextvars.bind_contextvars(
+            event_id=event.event_id, correlation_id=event.envelope.correlation_id
+        )
+        try:
+            await self.handlers[event.envelope.event_type](event)
+        except Exception as exc:  # retried: the handler's transaction rolled back
+            delivered = msg.metadata.num_delivered
+            if delivered >= self.spec.max_deliver:
+                await self._give_up(msg, f"handler failed {delivered} times: {type(exc).__name__}: {exc}")
+            else:
+                log.warning("handler_failed", consumer=self.spec.durable, attempt=delivered, error=repr(exc))
+                await msg.nak(delay=self.spec.retry_delay_s(delivered))
+            return
+        await msg.ack()
+        self.processed += 1
+
+    async def _decode(self, msg: Msg) -> DecodedEvent | None:
+        envelope = parse_envelope(msg.data)
+        payload = await self.bus.load_payload(envelope)
+        return unpack_payload(envelope, payload, self.types)
+
+    async def _give_up(self, msg: Msg, reason: str) -> None:
+        await self.bus.dead_letter(msg, consumer=self.spec.durable, reason=reason)
+        await msg.term()
+        self.dead_lettered += 1
+        log.error("message_dead_lettered", consumer=self.spec.durable, subject=msg.subject, reason=reason)

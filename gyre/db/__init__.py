@@ -1,0 +1,1 @@
+"""Postgres plumbing: engines, per-service migrations, the outbox and the consumer inbox."""

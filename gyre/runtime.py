@@ -1,0 +1,91 @@
+"""Process wiring shared by every service: connections, background workers, shutdown (shell).
+
+A service's `main.py` builds a `ServiceHost` (its gRPC server plus workers such as consumers
+and the outbox relay); `serve_forever` runs it until SIGINT/SIGTERM. Tests build the same host
+in-process and call `start`/`stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gyre.bus import Bus, BusConfig
+from gyre.db.engine import make_engine, make_sessionmaker
+from gyre.db.migrate import upgrade
+from gyre.rpc import GrpcServer, stop_on_signals
+from gyre.settings import KernelSettings, resolve_urls
+
+log = structlog.get_logger(__name__)
+
+Worker = Callable[[asyncio.Event], Awaitable[None]]
+
+
+@dataclass(slots=True, kw_only=True)
+class Connections:
+    bus: Bus
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+
+    async def close(self) -> None:
+        await self.bus.close()
+        await self.engine.dispose()
+
+
+async def connect(kernel: KernelSettings, *, service: str, migrate: bool = True) -> Connections:
+    """Open the bus and the database for one service, migrating its schema first if asked."""
+    urls = resolve_urls(kernel)
+    if migrate:
+        await asyncio.to_thread(upgrade, service, urls.database_url)
+    engine = make_engine(urls.database_url)
+    bus = await Bus.connect(BusConfig(url=urls.nats_url, prefix=kernel.bus_prefix), name=f"gyre-{service}")
+    return Connections(bus=bus, engine=engine, sessions=make_sessionmaker(engine))
+
+
+@dataclass(slots=True, kw_only=True)
+class ServiceHost:
+    name: str
+    server: GrpcServer
+    connections: Connections | None
+    workers: list[Worker] = field(default_factory=list)
+    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._tasks = [asyncio.create_task(self._guard(w)) for w in self.workers]
+        log.info("service_started", service=self.name, address=self.address)
+
+    async def _guard(self, worker: Worker) -> None:
+        """A worker that dies takes the process down: a half-working service is worse than none."""
+        try:
+            await worker(self.stop_event)
+        except Exception:
+            log.exception("worker_crashed", service=self.name)
+            self.stop_event.set()
+            raise
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        self.stop_event.set()
+        await self.server.stop(grace_s)
+        done, pending = await asyncio.wait(self._tasks, timeout=grace_s + 5) if self._tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self.connections is not None:
+            await self.connections.close()
+        log.info("service_stopped", service=self.name, workers_done=len(done), workers_cancelled=len(pending))
+
+    async def serve_forever(self) -> None:
+        stop_on_signals(self.stop_event)
+        await self.start()
+        await self.stop_event.wait()
+        await self.stop()

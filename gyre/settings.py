@@ -1,0 +1,58 @@
+"""Kernel settings read from `GYRE_*` environment variables (shell).
+
+Each service adds its own settings class with the prefix `GYRE_<SERVICE>_`. The NATS and
+database URLs may be unset: then `resolve_urls` takes them from the local stack's state file
+written by `gyre up` (DESIGN section 7, embedded defaults).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gyre.errors import Unavailable
+
+
+class KernelSettings(BaseSettings):
+    """Settings every process shares."""
+
+    model_config = SettingsConfigDict(env_prefix="GYRE_", extra="ignore")
+
+    nats_url: str | None = None
+    """NATS server with JetStream, e.g. nats://127.0.0.1:4222; unset: the local stack's."""
+    database_url: str | None = None
+    """SQLAlchemy async URL, e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/gyre; unset: the local stack's."""
+    bus_prefix: str = "gyre"
+    """First token of every subject and stream name; tests use their own to run side by side."""
+    state_dir: Path = Path(".gyre")
+    """Where the local stack keeps its servers' data, logs and state file."""
+    log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoints:
+    nats_url: str
+    database_url: str
+
+
+def stack_state_path(state_dir: Path) -> Path:
+    return state_dir / "stack.json"
+
+
+def resolve_urls(settings: KernelSettings) -> Endpoints:
+    """Environment first, then the running local stack; a clear error when neither exists."""
+    nats_url, database_url = settings.nats_url, settings.database_url
+    state_path = stack_state_path(settings.state_dir)
+    if (nats_url is None or database_url is None) and state_path.exists():
+        state = json.loads(state_path.read_text())
+        nats_url = nats_url or state.get("nats_url")
+        database_url = database_url or state.get("database_url")
+    if nats_url is None or database_url is None:
+        missing = [n for n, v in (("GYRE_NATS_URL", nats_url), ("GYRE_DATABASE_URL", database_url)) if v is None]
+        raise Unavailable(f"{' and '.join(missing)} unset and no local stack at {state_path}: run `gyre up`")
+    return Endpoints(nats_url=nats_url, database_url=database_url)

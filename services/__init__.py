@@ -1,0 +1,1 @@
+"""Gyre services: one process each, talking gRPC and JetStream."""

@@ -1,0 +1,1 @@
+"""Scheduler: tasks, executions, cells and the scheduling policy."""

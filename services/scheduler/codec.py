@@ -1,0 +1,57 @@
+"""Conversions between the scheduler's protobuf contract and its domain records (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from gyre.common.v1 import ids_pb2
+from gyre.scheduler.v1 import scheduler_pb2 as pb
+from services.scheduler.tasks import PlannedTask, TaskSpec
+
+
+def spec_from_proto(msg: pb.TaskSpec) -> TaskSpec:
+    return TaskSpec(
+        name=msg.name,
+        family=msg.family,
+        prompt=msg.prompt,
+        group_size=msg.group_size,
+        timeout_s=msg.timeout_s,
+        harness=msg.harness,
+        workspace_template=msg.workspace_template,
+        labels=tuple(sorted(msg.labels.items())),
+    )
+
+
+def spec_to_proto(spec: TaskSpec) -> pb.TaskSpec:
+    return pb.TaskSpec(
+        name=spec.name,
+        family=spec.family,
+        prompt=spec.prompt,
+        group_size=spec.group_size,
+        timeout_s=spec.timeout_s,
+        harness=spec.harness,
+        workspace_template=spec.workspace_template,
+        labels=dict(spec.labels),
+    )
+
+
+def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_STATE_PENDING) -> pb.Task:
+    msg = pb.Task(
+        task_id=task.task_id,
+        spec=spec_to_proto(task.spec),
+        state=state,
+        executions=[
+            ids_pb2.ExecutionRef(task_id=task.task_id, execution_id=e.execution_id, index_in_group=e.index_in_group)
+            for e in task.executions
+        ],
+    )
+    msg.submitted_at.FromDatetime(task.submitted_at)
+    return msg
+
+
+def request_fingerprint(request: pb.SubmitTasksRequest) -> bytes:
+    """Digest of everything but the request id: a reused id with another body is a conflict."""
+    body = pb.SubmitTasksRequest()
+    body.CopyFrom(request)
+    body.request_id = ""
+    return hashlib.sha256(body.SerializeToString(deterministic=True)).digest()

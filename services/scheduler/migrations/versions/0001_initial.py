@@ -1,0 +1,60 @@
+"""Tasks, executions, idempotent requests, outbox and inbox.
+
+Revision ID: 0001
+Revises:
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
+
+from gyre.db.tables import create_kernel_tables
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+S = "scheduler"
+
+
+def upgrade() -> None:
+    op.create_table(
+        "tasks",
+        sa.Column("task_id", sa.Uuid, primary_key=True),
+        sa.Column("request_id", sa.Text, nullable=False),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("family", sa.Text, nullable=False),
+        sa.Column("prompt", sa.Text, nullable=False),
+        sa.Column("group_size", sa.Integer, nullable=False),
+        sa.Column("timeout_s", sa.Float, nullable=False),
+        sa.Column("harness", sa.Text, nullable=False),
+        sa.Column("workspace_template", sa.Text, nullable=False),
+        sa.Column("labels", JSONB, nullable=False),
+        sa.Column("state", sa.Text, nullable=False),
+        sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
+        schema=S,
+    )
+    op.create_table(
+        "executions",
+        sa.Column("execution_id", sa.Uuid, primary_key=True),
+        sa.Column("task_id", sa.Uuid, sa.ForeignKey(f"{S}.tasks.task_id"), nullable=False),
+        sa.Column("index_in_group", sa.Integer, nullable=False),
+        sa.Column("state", sa.Text, nullable=False),
+        sa.UniqueConstraint("task_id", "index_in_group"),
+        schema=S,
+    )
+    op.create_table(
+        "rpc_requests",
+        sa.Column("request_id", sa.Text, primary_key=True),
+        sa.Column("method", sa.Text, nullable=False),
+        sa.Column("fingerprint", sa.LargeBinary, nullable=False),
+        sa.Column("response", sa.LargeBinary, nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        schema=S,
+    )
+    create_kernel_tables(op.get_bind(), S)
+
+
+def downgrade() -> None:
+    for table in ("processed_messages", "outbox", "rpc_requests", "executions", "tasks"):
+        op.drop_table(table, schema=S)

@@ -1,0 +1,143 @@
+"""The scheduler's own tables and their queries (shell: SQLAlchemy 2 async)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gyre.db.tables import outbox_table, processed_messages_table
+from services.scheduler.tasks import PlannedExecution, PlannedTask, TaskSpec
+
+SCHEMA = "scheduler"
+metadata = sa.MetaData(schema=SCHEMA)
+
+tasks = sa.Table(
+    "tasks",
+    metadata,
+    sa.Column("task_id", sa.Uuid, primary_key=True),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("family", sa.Text, nullable=False),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("group_size", sa.Integer, nullable=False),
+    sa.Column("timeout_s", sa.Float, nullable=False),
+    sa.Column("harness", sa.Text, nullable=False),
+    sa.Column("workspace_template", sa.Text, nullable=False),
+    sa.Column("labels", JSONB, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+executions = sa.Table(
+    "executions",
+    metadata,
+    sa.Column("execution_id", sa.Uuid, primary_key=True),
+    sa.Column("task_id", sa.Uuid, sa.ForeignKey(tasks.c.task_id), nullable=False),
+    sa.Column("index_in_group", sa.Integer, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.UniqueConstraint("task_id", "index_in_group"),
+)
+
+rpc_requests = sa.Table(
+    "rpc_requests",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("method", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
+    sa.Column("response", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+outbox = outbox_table(metadata)
+processed_messages = processed_messages_table(metadata)
+
+
+async def claim_request(
+    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, response: bytes
+) -> bool:
+    """Record the answer to a request id; False when the id was taken (by a concurrent call too)."""
+    stmt = (
+        insert(rpc_requests)
+        .values(request_id=request_id, method=method, fingerprint=fingerprint, response=response)
+        .on_conflict_do_nothing()
+        .returning(rpc_requests.c.request_id)
+    )
+    return (await session.execute(stmt)).first() is not None
+
+
+async def load_request(session: AsyncSession, request_id: str) -> sa.Row[tuple[str, bytes, bytes]] | None:
+    stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
+        rpc_requests.c.request_id == request_id
+    )
+    return (await session.execute(stmt)).first()  # type: ignore[return-value]
+
+
+async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *, request_id: str) -> None:
+    await session.execute(
+        sa.insert(tasks),
+        [
+            {
+                "task_id": uuid.UUID(t.task_id),
+                "request_id": request_id,
+                "name": t.spec.name,
+                "family": t.spec.family,
+                "prompt": t.spec.prompt,
+                "group_size": t.spec.group_size,
+                "timeout_s": t.spec.timeout_s,
+                "harness": t.spec.harness,
+                "workspace_template": t.spec.workspace_template,
+                "labels": dict(t.spec.labels),
+                "state": "pending",
+                "submitted_at": t.submitted_at,
+            }
+            for t in planned
+        ],
+    )
+    await session.execute(
+        sa.insert(executions),
+        [
+            {
+                "execution_id": uuid.UUID(e.execution_id),
+                "task_id": uuid.UUID(t.task_id),
+                "index_in_group": e.index_in_group,
+                "state": "pending",
+            }
+            for t in planned
+            for e in t.executions
+        ],
+    )
+
+
+async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, str] | None:
+    """The task and its state name, or None."""
+    row = (await session.execute(sa.select(tasks).where(tasks.c.task_id == uuid.UUID(task_id)))).first()
+    if row is None:
+        return None
+    group = (
+        await session.execute(
+            sa.select(executions.c.execution_id, executions.c.index_in_group)
+            .where(executions.c.task_id == row.task_id)
+            .order_by(executions.c.index_in_group)
+        )
+    ).all()
+    spec = TaskSpec(
+        name=row.name,
+        family=row.family,
+        prompt=row.prompt,
+        group_size=row.group_size,
+        timeout_s=row.timeout_s,
+        harness=row.harness,
+        workspace_template=row.workspace_template,
+        labels=tuple(sorted(row.labels.items())),
+    )
+    planned = PlannedTask(
+        task_id=str(row.task_id),
+        spec=spec,
+        executions=tuple(PlannedExecution(execution_id=str(e), index_in_group=i) for e, i in group),
+        submitted_at=row.submitted_at,
+    )
+    return planned, row.state

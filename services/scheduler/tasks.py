@@ -1,0 +1,127 @@
+"""Tasks and their execution groups: validation and planning (pure).
+
+Limits are the contract of `SubmitTasks` (see proto/gyre/scheduler/v1/scheduler.proto); every
+violation names the field path so a client can point at the exact task.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gyre.errors import InvalidArgument
+
+MAX_TASKS_PER_REQUEST = 1000
+MAX_NAME_CHARS = 200
+MAX_PROMPT_BYTES = 1024 * 1024
+MAX_GROUP_SIZE = 1024
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_TEMPLATE_CHARS = 4096
+MAX_LABELS = 32
+MAX_LABEL_VALUE_CHARS = 256
+
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+HARNESS_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+LABEL_KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    name: str
+    family: str
+    prompt: str
+    group_size: int
+    timeout_s: float
+    harness: str
+    workspace_template: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedExecution:
+    execution_id: str
+    index_in_group: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedTask:
+    task_id: str
+    spec: TaskSpec
+    executions: tuple[PlannedExecution, ...]
+    submitted_at: datetime
+
+
+def validate_request_id(request_id: str) -> None:
+    if not request_id:
+        raise InvalidArgument("request_id", "is required: a client-chosen idempotency key")
+    if not REQUEST_ID_RE.fullmatch(request_id):
+        raise InvalidArgument("request_id", "must be 1..128 characters of [A-Za-z0-9_.:-]")
+
+
+def validate_specs(specs: Sequence[TaskSpec]) -> None:
+    """Raise InvalidArgument for the first problem, naming its field path.
+
+    Example:
+        validate_specs([TaskSpec(name="t", family="math", prompt="2+2?", group_size=0, ...)])
+        -> InvalidArgument("tasks[0].group_size: must be between 1 and 1024, got 0")
+    """
+    if not specs:
+        raise InvalidArgument("tasks", "must hold at least one task")
+    if len(specs) > MAX_TASKS_PER_REQUEST:
+        raise InvalidArgument("tasks", f"at most {MAX_TASKS_PER_REQUEST} tasks per request, got {len(specs)}")
+    for i, spec in enumerate(specs):
+        _validate_spec(spec, f"tasks[{i}]")
+
+
+def _validate_spec(spec: TaskSpec, at: str) -> None:
+    if not spec.name.strip():
+        raise InvalidArgument(f"{at}.name", "is required")
+    if len(spec.name) > MAX_NAME_CHARS or CONTROL_RE.search(spec.name):
+        raise InvalidArgument(f"{at}.name", f"must be at most {MAX_NAME_CHARS} characters without control characters")
+    if not FAMILY_RE.fullmatch(spec.family):
+        raise InvalidArgument(f"{at}.family", f"must be 1..64 of [a-z0-9_] starting with a letter, got {spec.family!r}")
+    if not spec.prompt.strip():
+        raise InvalidArgument(f"{at}.prompt", "is required and must not be blank")
+    prompt_bytes = len(spec.prompt.encode())
+    if prompt_bytes > MAX_PROMPT_BYTES:
+        raise InvalidArgument(f"{at}.prompt", f"must be at most {MAX_PROMPT_BYTES} bytes, got {prompt_bytes}")
+    if not 1 <= spec.group_size <= MAX_GROUP_SIZE:
+        raise InvalidArgument(f"{at}.group_size", f"must be between 1 and {MAX_GROUP_SIZE}, got {spec.group_size}")
+    if not (math.isfinite(spec.timeout_s) and 0 < spec.timeout_s <= MAX_TIMEOUT_S):
+        raise InvalidArgument(f"{at}.timeout_s", f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} s, got {spec.timeout_s}")
+    if not HARNESS_RE.fullmatch(spec.harness):
+        raise InvalidArgument(f"{at}.harness", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {spec.harness!r}")
+    if len(spec.workspace_template) > MAX_TEMPLATE_CHARS or CONTROL_RE.search(spec.workspace_template):
+        raise InvalidArgument(
+            f"{at}.workspace_template", f"must be at most {MAX_TEMPLATE_CHARS} characters without control characters"
+        )
+    if len(spec.labels) > MAX_LABELS:
+        raise InvalidArgument(f"{at}.labels", f"at most {MAX_LABELS} labels, got {len(spec.labels)}")
+    for key, value in spec.labels:
+        if not LABEL_KEY_RE.fullmatch(key):
+            raise InvalidArgument(f"{at}.labels[{key!r}]", "keys must be 1..63 of [A-Za-z0-9_.-]")
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            raise InvalidArgument(f"{at}.labels[{key!r}]", f"values must be at most {MAX_LABEL_VALUE_CHARS} characters")
+
+
+def plan_tasks(
+    specs: Sequence[TaskSpec], *, task_ids: Sequence[str], execution_ids: Sequence[Sequence[str]], now: datetime
+) -> list[PlannedTask]:
+    """Give each validated spec its id and a group of executions (ids come from the shell).
+
+    Example:
+        plan_tasks([spec(group_size=2)], task_ids=["t1"], execution_ids=[["e1", "e2"]], now=T)
+        -> [PlannedTask(task_id="t1", executions=(e1 #0, e2 #1), submitted_at=T)]
+    """
+    assert len(task_ids) == len(specs) == len(execution_ids)
+    planned = []
+    for spec, task_id, group_ids in zip(specs, task_ids, execution_ids, strict=True):
+        assert len(group_ids) == spec.group_size
+        executions = tuple(PlannedExecution(execution_id=e, index_in_group=i) for i, e in enumerate(group_ids))
+        planned.append(PlannedTask(task_id=task_id, spec=spec, executions=executions, submitted_at=now))
+    return planned

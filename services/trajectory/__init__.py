@@ -1,0 +1,1 @@
+"""Trajectory processor: the event log of model calls, execution trees, groups and replay."""

@@ -1,0 +1,16 @@
+"""`python -m services.trajectory`."""
+
+import sys
+
+from gyre.launch import launch
+from services.trajectory.config import TrajectorySettings
+from services.trajectory.main import build
+
+sys.exit(
+    launch(
+        name="trajectory",
+        description="Gyre trajectory processor: consumes TaskSubmitted (more to come), serves GetGroup.",
+        settings_cls=TrajectorySettings,
+        build=build,
+    )
+)

@@ -1,0 +1,29 @@
+"""Trajectory process wiring (shell, no logic)."""
+
+from __future__ import annotations
+
+from gyre.consume import Consumer
+from gyre.db.outbox import OutboxRelay
+from gyre.rpc import GrpcServer
+from gyre.runtime import ServiceHost, connect
+from gyre.settings import KernelSettings
+from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from services.trajectory import repo
+from services.trajectory.config import TrajectorySettings
+from services.trajectory.consumer import TaskEvents
+from services.trajectory.service import TrajectoryServicer
+
+NAME = "trajectory"
+
+
+async def build(settings: TrajectorySettings, kernel: KernelSettings) -> ServiceHost:
+    conns = await connect(kernel, service=NAME)
+    relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
+    tasks = Consumer(conns.bus, TaskEvents(conns.sessions).spec())
+    server = GrpcServer(
+        service_names=[trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name],
+        host=settings.host,
+        port=settings.port,
+    )
+    trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(TrajectoryServicer(conns.sessions), server.server)
+    return ServiceHost(name=NAME, server=server, connections=conns, workers=[relay.run, tasks.run])
