@@ -39,9 +39,11 @@ class ConsumerSpec:
     max_deliver: int = 5
     ack_wait_s: float = 60.0
     fetch_timeout_s: float = 1.0
+    retry_base_s: float = 1.0
+    """First back-off after a handler failure; doubles per delivery, capped at 30 s."""
 
     def retry_delay_s(self, num_delivered: int) -> float:
-        return float(min(30, 2 ** max(0, num_delivered - 1)))
+        return min(30.0, self.retry_base_s * 2 ** max(0, num_delivered - 1))
 
 
 class Consumer:

@@ -70,7 +70,7 @@ async def bus_prefix(server_urls: tuple[str, str]) -> AsyncIterator[str]:
     js = nc.jetstream()
     for info in await js.streams_info():
         name = info.config.name or ""
-        if name.startswith(prefix.upper()) or name == f"OBJ_{prefix}-payloads":
+        if name.startswith(prefix.upper()) or name.startswith(f"OBJ_{prefix}"):
             await js.delete_stream(name)
     await nc.close()
 
