@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
 
 from gyre.common.v1 import envelope_pb2
 from gyre.events import UndecodableEvent, service_subjects, stream_name, subject_of
@@ -105,7 +106,7 @@ class Bus:
         slim.payload_ref.sha256 = hashlib.sha256(blob).hexdigest()
         return slim
 
-    async def _payload_store(self):  # type: ignore[no-untyped-def]
+    async def _payload_store(self) -> ObjectStore:
         try:
             return await self.js.object_store(self.payload_bucket)
         except BucketNotFoundError:

@@ -72,7 +72,11 @@ def committed_files(root: Path) -> list[Path]:
     """Generated files as they stand in a tree (the proto packages under gyre/)."""
     folders = {root / proto.relative_to(PROTO_ROOT).parent for proto in proto_files()}
     found = [
-        p for folder in folders if folder.is_dir() for p in folder.iterdir() if p.name.endswith(GENERATED_SUFFIXES)
+        p
+        for folder in folders
+        if folder.is_dir()
+        for p in folder.iterdir()
+        if p.name.endswith(GENERATED_SUFFIXES)
     ]
     return sorted(found)
 

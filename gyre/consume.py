@@ -17,10 +17,18 @@ import structlog
 from google.protobuf import message
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gyre.bus import Bus
-from gyre.events import DecodedEvent, UndecodableEvent, parse_envelope, stream_name, subject_for, unpack_payload
+from gyre.events import (
+    DecodedEvent,
+    UndecodableEvent,
+    parse_envelope,
+    stream_name,
+    subject_for,
+    unpack_payload,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +51,7 @@ class ConsumerSpec:
     """First back-off after a handler failure; doubles per delivery, capped at 30 s."""
 
     def retry_delay_s(self, num_delivered: int) -> float:
-        return min(30.0, self.retry_base_s * 2 ** max(0, num_delivered - 1))
+        return float(min(30.0, self.retry_base_s * 2.0 ** max(0, num_delivered - 1)))
 
 
 class Consumer:
@@ -57,7 +65,7 @@ class Consumer:
         self.processed = 0
         self.dead_lettered = 0
 
-    async def _subscribe(self):  # type: ignore[no-untyped-def]
+    async def _subscribe(self) -> JetStreamContext.PullSubscription:
         stream = await self.bus.ensure_stream(self.spec.producer)
         subjects = sorted(subject_for(t, prefix=self.bus.prefix) for t in self.types)
         config = ConsumerConfig(
@@ -70,7 +78,9 @@ class Consumer:
             filter_subjects=subjects,
         )
         assert stream == stream_name(self.spec.producer, prefix=self.bus.prefix)
-        return await self.bus.js.pull_subscribe(subjects[0], durable=self.spec.durable, stream=stream, config=config)
+        return await self.bus.js.pull_subscribe(
+            subjects[0], durable=self.spec.durable, stream=stream, config=config
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process messages until `stop` is set; every fetch is bounded by `fetch_timeout_s`."""
@@ -79,7 +89,7 @@ class Consumer:
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout_s)
-            except (NatsTimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeoutError):
                 continue
             for msg in msgs:
                 await self.handle(msg)

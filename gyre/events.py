@@ -111,7 +111,7 @@ def unpack_payload(
     cls = types.get(env.event_type)
     if cls is None:
         return None
-    if not payload_any.Is(cls.DESCRIPTOR):
+    if not payload_any.TypeName() == cls.DESCRIPTOR.full_name:
         raise UndecodableEvent(
             f"payload type {payload_any.type_url!r} does not match event_type {env.event_type!r}"
         )

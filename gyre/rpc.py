@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import structlog
@@ -28,6 +28,8 @@ STATUS_OF: dict[type[GyreError], grpc.StatusCode] = {
     Conflict: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
+# What servicers receive as `context`; grpc's stubs make it generic in request and response.
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 ERROR_FIELD_TRAILER = "gyre-error-field"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -39,7 +41,7 @@ def status_of(exc: GyreError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: GyreError) -> None:  # type: ignore[type-arg]
+async def _abort(context: Context, exc: GyreError) -> None:
     if isinstance(exc, InvalidArgument):
         context.set_trailing_metadata(((ERROR_FIELD_TRAILER, exc.field),))
     await context.abort(status_of(exc), exc.message)
@@ -54,14 +56,14 @@ def _parse(deserializer: Callable[[bytes], Any] | None, raw: bytes) -> Any:
         raise InvalidArgument("request", f"body is not a valid protobuf message: {exc}") from exc
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Maps GyreError to status codes for every unary and server-streaming method."""
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Any:
         handler = await continuation(details)
         if handler is None or handler.request_streaming:
             return handler
@@ -70,7 +72,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
+            async def unary(raw: bytes, context: Context) -> Any:
                 try:
                     return await inner(_parse(deserialize, raw), context)
                 except GyreError as exc:
@@ -80,7 +82,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         inner_stream = handler.unary_stream
 
-        async def streaming(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[type-arg]
+        async def streaming(raw: bytes, context: Context) -> AsyncIterator[Any]:
             try:
                 async for item in inner_stream(_parse(deserialize, raw), context):
                     yield item
@@ -102,7 +104,7 @@ class GrpcServer:
             ],
         )
         self.service_names = list(service_names)
-        self.health = health.aio.HealthServicer()
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server

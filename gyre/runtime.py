@@ -76,7 +76,9 @@ class ServiceHost:
     async def stop(self, grace_s: float = 5.0) -> None:
         self.stop_event.set()
         await self.server.stop(grace_s)
-        done, pending = await asyncio.wait(self._tasks, timeout=grace_s + 5) if self._tasks else (set(), set())
+        done, pending = (
+            await asyncio.wait(self._tasks, timeout=grace_s + 5) if self._tasks else (set(), set())
+        )
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

@@ -25,7 +25,7 @@ class KernelSettings(BaseSettings):
     nats_url: str | None = None
     """NATS server with JetStream, e.g. nats://127.0.0.1:4222; unset: the local stack's."""
     database_url: str | None = None
-    """SQLAlchemy async URL, e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/gyre; unset: the local stack's."""
+    """SQLAlchemy URL, e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/gyre; unset: the local stack's."""
     bus_prefix: str = "gyre"
     """First token of every subject and stream name; tests use their own to run side by side."""
     state_dir: Path = Path(".gyre")
@@ -53,6 +53,8 @@ def resolve_urls(settings: KernelSettings) -> Endpoints:
         nats_url = nats_url or state.get("nats_url")
         database_url = database_url or state.get("database_url")
     if nats_url is None or database_url is None:
-        missing = [n for n, v in (("GYRE_NATS_URL", nats_url), ("GYRE_DATABASE_URL", database_url)) if v is None]
+        missing = [
+            n for n, v in (("GYRE_NATS_URL", nats_url), ("GYRE_DATABASE_URL", database_url)) if v is None
+        ]
         raise Unavailable(f"{' and '.join(missing)} unset and no local stack at {state_path}: run `gyre up`")
     return Endpoints(nats_url=nats_url, database_url=database_url)

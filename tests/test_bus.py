@@ -46,7 +46,9 @@ def task_submitted(group_size: int = 2, prompt: str = "p") -> envelope_pb2.Envel
     task_id = new_uuid7()
     task = scheduler_pb2.Task(
         task_id=task_id,
-        spec=scheduler_pb2.TaskSpec(name="t", family="math", prompt=prompt, group_size=group_size, timeout_s=1, harness="h"),
+        spec=scheduler_pb2.TaskSpec(
+            name="t", family="math", prompt=prompt, group_size=group_size, timeout_s=1, harness="h"
+        ),
     )
     for i in range(group_size):
         task.executions.add(task_id=task_id, execution_id=new_uuid7(), index_in_group=i)
@@ -88,23 +90,31 @@ async def test_a_redelivered_duplicate_changes_nothing(bus: Bus, task_events: Ta
     task_id = env.payload
     await bus.publish(env)
     # The same event again under another message id: JetStream cannot dedupe it, the inbox must.
-    await bus.js.publish(subject_of(env, prefix=bus.prefix), env.SerializeToString(), headers={"Nats-Msg-Id": "again"})
+    await bus.js.publish(
+        subject_of(env, prefix=bus.prefix), env.SerializeToString(), headers={"Nats-Msg-Id": "again"}
+    )
     consumer = Consumer(bus, TaskEvents(task_events.sessions).spec())
     await run_until(consumer, lambda: consumer.processed >= 2)
     decoded = events_pb2.TaskSubmitted()
     task_id.Unpack(decoded)
-    members = sa.select(sa.func.count()).select_from(repo.group_executions).where(
-        repo.group_executions.c.task_id == decoded.task.task_id
+    members = (
+        sa.select(sa.func.count())
+        .select_from(repo.group_executions)
+        .where(repo.group_executions.c.task_id == decoded.task.task_id)
     )
     assert await count(task_events, members) == 3
-    claimed = sa.select(sa.func.count()).select_from(repo.processed_messages).where(
-        repo.processed_messages.c.event_id == env.event_id
+    claimed = (
+        sa.select(sa.func.count())
+        .select_from(repo.processed_messages)
+        .where(repo.processed_messages.c.event_id == env.event_id)
     )
     assert await count(task_events, claimed) == 1
 
 
 async def read_dead_letters(bus: Bus, consumer: str) -> list[envelope_pb2.DeadLetter]:
-    sub = await bus.js.pull_subscribe(dead_letter_subject(consumer, prefix=bus.prefix), stream=stream_name("deadletter", prefix=bus.prefix))
+    sub = await bus.js.pull_subscribe(
+        dead_letter_subject(consumer, prefix=bus.prefix), stream=stream_name("deadletter", prefix=bus.prefix)
+    )
     letters = []
     try:
         for msg in await sub.fetch(10, timeout=2):
@@ -116,14 +126,18 @@ async def read_dead_letters(bus: Bus, consumer: str) -> list[envelope_pb2.DeadLe
     return letters
 
 
-async def test_an_undecodable_message_is_dead_lettered_and_the_consumer_goes_on(bus: Bus, task_events: TaskEvents) -> None:
+async def test_an_undecodable_message_is_dead_lettered_and_the_consumer_goes_on(
+    bus: Bus, task_events: TaskEvents
+) -> None:
     subject = f"{bus.prefix}.scheduler.v1.TaskSubmitted"
     await bus.ensure_stream("scheduler")
     await bus.js.publish(subject, b"\x0a\xff\xff garbage", headers={"Nats-Msg-Id": "garbage-1"})
     good = task_submitted()
     await bus.publish(good)
     spec = TaskEvents(task_events.sessions).spec()
-    consumer = Consumer(bus, ConsumerSpec(durable="deadletter-test", producer="scheduler", handlers=spec.handlers))
+    consumer = Consumer(
+        bus, ConsumerSpec(durable="deadletter-test", producer="scheduler", handlers=spec.handlers)
+    )
     await run_until(consumer, lambda: consumer.dead_lettered == 1 and consumer.processed >= 1)
     letters = await read_dead_letters(bus, "deadletter-test")
     assert len(letters) == 1
@@ -144,8 +158,11 @@ async def test_a_handler_that_keeps_failing_is_retried_then_dead_lettered(bus: B
     consumer = Consumer(
         bus,
         ConsumerSpec(
-            durable="retry-test", producer="scheduler", handlers={events_pb2.TaskSubmitted: broken},
-            max_deliver=3, retry_base_s=0.05,
+            durable="retry-test",
+            producer="scheduler",
+            handlers={events_pb2.TaskSubmitted: broken},
+            max_deliver=3,
+            retry_base_s=0.05,
         ),
     )
     await run_until(consumer, lambda: consumer.dead_lettered >= 1)
@@ -155,11 +172,15 @@ async def test_a_handler_that_keeps_failing_is_retried_then_dead_lettered(bus: B
     assert letters[0].reason == "handler failed 3 times: RuntimeError: database constraint broke"
 
 
-async def test_a_payload_over_the_message_limit_travels_through_the_object_store(kernel: KernelSettings, bus: Bus) -> None:
+async def test_a_payload_over_the_message_limit_travels_through_the_object_store(
+    kernel: KernelSettings, bus: Bus
+) -> None:
     big_prompt = "x" * (3 * bus.nc.max_payload)  # far over what one NATS message may carry
     env = task_submitted(prompt=big_prompt)
     await bus.publish(env)
-    raw = await bus.js.get_last_msg(stream_name("scheduler", prefix=bus.prefix), subject_of(env, prefix=bus.prefix))
+    raw = await bus.js.get_last_msg(
+        stream_name("scheduler", prefix=bus.prefix), subject_of(env, prefix=bus.prefix)
+    )
     stored = envelope_pb2.Envelope.FromString(raw.data or b"")
     assert stored.WhichOneof("body") == "payload_ref" and len(raw.data or b"") < 4096
 
@@ -168,5 +189,8 @@ async def test_a_payload_over_the_message_limit_travels_through_the_object_store
     async def keep(event: DecodedEvent) -> None:
         received.append(event.payload)
 
-    consumer = Consumer(bus, ConsumerSpec(durable="large-test", producer="scheduler", handlers={events_pb2.TaskSubmitted: keep}))
+    consumer = Consumer(
+        bus,
+        ConsumerSpec(durable="large-test", producer="scheduler", handlers={events_pb2.TaskSubmitted: keep}),
+    )
     await run_until(consumer, lambda: any(r.task.spec.prompt == big_prompt for r in received))

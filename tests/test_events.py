@@ -34,7 +34,11 @@ def test_subject_and_stream_follow_the_producer_and_event_name() -> None:
 
 def test_event_names_must_be_gyre_versioned_and_past_tense_capitalised() -> None:
     assert event_name_parts("gyre.trainer.v1.StepCompleted") == ("trainer", "v1", "StepCompleted")
-    for bad in ("other.trainer.v1.StepCompleted", "gyre.trainer.StepCompleted", "gyre.trainer.v1.stepCompleted"):
+    for bad in (
+        "other.trainer.v1.StepCompleted",
+        "gyre.trainer.StepCompleted",
+        "gyre.trainer.v1.stepCompleted",
+    ):
         with pytest.raises(ValueError):
             event_name_parts(bad)
 
@@ -55,7 +59,7 @@ def test_unhandled_types_are_skipped_not_failed() -> None:
 
 
 def test_garbage_and_mismatched_payloads_are_undecodable() -> None:
-    with pytest.raises(UndecodableEvent, match="not a gyre.common.v1.Envelope"):
+    with pytest.raises(UndecodableEvent, match=r"not a gyre\.common\.v1\.Envelope"):
         parse_envelope(b"\xff\xff\xff not protobuf")
     with pytest.raises(UndecodableEvent, match="lacks event_id"):
         parse_envelope(b"")

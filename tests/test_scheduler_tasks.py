@@ -10,7 +10,14 @@ import pytest
 from gyre.errors import InvalidArgument
 from services.scheduler.tasks import TaskSpec, plan_tasks, validate_request_id, validate_specs
 
-GOOD = TaskSpec(name="fizzbuzz", family="repo_generation", prompt="Write fizzbuzz.", group_size=4, timeout_s=600.0, harness="gyre-agent")
+GOOD = TaskSpec(
+    name="fizzbuzz",
+    family="repo_generation",
+    prompt="Write fizzbuzz.",
+    group_size=4,
+    timeout_s=600.0,
+    harness="gyre-agent",
+)
 
 
 def test_a_good_spec_passes() -> None:
@@ -47,7 +54,7 @@ def test_each_bad_field_is_named(change: dict[str, object], field: str) -> None:
 
 
 def test_the_batch_size_is_bounded() -> None:
-    with pytest.raises(InvalidArgument, match="^tasks: must hold at least one"):
+    with pytest.raises(InvalidArgument, match=r"^tasks: must hold at least one"):
         validate_specs([])
     with pytest.raises(InvalidArgument, match="at most 1000 tasks"):
         validate_specs([GOOD] * 1001)

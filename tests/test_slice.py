@@ -102,7 +102,9 @@ async def stream_messages(s: Slice, service: str) -> int:
 
 async def test_a_submitted_task_reaches_the_trajectory_service(slice_: Slice) -> None:
     answer = await slice_.scheduler.SubmitTasks(
-        scheduler_pb2.SubmitTasksRequest(request_id="slice-1", tasks=[spec(), spec(name="second", group_size=1)])
+        scheduler_pb2.SubmitTasksRequest(
+            request_id="slice-1", tasks=[spec(), spec(name="second", group_size=1)]
+        )
     )
     assert [len(t.executions) for t in answer.tasks] == [3, 1]
     task = answer.tasks[0]
@@ -133,7 +135,9 @@ async def test_concurrent_first_calls_with_one_request_id_create_one_batch(slice
 
 
 async def test_a_reused_request_id_with_another_body_is_refused(slice_: Slice) -> None:
-    await slice_.scheduler.SubmitTasks(scheduler_pb2.SubmitTasksRequest(request_id="slice-reuse", tasks=[spec()]))
+    await slice_.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(request_id="slice-reuse", tasks=[spec()])
+    )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await slice_.scheduler.SubmitTasks(
             scheduler_pb2.SubmitTasksRequest(request_id="slice-reuse", tasks=[spec(group_size=5)])
@@ -147,11 +151,25 @@ async def test_a_reused_request_id_with_another_body_is_refused(slice_: Slice) -
     [
         (scheduler_pb2.SubmitTasksRequest(tasks=[spec()]), "request_id"),
         (scheduler_pb2.SubmitTasksRequest(request_id="bad-empty"), "tasks"),
-        (scheduler_pb2.SubmitTasksRequest(request_id="bad-1", tasks=[spec(), spec(group_size=0)]), "tasks[1].group_size"),
+        (
+            scheduler_pb2.SubmitTasksRequest(request_id="bad-1", tasks=[spec(), spec(group_size=0)]),
+            "tasks[1].group_size",
+        ),
         (scheduler_pb2.SubmitTasksRequest(request_id="bad-2", tasks=[spec(name="")]), "tasks[0].name"),
-        (scheduler_pb2.SubmitTasksRequest(request_id="bad-3", tasks=[spec(prompt="x" * (1024 * 1024 + 1))]), "tasks[0].prompt"),
-        (scheduler_pb2.SubmitTasksRequest(request_id="bad-4", tasks=[spec(timeout_s=-1.0)]), "tasks[0].timeout_s"),
-        (scheduler_pb2.SubmitTasksRequest(request_id="bad-5", tasks=[spec(family="Not A Family")]), "tasks[0].family"),
+        (
+            scheduler_pb2.SubmitTasksRequest(
+                request_id="bad-3", tasks=[spec(prompt="x" * (1024 * 1024 + 1))]
+            ),
+            "tasks[0].prompt",
+        ),
+        (
+            scheduler_pb2.SubmitTasksRequest(request_id="bad-4", tasks=[spec(timeout_s=-1.0)]),
+            "tasks[0].timeout_s",
+        ),
+        (
+            scheduler_pb2.SubmitTasksRequest(request_id="bad-5", tasks=[spec(family="Not A Family")]),
+            "tasks[0].family",
+        ),
     ],
 )
 async def test_bad_input_is_refused_naming_the_field_and_nothing_is_kept(
@@ -170,7 +188,9 @@ async def test_bad_input_is_refused_naming_the_field_and_nothing_is_kept(
     assert await count_rows(slice_.kernel, "scheduler.rpc_requests WHERE request_id LIKE 'bad-%'") == 0
 
 
-async def test_a_body_that_is_not_protobuf_is_invalid_argument_and_service_keeps_serving(slice_: Slice) -> None:
+async def test_a_body_that_is_not_protobuf_is_invalid_argument_and_service_keeps_serving(
+    slice_: Slice,
+) -> None:
     raw = slice_.scheduler_channel.unary_unary(
         "/gyre.scheduler.v1.SchedulerService/SubmitTasks",
         request_serializer=lambda b: b,
@@ -180,7 +200,9 @@ async def test_a_body_that_is_not_protobuf_is_invalid_argument_and_service_keeps
         await raw(b"\x0a\xff\xff\xff\xff")  # field 1 claims a length far past the end
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid protobuf" in (err.value.details() or "")
-    ok = await slice_.scheduler.SubmitTasks(scheduler_pb2.SubmitTasksRequest(request_id="after-garbage", tasks=[spec()]))
+    ok = await slice_.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(request_id="after-garbage", tasks=[spec()])
+    )
     assert len(ok.tasks) == 1
 
 
@@ -189,12 +211,16 @@ async def test_unknown_and_malformed_ids_in_queries(slice_: Slice) -> None:
         await slice_.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id="nope"))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await slice_.scheduler.GetTask(scheduler_pb2.GetTaskRequest(task_id="01938d6e-0000-7000-8000-000000000000"))
+        await slice_.scheduler.GetTask(
+            scheduler_pb2.GetTaskRequest(task_id="01938d6e-0000-7000-8000-000000000000")
+        )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_every_accepted_task_is_published_once(slice_: Slice) -> None:
-    await slice_.scheduler.SubmitTasks(scheduler_pb2.SubmitTasksRequest(request_id="count-1", tasks=[spec()] * 3))
+    await slice_.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(request_id="count-1", tasks=[spec()] * 3)
+    )
     tasks = await count_rows(slice_.kernel, "scheduler.tasks")
     for _ in range(50):  # bounded: the relay publishes within its poll interval
         if await count_rows(slice_.kernel, "scheduler.outbox WHERE published_at IS NULL") == 0:

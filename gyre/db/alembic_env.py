@@ -21,7 +21,9 @@ async def _run(url: str, schema: str) -> None:
     try:
         async with engine.begin() as conn:
             # Two processes migrating at once (gyre up starting every service) take turns.
-            await conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:s))"), {"s": f"gyre-migrate-{schema}"})
+            await conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:s))"), {"s": f"gyre-migrate-{schema}"}
+            )
             await conn.run_sync(_migrate, schema)
     finally:
         await engine.dispose()

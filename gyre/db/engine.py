@@ -20,7 +20,9 @@ def async_url(url: str) -> str:
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
-    return create_async_engine(async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_async_engine(
+        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]

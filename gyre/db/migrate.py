@@ -21,7 +21,7 @@ def migrations_dir(service: str) -> Path:
 
 
 def services_with_migrations() -> list[str]:
-    return sorted(p.parent.name for p in SERVICES_ROOT.glob("*/migrations/env.py"))
+    return sorted(p.parent.parent.name for p in SERVICES_ROOT.glob("*/migrations/env.py"))
 
 
 def alembic_config(service: str, database_url: str) -> Config:

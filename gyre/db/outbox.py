@@ -36,7 +36,9 @@ async def enqueue(session: AsyncSession, outbox: sa.Table, *events: envelope_pb2
 class OutboxRelay:
     """Publishes a service's outbox; `poke()` after a commit for low latency, polling as a backstop."""
 
-    def __init__(self, engine: AsyncEngine, bus: Bus, outbox: sa.Table, *, poll_s: float = 0.5, batch: int = 256):
+    def __init__(
+        self, engine: AsyncEngine, bus: Bus, outbox: sa.Table, *, poll_s: float = 0.5, batch: int = 256
+    ):
         self.engine = engine
         self.bus = bus
         self.outbox = outbox

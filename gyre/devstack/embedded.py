@@ -19,7 +19,6 @@ import os
 import pwd
 import shlex
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -40,6 +39,7 @@ from gyre.devstack.processes import (
     pid_running,
     read_json,
     spawn_detached,
+    terminate,
     wait_gone,
     write_json,
 )
@@ -132,16 +132,20 @@ def stop_nats(server: EmbeddedServer, *, timeout_s: float = 10.0) -> None:
     """SIGTERM the recorded nats-server, SIGKILL it if it outlives `timeout_s`; a no-op when it is gone."""
     if server.name != "nats":
         raise ValueError(f"stop_nats needs the server returned by start_nats, got name={server.name!r}")
-    if is_our_process(server.pid, _nats_marker(server.data_dir)):
-        os.kill(server.pid, signal.SIGTERM)
-        if not wait_gone(server.pid, timeout_s):
-            os.kill(server.pid, signal.SIGKILL)
-            if not wait_gone(server.pid, _KILL_WAIT_S):
-                raise failure(f"nats-server (pid {server.pid}) survived SIGKILL", server.log_path)
+    terminate(server.pid, _nats_marker(server.data_dir), timeout_s=timeout_s)
     state_path = server.data_dir / _NATS_STATE_FILE
     state = read_json(state_path)
     if state is not None and state.get("pid") == server.pid:
         write_json(state_path, {"port": state.get("port")})  # kept so a restart reuses the port
+
+
+def stop_nats_in(data_dir: Path, *, timeout_s: float = 10.0) -> bool:
+    """Stop the nats-server recorded in `data_dir`, if one runs; True when one was stopped."""
+    running = _recorded_nats(data_dir.resolve())
+    if running is None:
+        return False
+    stop_nats(running, timeout_s=timeout_s)
+    return True
 
 
 def _nats_binary() -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ LOG_TAIL_CHARS = 3000
 POLL_S = 0.05
 
 
-def spawn_detached(argv: list[str], *, log_path: Path, cwd: Path) -> int:
+def spawn_detached(argv: list[str], *, log_path: Path, cwd: Path, env: dict[str, str] | None = None) -> int:
     """Start `argv` as an orphan in its own session, output appended to `log_path`; return its PID.
 
     The shell in between exits at once, so the server is not our child: it outlives us, a Ctrl-C on
@@ -27,11 +28,24 @@ def spawn_detached(argv: list[str], *, log_path: Path, cwd: Path) -> int:
         timeout=10,
         check=False,
         start_new_session=True,
+        env=env,
     )
     pid = as_int(launched.stdout.strip())
     if launched.returncode != 0 or pid is None:
         raise failure(f"could not launch {argv[0]}: {launched.stderr.strip()}", log_path)
     return pid
+
+
+def terminate(pid: int, marker: str, *, timeout_s: float) -> bool:
+    """SIGTERM our process `pid` (known by `marker`), SIGKILL after `timeout_s`; False if it was gone."""
+    if not is_our_process(pid, marker):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    if not wait_gone(pid, timeout_s):
+        os.kill(pid, signal.SIGKILL)
+        if not wait_gone(pid, 5.0):
+            raise RuntimeError(f"process {pid} ({marker}) survived SIGKILL")
+    return True
 
 
 def pid_running(pid: int) -> bool:

@@ -41,7 +41,9 @@ def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_
         spec=spec_to_proto(task.spec),
         state=state,
         executions=[
-            ids_pb2.ExecutionRef(task_id=task.task_id, execution_id=e.execution_id, index_in_group=e.index_in_group)
+            ids_pb2.ExecutionRef(
+                task_id=task.task_id, execution_id=e.execution_id, index_in_group=e.index_in_group
+            )
             for e in task.executions
         ],
     )

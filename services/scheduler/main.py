@@ -22,5 +22,7 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
         host=settings.host,
         port=settings.port,
     )
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(conns.sessions, relay), server.server)
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
+        SchedulerServicer(conns.sessions, relay), server.server
+    )
     return ServiceHost(name=NAME, server=server, connections=conns, workers=[relay.run])

@@ -69,11 +69,13 @@ async def claim_request(
     return (await session.execute(stmt)).first() is not None
 
 
-async def load_request(session: AsyncSession, request_id: str) -> sa.Row[tuple[str, bytes, bytes]] | None:
+async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
+    """(method, fingerprint, response) recorded for a request id, or None."""
     stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
         rpc_requests.c.request_id == request_id
     )
-    return (await session.execute(stmt)).first()  # type: ignore[return-value]
+    row = (await session.execute(stmt)).first()
+    return None if row is None else (row.method, row.fingerprint, row.response)
 
 
 async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *, request_id: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import grpc
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -12,6 +11,7 @@ from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import Conflict, InvalidArgument, NotFound
 from gyre.events import new_event
 from gyre.ids import is_uuid, new_uuid7
+from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
 from services.scheduler.codec import request_fingerprint, spec_from_proto, task_to_proto
@@ -27,7 +27,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.relay = relay
 
     async def SubmitTasks(
-        self, request: scheduler_pb2.SubmitTasksRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate_request_id(request.request_id)
         fingerprint = request_fingerprint(request)
@@ -85,7 +85,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.SubmitTasksResponse.FromString(stored_response)
 
     async def GetTask(
-        self, request: scheduler_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.GetTaskRequest, context: Context
     ) -> scheduler_pb2.GetTaskResponse:
         if not is_uuid(request.task_id):
             raise InvalidArgument("task_id", f"must be a task id (UUID), got {request.task_id!r}")

@@ -82,23 +82,34 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
     if not spec.name.strip():
         raise InvalidArgument(f"{at}.name", "is required")
     if len(spec.name) > MAX_NAME_CHARS or CONTROL_RE.search(spec.name):
-        raise InvalidArgument(f"{at}.name", f"must be at most {MAX_NAME_CHARS} characters without control characters")
+        raise InvalidArgument(
+            f"{at}.name", f"must be at most {MAX_NAME_CHARS} characters without control characters"
+        )
     if not FAMILY_RE.fullmatch(spec.family):
-        raise InvalidArgument(f"{at}.family", f"must be 1..64 of [a-z0-9_] starting with a letter, got {spec.family!r}")
+        raise InvalidArgument(
+            f"{at}.family", f"must be 1..64 of [a-z0-9_] starting with a letter, got {spec.family!r}"
+        )
     if not spec.prompt.strip():
         raise InvalidArgument(f"{at}.prompt", "is required and must not be blank")
     prompt_bytes = len(spec.prompt.encode())
     if prompt_bytes > MAX_PROMPT_BYTES:
         raise InvalidArgument(f"{at}.prompt", f"must be at most {MAX_PROMPT_BYTES} bytes, got {prompt_bytes}")
     if not 1 <= spec.group_size <= MAX_GROUP_SIZE:
-        raise InvalidArgument(f"{at}.group_size", f"must be between 1 and {MAX_GROUP_SIZE}, got {spec.group_size}")
+        raise InvalidArgument(
+            f"{at}.group_size", f"must be between 1 and {MAX_GROUP_SIZE}, got {spec.group_size}"
+        )
     if not (math.isfinite(spec.timeout_s) and 0 < spec.timeout_s <= MAX_TIMEOUT_S):
-        raise InvalidArgument(f"{at}.timeout_s", f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} s, got {spec.timeout_s}")
+        raise InvalidArgument(
+            f"{at}.timeout_s", f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} s, got {spec.timeout_s}"
+        )
     if not HARNESS_RE.fullmatch(spec.harness):
-        raise InvalidArgument(f"{at}.harness", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {spec.harness!r}")
+        raise InvalidArgument(
+            f"{at}.harness", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {spec.harness!r}"
+        )
     if len(spec.workspace_template) > MAX_TEMPLATE_CHARS or CONTROL_RE.search(spec.workspace_template):
         raise InvalidArgument(
-            f"{at}.workspace_template", f"must be at most {MAX_TEMPLATE_CHARS} characters without control characters"
+            f"{at}.workspace_template",
+            f"must be at most {MAX_TEMPLATE_CHARS} characters without control characters",
         )
     if len(spec.labels) > MAX_LABELS:
         raise InvalidArgument(f"{at}.labels", f"at most {MAX_LABELS} labels, got {len(spec.labels)}")
@@ -106,11 +117,17 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
         if not LABEL_KEY_RE.fullmatch(key):
             raise InvalidArgument(f"{at}.labels[{key!r}]", "keys must be 1..63 of [A-Za-z0-9_.-]")
         if len(value) > MAX_LABEL_VALUE_CHARS:
-            raise InvalidArgument(f"{at}.labels[{key!r}]", f"values must be at most {MAX_LABEL_VALUE_CHARS} characters")
+            raise InvalidArgument(
+                f"{at}.labels[{key!r}]", f"values must be at most {MAX_LABEL_VALUE_CHARS} characters"
+            )
 
 
 def plan_tasks(
-    specs: Sequence[TaskSpec], *, task_ids: Sequence[str], execution_ids: Sequence[Sequence[str]], now: datetime
+    specs: Sequence[TaskSpec],
+    *,
+    task_ids: Sequence[str],
+    execution_ids: Sequence[Sequence[str]],
+    now: datetime,
 ) -> list[PlannedTask]:
     """Give each validated spec its id and a group of executions (ids come from the shell).
 
@@ -122,6 +139,8 @@ def plan_tasks(
     planned = []
     for spec, task_id, group_ids in zip(specs, task_ids, execution_ids, strict=True):
         assert len(group_ids) == spec.group_size
-        executions = tuple(PlannedExecution(execution_id=e, index_in_group=i) for i, e in enumerate(group_ids))
+        executions = tuple(
+            PlannedExecution(execution_id=e, index_in_group=i) for i, e in enumerate(group_ids)
+        )
         planned.append(PlannedTask(task_id=task_id, spec=spec, executions=executions, submitted_at=now))
     return planned

@@ -31,7 +31,9 @@ class TaskEvents:
     async def on_task_submitted(self, event: DecodedEvent) -> None:
         task = event.payload.task
         async with self.sessions() as session, session.begin():
-            if not await claim_event(session, repo.processed_messages, consumer=TASKS_CONSUMER, event_id=event.event_id):
+            if not await claim_event(
+                session, repo.processed_messages, consumer=TASKS_CONSUMER, event_id=event.event_id
+            ):
                 log.info("event_already_processed")
                 return
             await repo.register_group(

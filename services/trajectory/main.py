@@ -25,5 +25,7 @@ async def build(settings: TrajectorySettings, kernel: KernelSettings) -> Service
         host=settings.host,
         port=settings.port,
     )
-    trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(TrajectoryServicer(conns.sessions), server.server)
+    trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(
+        TrajectoryServicer(conns.sessions), server.server
+    )
     return ServiceHost(name=NAME, server=server, connections=conns, workers=[relay.run, tasks.run])

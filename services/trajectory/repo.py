@@ -66,7 +66,10 @@ async def register_group(
     )
     await session.execute(
         insert(group_executions).on_conflict_do_nothing(),
-        [{"execution_id": uuid.UUID(e), "task_id": uuid.UUID(task_id), "index_in_group": i} for e, i in members],
+        [
+            {"execution_id": uuid.UUID(e), "task_id": uuid.UUID(task_id), "index_in_group": i}
+            for e, i in members
+        ],
     )
 
 
@@ -76,7 +79,9 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
         return None
     members = (
         await session.execute(
-            sa.select(group_executions.c.execution_id, group_executions.c.index_in_group, group_executions.c.reward)
+            sa.select(
+                group_executions.c.execution_id, group_executions.c.index_in_group, group_executions.c.reward
+            )
             .where(group_executions.c.task_id == row.task_id)
             .order_by(group_executions.c.index_in_group)
         )

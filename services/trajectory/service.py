@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.errors import InvalidArgument, NotFound
 from gyre.ids import is_uuid
+from gyre.rpc import Context
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trajectory import repo
 
@@ -16,7 +16,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
         self.sessions = sessions
 
     async def GetGroup(
-        self, request: trajectory_pb2.GetGroupRequest, context: grpc.aio.ServicerContext
+        self, request: trajectory_pb2.GetGroupRequest, context: Context
     ) -> trajectory_pb2.GetGroupResponse:
         if not is_uuid(request.task_id):
             raise InvalidArgument("task_id", f"must be a task id (UUID), got {request.task_id!r}")

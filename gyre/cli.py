@@ -1,0 +1,80 @@
+"""The `gyre` command: local stack, migrations, demo, code generation (shell)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from gyre.settings import KernelSettings
+
+
+def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
+    from gyre.devstack.stack import up
+
+    state = up(kernel)
+    print(
+        json.dumps(
+            {
+                "nats_url": state.nats_url,
+                "database_url": state.database_url,
+                "services": {s.name: s.address for s in state.services},
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _cmd_down(ns: argparse.Namespace, kernel: KernelSettings) -> int:
+    from gyre.devstack.stack import down
+
+    stopped = down(kernel)
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def _cmd_migrate(ns: argparse.Namespace, kernel: KernelSettings) -> int:
+    from gyre.db.migrate import upgrade_all
+    from gyre.settings import resolve_urls
+
+    print("migrated:", ", ".join(upgrade_all(resolve_urls(kernel).database_url)))
+    return 0
+
+
+def _cmd_demo(ns: argparse.Namespace, kernel: KernelSettings) -> int:
+    from gyre.demo import main as demo
+
+    return demo(kernel, keep=ns.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gyre", description="Gyre: RL for hour-long coding-agent rollouts.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser(
+        "up", help="start NATS, Postgres (embedded unless configured) and every service"
+    ).set_defaults(func=_cmd_up)
+    sub.add_parser("down", help="stop what `gyre up` started").set_defaults(func=_cmd_down)
+    sub.add_parser("migrate", help="bring every service's schema up to date").set_defaults(func=_cmd_migrate)
+    demo = sub.add_parser("demo", help="run the end-to-end slice on the local stack and narrate it")
+    demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    ns = build_parser().parse_args(argv)
+    from gyre.errors import GyreError
+
+    try:
+        return int(ns.func(ns, KernelSettings()))
+    except (GyreError, RuntimeError) as exc:
+        print(f"gyre {ns.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

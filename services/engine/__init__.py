@@ -1,0 +1,1 @@
+"""Engine: token-in/token-out inference engine of one rollout cell."""

@@ -1,0 +1,1 @@
+"""Evaluator: grading of workspaces with partial credit."""

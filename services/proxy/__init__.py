@@ -1,0 +1,1 @@
+"""Proxy: harness-facing model API (OpenAI / Anthropic), TITO recording, routing, migration."""

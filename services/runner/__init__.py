@@ -1,0 +1,1 @@
+"""Runner: harness processes in sandboxed workspaces."""

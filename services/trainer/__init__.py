@@ -1,0 +1,1 @@
+"""Trainer: optimizer on the core cell, data-parallel satellites, weight publishing."""
