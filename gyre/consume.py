@@ -75,8 +75,12 @@ class Consumer:
             # The server would stop redelivering past this; we dead-letter one delivery earlier.
             max_deliver=self.spec.max_deliver + 1,
             ack_wait=self.spec.ack_wait_s,
-            filter_subjects=subjects,
         )
+        # A single filter_subject works on every JetStream server; filter_subjects needs 2.10+.
+        if len(subjects) == 1:
+            config.filter_subject = subjects[0]
+        else:
+            config.filter_subjects = subjects
         assert stream == stream_name(self.spec.producer, prefix=self.bus.prefix)
         return await self.bus.js.pull_subscribe(
             subjects[0], durable=self.spec.durable, stream=stream, config=config

@@ -10,6 +10,8 @@ from typing import NewType
 
 import uuid6
 
+from gyre.errors import InvalidArgument
+
 TaskId = NewType("TaskId", str)
 ExecutionId = NewType("ExecutionId", str)
 EventId = NewType("EventId", str)
@@ -18,6 +20,13 @@ RequestId = NewType("RequestId", str)
 
 def new_uuid7() -> str:
     return str(uuid6.uuid7())
+
+
+def require_uuid(field: str, text: str, *, what: str) -> str:
+    """Return `text` if it is a canonical UUID, else InvalidArgument naming the field."""
+    if not is_uuid(text):
+        raise InvalidArgument(field, f"must be {what} id (UUID), got {text!r}")
+    return text
 
 
 def is_uuid(text: str) -> bool:

@@ -6,33 +6,15 @@ import hashlib
 
 from gyre.common.v1 import ids_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
-from services.scheduler.tasks import PlannedTask, TaskSpec
+from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedTask, TaskSpec, spec_from_record
 
 
 def spec_from_proto(msg: pb.TaskSpec) -> TaskSpec:
-    return TaskSpec(
-        name=msg.name,
-        family=msg.family,
-        prompt=msg.prompt,
-        group_size=msg.group_size,
-        timeout_s=msg.timeout_s,
-        harness=msg.harness,
-        workspace_template=msg.workspace_template,
-        labels=tuple(sorted(msg.labels.items())),
-    )
+    return spec_from_record(msg, labels=msg.labels)
 
 
 def spec_to_proto(spec: TaskSpec) -> pb.TaskSpec:
-    return pb.TaskSpec(
-        name=spec.name,
-        family=spec.family,
-        prompt=spec.prompt,
-        group_size=spec.group_size,
-        timeout_s=spec.timeout_s,
-        harness=spec.harness,
-        workspace_template=spec.workspace_template,
-        labels=dict(spec.labels),
-    )
+    return pb.TaskSpec(**{name: getattr(spec, name) for name in SCALAR_SPEC_FIELDS}, labels=dict(spec.labels))
 
 
 def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_STATE_PENDING) -> pb.Task:

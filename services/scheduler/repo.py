@@ -10,7 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.tables import outbox_table, processed_messages_table
-from services.scheduler.tasks import PlannedExecution, PlannedTask, TaskSpec
+from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedExecution, PlannedTask, spec_from_record
 
 SCHEMA = "scheduler"
 metadata = sa.MetaData(schema=SCHEMA)
@@ -85,13 +85,7 @@ async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *,
             {
                 "task_id": uuid.UUID(t.task_id),
                 "request_id": request_id,
-                "name": t.spec.name,
-                "family": t.spec.family,
-                "prompt": t.spec.prompt,
-                "group_size": t.spec.group_size,
-                "timeout_s": t.spec.timeout_s,
-                "harness": t.spec.harness,
-                "workspace_template": t.spec.workspace_template,
+                **{name: getattr(t.spec, name) for name in SCALAR_SPEC_FIELDS},
                 "labels": dict(t.spec.labels),
                 "state": "pending",
                 "submitted_at": t.submitted_at,
@@ -126,16 +120,7 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
             .order_by(executions.c.index_in_group)
         )
     ).all()
-    spec = TaskSpec(
-        name=row.name,
-        family=row.family,
-        prompt=row.prompt,
-        group_size=row.group_size,
-        timeout_s=row.timeout_s,
-        harness=row.harness,
-        workspace_template=row.workspace_template,
-        labels=tuple(sorted(row.labels.items())),
-    )
+    spec = spec_from_record(row, labels=row.labels)
     planned = PlannedTask(
         task_id=str(row.task_id),
         spec=spec,

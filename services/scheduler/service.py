@@ -8,9 +8,9 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.errors import Conflict, InvalidArgument, NotFound
+from gyre.errors import Conflict, NotFound
 from gyre.events import new_event
-from gyre.ids import is_uuid, new_uuid7
+from gyre.ids import new_uuid7, require_uuid
 from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
@@ -87,8 +87,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def GetTask(
         self, request: scheduler_pb2.GetTaskRequest, context: Context
     ) -> scheduler_pb2.GetTaskResponse:
-        if not is_uuid(request.task_id):
-            raise InvalidArgument("task_id", f"must be a task id (UUID), got {request.task_id!r}")
+        require_uuid("task_id", request.task_id, what="a task")
         async with self.sessions() as session:
             found = await repo.load_task(session, request.task_id)
         if found is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,6 +40,15 @@ class TaskSpec:
     harness: str
     workspace_template: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+
+
+SCALAR_SPEC_FIELDS = ("name", "family", "prompt", "group_size", "timeout_s", "harness", "workspace_template")
+
+
+def spec_from_record(record: object, *, labels: Mapping[str, str]) -> TaskSpec:
+    """Build a TaskSpec from anything with its field names (a protobuf message, a table row)."""
+    fields = {name: getattr(record, name) for name in SCALAR_SPEC_FIELDS}
+    return TaskSpec(**fields, labels=tuple(sorted(labels.items())))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

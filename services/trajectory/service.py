@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gyre.errors import InvalidArgument, NotFound
-from gyre.ids import is_uuid
+from gyre.errors import NotFound
+from gyre.ids import require_uuid
 from gyre.rpc import Context
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trajectory import repo
@@ -18,8 +18,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
     async def GetGroup(
         self, request: trajectory_pb2.GetGroupRequest, context: Context
     ) -> trajectory_pb2.GetGroupResponse:
-        if not is_uuid(request.task_id):
-            raise InvalidArgument("task_id", f"must be a task id (UUID), got {request.task_id!r}")
+        require_uuid("task_id", request.task_id, what="a task")
         async with self.sessions() as session:
             record = await repo.load_group(session, request.task_id)
         if record is None:
