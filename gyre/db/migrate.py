@@ -6,6 +6,7 @@ version table lives in its own schema, and no service touches another's schema.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from alembic import command
@@ -13,6 +14,7 @@ from alembic.config import Config
 
 from gyre.db.engine import async_url
 
+_ALEMBIC_LOCK = threading.Lock()
 SERVICES_ROOT = Path(__file__).resolve().parents[2] / "services"
 
 
@@ -33,8 +35,13 @@ def alembic_config(service: str, database_url: str) -> Config:
 
 
 def upgrade(service: str, database_url: str, revision: str = "head") -> None:
-    """Bring one service's schema to `revision`. Blocking: call via asyncio.to_thread in async code."""
-    command.upgrade(alembic_config(service, database_url), revision)
+    """Bring one service's schema to `revision`. Blocking: call via asyncio.to_thread in async code.
+
+    Alembic keeps its migration context in module globals, so runs in one process take turns;
+    runs in several processes are serialised by an advisory lock in `alembic_env`.
+    """
+    with _ALEMBIC_LOCK:
+        command.upgrade(alembic_config(service, database_url), revision)
 
 
 def upgrade_all(database_url: str) -> list[str]:

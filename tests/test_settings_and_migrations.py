@@ -1,0 +1,71 @@
+"""Where the URLs come from, and migrations that can run again and side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from gyre.db.engine import async_url, make_engine
+from gyre.db.migrate import services_with_migrations, upgrade
+from gyre.errors import Unavailable
+from gyre.settings import KernelSettings, resolve_urls, stack_state_path
+
+
+def test_environment_wins_then_the_local_stack(tmp_path: Path) -> None:
+    stack_state_path(tmp_path).write_text(
+        json.dumps({"nats_url": "nats://stack", "database_url": "postgresql://stack"})
+    )
+    from_stack = resolve_urls(KernelSettings(nats_url=None, database_url=None, state_dir=tmp_path))
+    assert (from_stack.nats_url, from_stack.database_url) == ("nats://stack", "postgresql://stack")
+    mixed = resolve_urls(KernelSettings(nats_url="nats://env", database_url=None, state_dir=tmp_path))
+    assert (mixed.nats_url, mixed.database_url) == ("nats://env", "postgresql://stack")
+
+
+def test_no_urls_and_no_stack_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(Unavailable, match=r"GYRE_NATS_URL and GYRE_DATABASE_URL unset .* run `gyre up`"):
+        resolve_urls(KernelSettings(nats_url=None, database_url=None, state_dir=tmp_path))
+
+
+def test_plain_postgres_urls_are_driven_by_asyncpg() -> None:
+    assert async_url("postgresql://u@h:1/d") == "postgresql+asyncpg://u@h:1/d"
+    assert async_url("postgresql+asyncpg://u@h:1/d") == "postgresql+asyncpg://u@h:1/d"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_migrations_run_twice_and_concurrently_without_harm(kernel: KernelSettings) -> None:
+    assert kernel.database_url is not None
+    url = kernel.database_url
+    services = services_with_migrations()
+    assert services == ["scheduler", "trajectory"]
+    # Side by side in separate processes, as `gyre up` starts services; then once more in this one.
+    code = "import sys; from gyre.db.migrate import upgrade_all; upgrade_all(sys.argv[1])"
+    procs = [await asyncio.create_subprocess_exec(sys.executable, "-c", code, url) for _ in range(3)]
+    assert [await p.wait() for p in procs] == [0, 0, 0]
+    for service in services:
+        await asyncio.to_thread(upgrade, service, url)
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            for service in services:
+                version = (
+                    await conn.execute(sa.text(f"SELECT version_num FROM {service}.alembic_version"))
+                ).scalar_one()
+                assert version == "0001"
+                tables = set(
+                    (
+                        await conn.execute(
+                            sa.text(
+                                "SELECT table_name FROM information_schema.tables WHERE table_schema = :s"
+                            ),
+                            {"s": service},
+                        )
+                    ).scalars()
+                )
+                assert {"outbox", "processed_messages", "alembic_version"} <= tables
+    finally:
+        await engine.dispose()
