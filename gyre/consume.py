@@ -4,7 +4,9 @@ The contract (DESIGN section 5): a handler applies an event and records `(consum
 in the same transaction (see `gyre.db.inbox`); the message is acked only after that commit.
 A crash before the ack means redelivery, which the inbox turns into a no-op. A message that can
 never be decoded is dead-lettered with the reason at once; one whose handler keeps failing is
-retried with back-off and dead-lettered after `max_deliver` attempts. Nothing is dropped silently.
+retried with back-off and dead-lettered after `max_deliver` attempts, unless it raises
+`InvalidArgument` or `UndecodableEvent` (the event itself is wrong), which dead-letters at once.
+Nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gyre.bus import Bus
+from gyre.errors import InvalidArgument
 from gyre.events import (
     DecodedEvent,
     UndecodableEvent,
@@ -114,6 +117,9 @@ class Consumer:
         )
         try:
             await self.handlers[event.envelope.event_type](event)
+        except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
+            await self._give_up(msg, f"invalid event: {exc}")
+            return
         except Exception as exc:  # retried: the handler's transaction rolled back
             delivered = msg.metadata.num_delivered
             if delivered >= self.spec.max_deliver:

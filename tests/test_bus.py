@@ -194,3 +194,22 @@ async def test_a_payload_over_the_message_limit_travels_through_the_object_store
         ConsumerSpec(durable="large-test", producer="scheduler", handlers={events_pb2.TaskSubmitted: keep}),
     )
     await run_until(consumer, lambda: any(r.task.spec.prompt == big_prompt for r in received))
+
+
+async def test_an_event_that_decodes_but_is_invalid_is_dead_lettered_without_retries(
+    bus: Bus, task_events: TaskEvents
+) -> None:
+    bad = new_event(
+        events_pb2.TaskSubmitted(task=scheduler_pb2.Task(task_id="not-a-uuid")),
+        producer="scheduler",
+        correlation_id="x",
+    )
+    await bus.publish(bad)
+    spec = TaskEvents(task_events.sessions).spec()
+    consumer = Consumer(
+        bus, ConsumerSpec(durable="invalid-test", producer="scheduler", handlers=spec.handlers)
+    )
+    await run_until(consumer, lambda: consumer.dead_lettered >= 1)
+    letters = [x for x in await read_dead_letters(bus, "invalid-test") if x.msg_id == bad.event_id]
+    assert len(letters) == 1 and letters[0].num_delivered == 1
+    assert letters[0].reason == "invalid event: task.task_id: must be a task id (UUID), got 'not-a-uuid'"

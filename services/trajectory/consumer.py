@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.consume import ConsumerSpec
 from gyre.db.inbox import claim_event
 from gyre.events import DecodedEvent
+from gyre.ids import require_uuid
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from services.trajectory import repo
 
@@ -30,6 +31,9 @@ class TaskEvents:
 
     async def on_task_submitted(self, event: DecodedEvent) -> None:
         task = event.payload.task
+        require_uuid("task.task_id", task.task_id, what="a task")
+        for e in task.executions:
+            require_uuid("task.executions.execution_id", e.execution_id, what="an execution")
         async with self.sessions() as session, session.begin():
             if not await claim_event(
                 session, repo.processed_messages, consumer=TASKS_CONSUMER, event_id=event.event_id
