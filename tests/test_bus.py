@@ -213,3 +213,39 @@ async def test_an_event_that_decodes_but_is_invalid_is_dead_lettered_without_ret
     letters = [x for x in await read_dead_letters(bus, "invalid-test") if x.msg_id == bad.event_id]
     assert len(letters) == 1 and letters[0].num_delivered == 1
     assert letters[0].reason == "invalid event: task.task_id: must be a task id (UUID), got 'not-a-uuid'"
+
+
+async def test_a_jetstream_redelivery_after_a_lost_ack_is_a_no_op(bus: Bus, task_events: TaskEvents) -> None:
+    """The handler commits, then the ack is lost (here: the first delivery fails after commit)."""
+    env = task_submitted(group_size=2)
+    await bus.publish(env)
+    real = TaskEvents(task_events.sessions)
+    deliveries: list[str] = []
+
+    async def commit_then_lose_the_ack(event: DecodedEvent) -> None:
+        if event.event_id != env.event_id:
+            return  # earlier tests' events on the same stream
+        await real.on_task_submitted(event)
+        deliveries.append(event.event_id)
+        if len(deliveries) == 1:
+            raise ConnectionResetError("connection lost before the ack")
+
+    consumer = Consumer(
+        bus,
+        ConsumerSpec(
+            durable="redelivery-test",
+            producer="scheduler",
+            handlers={events_pb2.TaskSubmitted: commit_then_lose_the_ack},
+            retry_base_s=0.05,
+        ),
+    )
+    await run_until(consumer, lambda: deliveries.count(env.event_id) >= 2)
+    decoded = events_pb2.TaskSubmitted()
+    env.payload.Unpack(decoded)
+    members = (
+        sa.select(sa.func.count())
+        .select_from(repo.group_executions)
+        .where(repo.group_executions.c.task_id == decoded.task.task_id)
+    )
+    assert await count(task_events, members) == 2
+    assert deliveries == [env.event_id, env.event_id]
