@@ -35,5 +35,5 @@ down: $(STAMP)
 	$(BIN)/gyre down
 
 clean:
-	-$(BIN)/gyre down
+	-$(BIN)/gyre down --all
 	rm -rf $(VENV) .gyre .pytest_cache .mypy_cache .ruff_cache

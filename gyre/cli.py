@@ -28,9 +28,11 @@ def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
 
 
 def _cmd_down(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre.devstack.stack import down
+    from gyre.devstack.stack import down, stop_embedded_servers
 
     stopped = down(kernel)
+    if ns.all:
+        stopped += stop_embedded_servers(kernel.state_dir)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     return 0
 
@@ -55,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "up", help="start NATS, Postgres (embedded unless configured) and every service"
     ).set_defaults(func=_cmd_up)
-    sub.add_parser("down", help="stop what `gyre up` started").set_defaults(func=_cmd_down)
+    down = sub.add_parser("down", help="stop what `gyre up` started")
+    down.add_argument(
+        "--all", action="store_true", help="also the embedded servers tests and benchmarks left running"
+    )
+    down.set_defaults(func=_cmd_down)
     sub.add_parser("migrate", help="bring every service's schema up to date").set_defaults(func=_cmd_migrate)
     demo = sub.add_parser("demo", help="run the end-to-end slice on the local stack and narrate it")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")

@@ -142,6 +142,18 @@ def down(kernel: KernelSettings, *, timeout_s: float = 15.0) -> list[str]:
     return stopped
 
 
+def stop_embedded_servers(state_dir: Path) -> list[str]:
+    """Stop the embedded servers the tests and benchmarks leave running under `state_dir`."""
+    stopped = []
+    for folder in sorted(p for p in state_dir.resolve().glob("*-servers") if p.is_dir()):
+        if stop_nats_in(folder / "nats"):
+            stopped.append(f"{folder.name}/nats")
+        if (folder / "postgres" / "postmaster.pid").exists():
+            stop_postgres(folder / "postgres")
+            stopped.append(f"{folder.name}/postgres")
+    return stopped
+
+
 def ensure_database(server_url: str, name: str) -> str:
     """Create database `name` on the server if missing; return its URL."""
 
