@@ -65,9 +65,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         details: grpc.HandlerCallDetails,
     ) -> Any:
         handler = await continuation(details)
-        if handler is None or handler.request_streaming:
-            return handler
+        if handler is None:
+            return None
         deserialize, serialize = handler.request_deserializer, handler.response_serializer
+        if handler.request_streaming:
+            return _wrap_request_streaming(handler)
 
         if handler.unary_unary:
             inner = handler.unary_unary
@@ -90,6 +92,35 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 await _abort(context, exc)
 
         return grpc.unary_stream_rpc_method_handler(streaming, response_serializer=serialize)
+
+
+def _wrap_request_streaming(handler: Any) -> Any:
+    """Client-streaming methods: grpc parses each message itself; errors map as for the others."""
+    deserialize, serialize = handler.request_deserializer, handler.response_serializer
+    if handler.stream_unary:
+        inner = handler.stream_unary
+
+        async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
+            try:
+                return await inner(requests, context)
+            except GyreError as exc:
+                await _abort(context, exc)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, request_deserializer=deserialize, response_serializer=serialize
+        )
+    inner_stream = handler.stream_stream
+
+    async def stream_stream(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+        try:
+            async for item in inner_stream(requests, context):
+                yield item
+        except GyreError as exc:
+            await _abort(context, exc)
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream_stream, request_deserializer=deserialize, response_serializer=serialize
+    )
 
 
 class GrpcServer:
