@@ -21,9 +21,9 @@ from pathlib import Path
 import asyncpg
 import grpc
 import nats
-from sqlalchemy.engine import make_url
 
 from gyre.bus import Bus, BusConfig
+from gyre.db.engine import libpq_url, with_database
 from gyre.events import new_event
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
@@ -128,14 +128,14 @@ async def measure(
 async def run(args: argparse.Namespace) -> dict[str, object]:
     nats_url, admin_url = servers()
     name = f"gyre_bench_{uuid.uuid4().hex[:10]}"
-    dsn = make_url(admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_url(admin_url)
     admin = await asyncpg.connect(dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
     prefix = f"b{uuid.uuid4().hex[:8]}"
     kernel = KernelSettings(
         nats_url=nats_url,
-        database_url=make_url(admin_url).set(database=name).render_as_string(hide_password=False),
+        database_url=with_database(admin_url, name),
         bus_prefix=prefix,
     )
     try:

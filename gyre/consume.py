@@ -30,6 +30,7 @@ from gyre.events import (
     parse_envelope,
     stream_name,
     subject_for,
+    type_map,
     unpack_payload,
 )
 
@@ -63,7 +64,7 @@ class Consumer:
     def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
         self.bus = bus
         self.spec = spec
-        self.types = {cls.DESCRIPTOR.full_name: cls for cls in spec.handlers}
+        self.types = type_map(spec.handlers)
         self.handlers = {cls.DESCRIPTOR.full_name: h for cls, h in spec.handlers.items()}
         self.processed = 0
         self.dead_lettered = 0

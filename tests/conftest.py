@@ -16,8 +16,8 @@ import asyncpg
 import nats
 import pytest
 import pytest_asyncio
-from sqlalchemy.engine import make_url
 
+from gyre.db.engine import libpq_url, with_database
 from gyre.settings import KernelSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,22 +39,18 @@ def server_urls() -> Iterator[tuple[str, str]]:
     yield nats_url or nats_server.url, database_url or pg_server.url
 
 
-def _asyncpg_dsn(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def database_url(server_urls: tuple[str, str]) -> AsyncIterator[str]:
     """A fresh database for this test session, dropped afterwards."""
     admin_url = server_urls[1]
     name = f"gyre_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(_asyncpg_dsn(admin_url))
+    admin = await asyncpg.connect(libpq_url(admin_url))
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    admin = await asyncpg.connect(_asyncpg_dsn(admin_url))
+    yield with_database(admin_url, name)
+    admin = await asyncpg.connect(libpq_url(admin_url))
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:

@@ -19,6 +19,16 @@ def async_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def libpq_url(url: str) -> str:
+    """The same server as a plain `postgresql://` URL, for asyncpg.connect and libpq tools."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server and credentials, another database."""
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
 def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     return create_async_engine(
         async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True

@@ -18,8 +18,8 @@ from pathlib import Path
 import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy.engine import make_url
 
+from gyre.db.engine import libpq_url, with_database
 from gyre.db.migrate import upgrade_all
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
@@ -158,8 +158,7 @@ def ensure_database(server_url: str, name: str) -> str:
     """Create database `name` on the server if missing; return its URL."""
 
     async def create() -> None:
-        dsn = make_url(server_url).set(drivername="postgresql").render_as_string(hide_password=False)
-        conn = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(libpq_url(server_url))
         try:
             if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
                 await conn.execute(f'CREATE DATABASE "{name}"')
@@ -167,4 +166,4 @@ def ensure_database(server_url: str, name: str) -> str:
             await conn.close()
 
     asyncio.run(create())
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    return with_database(server_url, name)
