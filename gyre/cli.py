@@ -51,6 +51,17 @@ def _cmd_demo(ns: argparse.Namespace, kernel: KernelSettings) -> int:
     return demo(kernel, keep=ns.keep)
 
 
+# Commands that belong to a service live in that service and are loaded only when named, so the
+# kernel imports no service and `gyre up` does not pay for torch. Each module has
+# `main(argv: list[str]) -> int`.
+SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("services.scheduler.sim.cli", "simulate the scheduling modes on a workload file"),
+    "trajectory": ("services.trajectory.cli", "import call records, print replayed samples"),
+    "model": ("services.engine.cli", "create a tiny local model checkpoint"),
+    "evaluate": ("services.evaluator.cli", "grade one workspace offline"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre", description="Gyre: RL for hour-long coding-agent rollouts.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,12 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the end-to-end slice on the local stack and narrate it")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     demo.set_defaults(func=_cmd_demo)
+    for name, (_, summary) in SERVICE_COMMANDS.items():
+        sub.add_parser(name, help=summary, add_help=False)
     return parser
+
+
+def _run_service_command(name: str, argv: list[str]) -> int:
+    import importlib
+
+    module_name, _ = SERVICE_COMMANDS[name]
+    module = importlib.import_module(module_name)
+    return int(module.main(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SERVICE_COMMANDS:
+        return _run_service_command(argv[0], argv[1:])
     ns = build_parser().parse_args(argv)
     from gyre.errors import GyreError
 
