@@ -26,17 +26,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgyre/engine/v1/engine.proto\x12\x0egyre.engine.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"v\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x10\n\x08stop_ids\x18\x04 \x03(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x84\x01\n\x0fGeneratedTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x03 \x03(\x04\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.gyre.engine.v1.FinishReason\"\x87\x01\n\x15GenerateTokensRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.gyre.engine.v1.SamplingParams\"\x86\x01\n\x16GenerateTokensResponse\x12/\n\x06tokens\x18\x01 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\"\x82\x01\n\x08KvLayout\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x19\n\x11\x62lock_size_tokens\x18\x06 \x01(\r\"\xb3\x01\n\x08KvHandle\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12(\n\x06layout\x18\x05 \x01(\x0b\x32\x18.gyre.engine.v1.KvLayout\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\",\n\x16PauseGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"p\n\x17PauseGenerationResponse\x12/\n\x06tokens\x18\x01 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\x12$\n\x02kv\x18\x02 \x01(\x0b\x32\x18.gyre.engine.v1.KvHandle\"\x93\x02\n\x08KvHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12/\n\x06output\x18\x05 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.gyre.engine.v1.SamplingParams\x12(\n\x06layout\x18\x07 \x01(\x0b\x32\x18.gyre.engine.v1.KvLayout\x12\x12\n\nsize_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06sha256\x18\t \x01(\t\"-\n\x07KvChunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\">\n\x0f\x45xportKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\"p\n\x10\x45xportKVResponse\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.gyre.engine.v1.KvHeaderH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.gyre.engine.v1.KvChunkH\x00\x42\x06\n\x04part\"o\n\x0fImportKVRequest\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.gyre.engine.v1.KvHeaderH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.gyre.engine.v1.KvChunkH\x00\x42\x06\n\x04part\"8\n\x10ImportKVResponse\x12$\n\x02kv\x18\x01 \x01(\x0b\x32\x18.gyre.engine.v1.KvHandle\"-\n\x17ResumeGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"K\n\x18ResumeGenerationResponse\x12/\n\x06tokens\x18\x01 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\"-\n\x17\x43\x61ncelGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"/\n\x18\x43\x61ncelGenerationResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\"Y\n\x12\x44rainEngineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0fpause_in_flight\x18\x02 \x01(\x08\x12\x16\n\x0erelease_memory\x18\x03 \x01(\x08\"~\n\x13\x44rainEngineResponse\x12\x1a\n\x12paused_request_ids\x18\x01 \x03(\t\x12\x1f\n\x17num_running_generations\x18\x02 \x01(\r\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gyre.engine.v1.EngineState\"\x17\n\x15GetEngineStatsRequest\"\x94\x03\n\x16GetEngineStatsResponse\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gyre.engine.v1.EngineState\x12\x35\n\x0epolicy_version\x18\x04 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1f\n\x17num_running_generations\x18\x05 \x01(\r\x12\x1f\n\x17num_waiting_generations\x18\x06 \x01(\r\x12\x1e\n\x16num_paused_generations\x18\x07 \x01(\r\x12 \n\x18num_kv_cache_tokens_used\x18\x08 \x01(\x04\x12!\n\x19num_kv_cache_tokens_total\x18\t \x01(\x04\x12\x1b\n\x13output_tokens_per_s\x18\n \x01(\x01\x12/\n\x0bobserved_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"~\n\x14UpdateWeightsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x12\n\nsource_uri\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xb7\x01\n\x15UpdateWeightsResponse\x12\x37\n\x10previous_version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12!\n\x19num_generations_continued\x18\x04 \x01(\r*\xb8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x03\x12\x18\n\x14\x46INISH_REASON_PAUSED\x10\x04\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x05*\xb8\x01\n\x0b\x45ngineState\x12\x1c\n\x18\x45NGINE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45NGINE_STATE_STARTING\x10\x01\x12\x18\n\x14\x45NGINE_STATE_SERVING\x10\x02\x12\x19\n\x15\x45NGINE_STATE_DRAINING\x10\x03\x12\x18\n\x14\x45NGINE_STATE_DRAINED\x10\x04\x12!\n\x1d\x45NGINE_STATE_UPDATING_WEIGHTS\x10\x05\x32\xdf\x06\n\rEngineService\x12\x61\n\x0eGenerateTokens\x12%.gyre.engine.v1.GenerateTokensRequest\x1a&.gyre.engine.v1.GenerateTokensResponse0\x01\x12\x62\n\x0fPauseGeneration\x12&.gyre.engine.v1.PauseGenerationRequest\x1a\'.gyre.engine.v1.PauseGenerationResponse\x12O\n\x08\x45xportKV\x12\x1f.gyre.engine.v1.ExportKVRequest\x1a .gyre.engine.v1.ExportKVResponse0\x01\x12O\n\x08ImportKV\x12\x1f.gyre.engine.v1.ImportKVRequest\x1a .gyre.engine.v1.ImportKVResponse(\x01\x12g\n\x10ResumeGeneration\x12\'.gyre.engine.v1.ResumeGenerationRequest\x1a(.gyre.engine.v1.ResumeGenerationResponse0\x01\x12\x65\n\x10\x43\x61ncelGeneration\x12\'.gyre.engine.v1.CancelGenerationRequest\x1a(.gyre.engine.v1.CancelGenerationResponse\x12V\n\x0b\x44rainEngine\x12\".gyre.engine.v1.DrainEngineRequest\x1a#.gyre.engine.v1.DrainEngineResponse\x12_\n\x0eGetEngineStats\x12%.gyre.engine.v1.GetEngineStatsRequest\x1a&.gyre.engine.v1.GetEngineStatsResponse\x12\\\n\rUpdateWeights\x12$.gyre.engine.v1.UpdateWeightsRequest\x1a%.gyre.engine.v1.UpdateWeightsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgyre/engine/v1/engine.proto\x12\x0egyre.engine.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"v\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x10\n\x08stop_ids\x18\x04 \x03(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x84\x01\n\x0fGeneratedTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x03 \x03(\x04\x12\x33\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1c.gyre.engine.v1.FinishReason\"\x87\x01\n\x15GenerateTokensRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x12\n\nprompt_ids\x18\x03 \x03(\x05\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.gyre.engine.v1.SamplingParams\"\x86\x01\n\x16GenerateTokensResponse\x12/\n\x06tokens\x18\x01 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12 \n\x18num_cached_prompt_tokens\x18\x03 \x01(\r\"\x82\x01\n\x08KvLayout\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x19\n\x11\x62lock_size_tokens\x18\x06 \x01(\r\"\xb3\x01\n\x08KvHandle\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12(\n\x06layout\x18\x05 \x01(\x0b\x32\x18.gyre.engine.v1.KvLayout\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\",\n\x16PauseGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"p\n\x17PauseGenerationResponse\x12/\n\x06tokens\x18\x01 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\x12$\n\x02kv\x18\x02 \x01(\x0b\x32\x18.gyre.engine.v1.KvHandle\"\xae\x02\n\x08KvHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12/\n\x06output\x18\x05 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.gyre.engine.v1.SamplingParams\x12(\n\x06layout\x18\x07 \x01(\x0b\x32\x18.gyre.engine.v1.KvLayout\x12\x12\n\nsize_bytes\x18\x08 \x01(\x04\x12\x0e\n\x06sha256\x18\t \x01(\t\x12\x19\n\x11num_cached_tokens\x18\n \x01(\r\"-\n\x07KvChunk\x12\x14\n\x0coffset_bytes\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\">\n\x0f\x45xportKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\"p\n\x10\x45xportKVResponse\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.gyre.engine.v1.KvHeaderH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.gyre.engine.v1.KvChunkH\x00\x42\x06\n\x04part\"o\n\x0fImportKVRequest\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.gyre.engine.v1.KvHeaderH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.gyre.engine.v1.KvChunkH\x00\x42\x06\n\x04part\"8\n\x10ImportKVResponse\x12$\n\x02kv\x18\x01 \x01(\x0b\x32\x18.gyre.engine.v1.KvHandle\"-\n\x17ResumeGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"K\n\x18ResumeGenerationResponse\x12/\n\x06tokens\x18\x01 \x01(\x0b\x32\x1f.gyre.engine.v1.GeneratedTokens\"-\n\x17\x43\x61ncelGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"/\n\x18\x43\x61ncelGenerationResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\"Y\n\x12\x44rainEngineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0fpause_in_flight\x18\x02 \x01(\x08\x12\x16\n\x0erelease_memory\x18\x03 \x01(\x08\"~\n\x13\x44rainEngineResponse\x12\x1a\n\x12paused_request_ids\x18\x01 \x03(\t\x12\x1f\n\x17num_running_generations\x18\x02 \x01(\r\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gyre.engine.v1.EngineState\"\x17\n\x15GetEngineStatsRequest\"\xf0\x03\n\x16GetEngineStatsResponse\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.gyre.engine.v1.EngineState\x12\x35\n\x0epolicy_version\x18\x04 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1f\n\x17num_running_generations\x18\x05 \x01(\r\x12\x1f\n\x17num_waiting_generations\x18\x06 \x01(\r\x12\x1e\n\x16num_paused_generations\x18\x07 \x01(\r\x12 \n\x18num_kv_cache_tokens_used\x18\x08 \x01(\x04\x12!\n\x19num_kv_cache_tokens_total\x18\t \x01(\x04\x12\x1b\n\x13output_tokens_per_s\x18\n \x01(\x01\x12/\n\x0bobserved_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12num_prefill_tokens\x18\x0c \x01(\x04\x12#\n\x1bnum_prefix_cache_hit_tokens\x18\r \x01(\x04\x12\x19\n\x11num_output_tokens\x18\x0e \x01(\x04\"~\n\x14UpdateWeightsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x12\n\nsource_uri\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xb7\x01\n\x15UpdateWeightsResponse\x12\x37\n\x10previous_version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x12\n\nduration_s\x18\x03 \x01(\x01\x12!\n\x19num_generations_continued\x18\x04 \x01(\r*\xb8\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x03\x12\x18\n\x14\x46INISH_REASON_PAUSED\x10\x04\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x05*\xb8\x01\n\x0b\x45ngineState\x12\x1c\n\x18\x45NGINE_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45NGINE_STATE_STARTING\x10\x01\x12\x18\n\x14\x45NGINE_STATE_SERVING\x10\x02\x12\x19\n\x15\x45NGINE_STATE_DRAINING\x10\x03\x12\x18\n\x14\x45NGINE_STATE_DRAINED\x10\x04\x12!\n\x1d\x45NGINE_STATE_UPDATING_WEIGHTS\x10\x05\x32\xdf\x06\n\rEngineService\x12\x61\n\x0eGenerateTokens\x12%.gyre.engine.v1.GenerateTokensRequest\x1a&.gyre.engine.v1.GenerateTokensResponse0\x01\x12\x62\n\x0fPauseGeneration\x12&.gyre.engine.v1.PauseGenerationRequest\x1a\'.gyre.engine.v1.PauseGenerationResponse\x12O\n\x08\x45xportKV\x12\x1f.gyre.engine.v1.ExportKVRequest\x1a .gyre.engine.v1.ExportKVResponse0\x01\x12O\n\x08ImportKV\x12\x1f.gyre.engine.v1.ImportKVRequest\x1a .gyre.engine.v1.ImportKVResponse(\x01\x12g\n\x10ResumeGeneration\x12\'.gyre.engine.v1.ResumeGenerationRequest\x1a(.gyre.engine.v1.ResumeGenerationResponse0\x01\x12\x65\n\x10\x43\x61ncelGeneration\x12\'.gyre.engine.v1.CancelGenerationRequest\x1a(.gyre.engine.v1.CancelGenerationResponse\x12V\n\x0b\x44rainEngine\x12\".gyre.engine.v1.DrainEngineRequest\x1a#.gyre.engine.v1.DrainEngineResponse\x12_\n\x0eGetEngineStats\x12%.gyre.engine.v1.GetEngineStatsRequest\x1a&.gyre.engine.v1.GetEngineStatsResponse\x12\\\n\rUpdateWeights\x12$.gyre.engine.v1.UpdateWeightsRequest\x1a%.gyre.engine.v1.UpdateWeightsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.engine.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2971
-  _globals['_FINISHREASON']._serialized_end=3155
-  _globals['_ENGINESTATE']._serialized_start=3158
-  _globals['_ENGINESTATE']._serialized_end=3342
+  _globals['_FINISHREASON']._serialized_start=3090
+  _globals['_FINISHREASON']._serialized_end=3274
+  _globals['_ENGINESTATE']._serialized_start=3277
+  _globals['_ENGINESTATE']._serialized_end=3461
   _globals['_SAMPLINGPARAMS']._serialized_start=106
   _globals['_SAMPLINGPARAMS']._serialized_end=224
   _globals['_GENERATEDTOKENS']._serialized_start=227
@@ -54,37 +54,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=997
   _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1109
   _globals['_KVHEADER']._serialized_start=1112
-  _globals['_KVHEADER']._serialized_end=1387
-  _globals['_KVCHUNK']._serialized_start=1389
-  _globals['_KVCHUNK']._serialized_end=1434
-  _globals['_EXPORTKVREQUEST']._serialized_start=1436
-  _globals['_EXPORTKVREQUEST']._serialized_end=1498
-  _globals['_EXPORTKVRESPONSE']._serialized_start=1500
-  _globals['_EXPORTKVRESPONSE']._serialized_end=1612
-  _globals['_IMPORTKVREQUEST']._serialized_start=1614
-  _globals['_IMPORTKVREQUEST']._serialized_end=1725
-  _globals['_IMPORTKVRESPONSE']._serialized_start=1727
-  _globals['_IMPORTKVRESPONSE']._serialized_end=1783
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1785
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1830
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1832
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1907
-  _globals['_CANCELGENERATIONREQUEST']._serialized_start=1909
-  _globals['_CANCELGENERATIONREQUEST']._serialized_end=1954
-  _globals['_CANCELGENERATIONRESPONSE']._serialized_start=1956
-  _globals['_CANCELGENERATIONRESPONSE']._serialized_end=2003
-  _globals['_DRAINENGINEREQUEST']._serialized_start=2005
-  _globals['_DRAINENGINEREQUEST']._serialized_end=2094
-  _globals['_DRAINENGINERESPONSE']._serialized_start=2096
-  _globals['_DRAINENGINERESPONSE']._serialized_end=2222
-  _globals['_GETENGINESTATSREQUEST']._serialized_start=2224
-  _globals['_GETENGINESTATSREQUEST']._serialized_end=2247
-  _globals['_GETENGINESTATSRESPONSE']._serialized_start=2250
-  _globals['_GETENGINESTATSRESPONSE']._serialized_end=2654
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=2656
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=2782
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=2785
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=2968
-  _globals['_ENGINESERVICE']._serialized_start=3345
-  _globals['_ENGINESERVICE']._serialized_end=4208
+  _globals['_KVHEADER']._serialized_end=1414
+  _globals['_KVCHUNK']._serialized_start=1416
+  _globals['_KVCHUNK']._serialized_end=1461
+  _globals['_EXPORTKVREQUEST']._serialized_start=1463
+  _globals['_EXPORTKVREQUEST']._serialized_end=1525
+  _globals['_EXPORTKVRESPONSE']._serialized_start=1527
+  _globals['_EXPORTKVRESPONSE']._serialized_end=1639
+  _globals['_IMPORTKVREQUEST']._serialized_start=1641
+  _globals['_IMPORTKVREQUEST']._serialized_end=1752
+  _globals['_IMPORTKVRESPONSE']._serialized_start=1754
+  _globals['_IMPORTKVRESPONSE']._serialized_end=1810
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1812
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1857
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1859
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1934
+  _globals['_CANCELGENERATIONREQUEST']._serialized_start=1936
+  _globals['_CANCELGENERATIONREQUEST']._serialized_end=1981
+  _globals['_CANCELGENERATIONRESPONSE']._serialized_start=1983
+  _globals['_CANCELGENERATIONRESPONSE']._serialized_end=2030
+  _globals['_DRAINENGINEREQUEST']._serialized_start=2032
+  _globals['_DRAINENGINEREQUEST']._serialized_end=2121
+  _globals['_DRAINENGINERESPONSE']._serialized_start=2123
+  _globals['_DRAINENGINERESPONSE']._serialized_end=2249
+  _globals['_GETENGINESTATSREQUEST']._serialized_start=2251
+  _globals['_GETENGINESTATSREQUEST']._serialized_end=2274
+  _globals['_GETENGINESTATSRESPONSE']._serialized_start=2277
+  _globals['_GETENGINESTATSRESPONSE']._serialized_end=2773
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=2775
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=2901
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=2904
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=3087
+  _globals['_ENGINESERVICE']._serialized_start=3464
+  _globals['_ENGINESERVICE']._serialized_end=4327
 # @@protoc_insertion_point(module_scope)

@@ -153,7 +153,9 @@ class GeneratedTokens(_message.Message):
 
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Log-probability of each token under the weights that sampled it."""
+        """Log-probability of each token under the weights that sampled it: the model's own
+        log-softmax, before temperature and top_p, so it equals what a full forward pass computes.
+        """
 
     @_builtins.property
     def policy_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -402,6 +404,7 @@ class KvHeader(_message.Message):
     LAYOUT_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The generation the cache belongs to; it keeps this id on the receiving engine."""
     execution_id: _builtins.str
@@ -412,9 +415,14 @@ class KvHeader(_message.Message):
     """Total bytes of the chunks that follow."""
     sha256: _builtins.str
     """Hex SHA-256 of the concatenated chunks, checked by the receiver."""
+    num_cached_tokens: _builtins.int
+    """Leading positions of `token_ids` whose keys and values the chunks carry."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Every cached position's token id: prompt followed by the output so far."""
+        """The generation's token ids: prompt followed by the output so far. The cache covers the first
+        `num_cached_tokens` of them; the receiver computes the rest (normally only the last output
+        token, which is the next decode step's input) when the generation resumes.
+        """
 
     @_builtins.property
     def output(self) -> Global___GeneratedTokens:
@@ -440,10 +448,11 @@ class KvHeader(_message.Message):
         layout: Global___KvLayout | None = ...,
         size_bytes: _builtins.int = ...,
         sha256: _builtins.str = ...,
+        num_cached_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "output", b"output", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "layout", b"layout", "num_prompt_tokens", b"num_prompt_tokens", "output", b"output", "request_id", b"request_id", "sampling", b"sampling", "sha256", b"sha256", "size_bytes", b"size_bytes", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "layout", b"layout", "num_cached_tokens", b"num_cached_tokens", "num_prompt_tokens", b"num_prompt_tokens", "output", b"output", "request_id", b"request_id", "sampling", b"sampling", "sha256", b"sha256", "size_bytes", b"size_bytes", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -777,6 +786,9 @@ class GetEngineStatsResponse(_message.Message):
     NUM_KV_CACHE_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
+    NUM_PREFILL_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     engine_id: _builtins.str
     """Id of the engine, e.g. `cell-3`."""
     cell_id: _builtins.str
@@ -795,6 +807,12 @@ class GetEngineStatsResponse(_message.Message):
     """Token positions of KV cache the engine can hold."""
     output_tokens_per_s: _builtins.float
     """Output tokens per second over the last 10 seconds."""
+    num_prefill_tokens: _builtins.int
+    """Prompt positions computed by prefill since start (not counting prefix-cache or imported KV)."""
+    num_prefix_cache_hit_tokens: _builtins.int
+    """Prompt positions whose KV was reused from the prefix cache since start."""
+    num_output_tokens: _builtins.int
+    """Output tokens sampled since start."""
     @_builtins.property
     def policy_version(self) -> _ids_pb2.PolicyVersion:
         """Policy version of the loaded weights."""
@@ -817,10 +835,13 @@ class GetEngineStatsResponse(_message.Message):
         num_kv_cache_tokens_total: _builtins.int = ...,
         output_tokens_per_s: _builtins.float = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
+        num_prefill_tokens: _builtins.int = ...,
+        num_prefix_cache_hit_tokens: _builtins.int = ...,
+        num_output_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at", "policy_version", b"policy_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "engine_id", b"engine_id", "num_kv_cache_tokens_total", b"num_kv_cache_tokens_total", "num_kv_cache_tokens_used", b"num_kv_cache_tokens_used", "num_paused_generations", b"num_paused_generations", "num_running_generations", b"num_running_generations", "num_waiting_generations", b"num_waiting_generations", "observed_at", b"observed_at", "output_tokens_per_s", b"output_tokens_per_s", "policy_version", b"policy_version", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "engine_id", b"engine_id", "num_kv_cache_tokens_total", b"num_kv_cache_tokens_total", "num_kv_cache_tokens_used", b"num_kv_cache_tokens_used", "num_output_tokens", b"num_output_tokens", "num_paused_generations", b"num_paused_generations", "num_prefill_tokens", b"num_prefill_tokens", "num_prefix_cache_hit_tokens", b"num_prefix_cache_hit_tokens", "num_running_generations", b"num_running_generations", "num_waiting_generations", b"num_waiting_generations", "observed_at", b"observed_at", "output_tokens_per_s", b"output_tokens_per_s", "policy_version", b"policy_version", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
