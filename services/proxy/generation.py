@@ -108,8 +108,9 @@ class Generation:
             while True:
                 async for message in stream:
                     tokens = message.tokens
-                    if message.num_cached_prompt_tokens:
-                        self.num_cached_prompt_tokens = message.num_cached_prompt_tokens
+                    cached = getattr(message, "num_cached_prompt_tokens", 0)  # GenerateTokens only
+                    if cached:
+                        self.num_cached_prompt_tokens = cached
                     new = self._take(tokens, start=position)
                     position += len(tokens.token_ids)
                     if new:
