@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.errors import Conflict, NotFound
 from gyre.rpc import GrpcServer
@@ -210,6 +209,3 @@ async def start_scripted_engine(
     engine_pb2_grpc.add_EngineServiceServicer_to_server(engine, server.server)
     await server.start()
     return server, engine
-
-
-

@@ -72,16 +72,16 @@ class Rig:
         token = "gyre-" + secrets.token_hex(24)
         execution_id = str(uuid.uuid4())
         expires = datetime.now(UTC) + timedelta(seconds=ttl_s)
-        request = proxy_pb2.RegisterExecutionTokenRequest(
-            request_id=f"reg-{execution_id}", token=token
-        )
+        request = proxy_pb2.RegisterExecutionTokenRequest(request_id=f"reg-{execution_id}", token=token)
         request.execution.execution_id = execution_id
         request.execution.task_id = str(uuid.uuid4())
         request.expires_at.FromDatetime(expires)
         await self.stub.RegisterExecutionToken(request)
         return token, execution_id
 
-    async def records(self, execution_id: str, *, at_least: int, timeout_s: float = 10) -> list[proxy_pb2.CallRecord]:
+    async def records(
+        self, execution_id: str, *, at_least: int, timeout_s: float = 10
+    ) -> list[proxy_pb2.CallRecord]:
         """The execution's LlmCallRecorded calls, in publication order, once `at_least` arrived."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
@@ -126,14 +126,22 @@ async def read_records(bus: Bus) -> list[proxy_pb2.CallRecord]:
 
 
 async def start_rig(
-    kernel: KernelSettings, model_dir: Path, *, num_engines: int = 2, token_interval_s: float = 0.0
+    kernel: KernelSettings,
+    model_dir: Path,
+    *,
+    num_engines: int = 2,
+    token_interval_s: float = 0.0,
+    context_window_tokens: int = 0,
 ) -> Rig:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     await _forget_routes(kernel)
     scripter = Scripter(tokenizer=tokenizer)
-    proxy = await build_proxy(ProxySettings(model_dir=model_dir, model_name="tiny"), kernel)
+    proxy = await build_proxy(
+        ProxySettings(model_dir=model_dir, model_name="tiny", context_window_tokens=context_window_tokens),
+        kernel,
+    )
     await proxy.host.start()
     channel = grpc.aio.insecure_channel(proxy.host.address)
     stub = proxy_pb2_grpc.ProxyServiceStub(channel)

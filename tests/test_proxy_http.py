@@ -14,10 +14,10 @@ import anthropic
 import openai
 import pytest
 import pytest_asyncio
+from proxy_support import Rig, prompt_of, start_rig, write_tokenizer
 
 from gyre.proxy.v1 import proxy_pb2
 from gyre.settings import KernelSettings
-from proxy_support import Rig, prompt_of, start_rig, write_tokenizer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TOOL_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>'
@@ -107,7 +107,9 @@ async def test_output_ids_are_reused_even_where_retokenising_would_differ(rig: R
     """The engine sampled ' Done' as single characters; the second prompt keeps those ids."""
     token, execution_id = await rig.register_execution()
     tok = rig.scripter.tokenizer
-    odd = [tok.convert_tokens_to_ids(c) for c in ["D", "o", "n", "e"]] + [tok.convert_tokens_to_ids("<|im_end|>")]
+    odd = [tok.convert_tokens_to_ids(c) for c in ["D", "o", "n", "e"]] + [
+        tok.convert_tokens_to_ids("<|im_end|>")
+    ]
     assert tok.encode("Done", add_special_tokens=False) != odd[:-1]  # BPE would merge them
     calls = {"n": 0}
 
@@ -138,12 +140,30 @@ async def test_anthropic_sdk_messages_stream_and_tool_use(rig: Rig) -> None:
     token, execution_id = await rig.register_execution()
     client = claude(rig, token)
     rig.scripter.replies = [TOOL_CALL, "Fixed it."]
-    tools = [{"name": "bash", "description": "run", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]
+    tools = [
+        {
+            "name": "bash",
+            "description": "run",
+            "input_schema": {"type": "object"},
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
     first = await client.messages.create(
         model="claude-test",
         max_tokens=256,
-        system=[{"type": "text", "text": "You are a helpful coding assistant.", "cache_control": {"type": "ephemeral"}}],
-        messages=[{"role": "user", "content": [{"type": "text", "text": "Fix it", "cache_control": {"type": "ephemeral"}}]}],
+        system=[
+            {
+                "type": "text",
+                "text": "You are a helpful coding assistant.",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Fix it", "cache_control": {"type": "ephemeral"}}],
+            }
+        ],
         tools=tools,  # type: ignore[arg-type]
         metadata={"user_id": "u1"},
         extra_body={"context_management": {"edits": []}, "thinking": {"type": "disabled"}},
@@ -158,7 +178,10 @@ async def test_anthropic_sdk_messages_stream_and_tool_use(rig: Rig) -> None:
     ]
     events = []
     async with client.messages.stream(
-        model="claude-test", max_tokens=256, messages=history, tools=tools  # type: ignore[arg-type]
+        model="claude-test",
+        max_tokens=256,
+        messages=history,
+        tools=tools,  # type: ignore[arg-type]
     ) as stream:
         async for event in stream:
             events.append(event.type)
@@ -190,7 +213,12 @@ async def test_agent_headers_override_detection_and_claude_code_sub_agents_are_d
         model="m",
         max_tokens=16,
         system="You are Claude Code, Anthropic's official CLI for Claude.",
-        messages=[{"role": "user", "content": "Your task is to create a detailed summary of the conversation so far."}],
+        messages=[
+            {
+                "role": "user",
+                "content": "Your task is to create a detailed summary of the conversation so far.",
+            }
+        ],
     )
     records = await rig.records(execution_id, at_least=3)
     got = [(r.agent_role, r.agent_id) for r in records]
@@ -203,20 +231,28 @@ async def test_missing_unknown_revoked_and_expired_tokens_get_401_in_each_dialec
     token, execution_id = await rig.register_execution()
     expired, _ = await rig.register_execution(ttl_s=-1)
     with pytest.raises(openai.AuthenticationError, match="unknown credential"):
-        await oai(rig, "x" * 40).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await oai(rig, "x" * 40).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
     with pytest.raises(anthropic.AuthenticationError, match="expired"):
-        await claude(rig, expired).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        await claude(rig, expired).messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{rig.http_url}/v1/messages", json={}) as resp:
             assert resp.status == 401
             body = await resp.json()
             assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
-    await claude(rig, token).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    await claude(rig, token).messages.create(
+        model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+    )
     await rig.stub.RevokeExecutionToken(
         proxy_pb2.RevokeExecutionTokenRequest(request_id=f"rev-{execution_id}", execution_id=execution_id)
     )
     with pytest.raises(anthropic.AuthenticationError, match="revoked"):
-        await claude(rig, token).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        await claude(rig, token).messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
 
 
 @pytest.mark.parametrize(
@@ -224,23 +260,67 @@ async def test_missing_unknown_revoked_and_expired_tokens_get_401_in_each_dialec
     [
         ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
         ("/v1/chat/completions", {"model": "m", "messages": "hi"}, 400, "messages: must be an array"),
-        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n: only 1"),
-        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
         (
             "/v1/chat/completions",
-            {"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "nope", "content": "r"}]},
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3},
+            400,
+            "n: only 1",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "tool", "tool_call_id": "nope", "content": "r"},
+                ],
+            },
             400,
             "answers no tool call",
         ),
-        ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, 400, "max_tokens: is required"),
         (
             "/v1/messages",
-            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "r"}]}]},
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "max_tokens: is required",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "r"}],
+                    }
+                ],
+            },
             400,
             "t9",
         ),
-        ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x" * 70000}]}, 400, "context window"),
-        ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x" * (33 * 1024 * 1024)}]}, 413, "over the limit"),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x" * 70000}]},
+            400,
+            "context window",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x" * (33 * 1024 * 1024)}],
+            },
+            413,
+            "over the limit",
+        ),
         ("/v1/nope", {}, 404, "no such endpoint"),
     ],
 )
@@ -260,7 +340,9 @@ async def test_bad_input_gets_the_apis_own_error_and_the_proxy_keeps_serving(
         assert err["type"] == "error"
     else:
         assert "type" in err["error"]
-    ok = await oai(rig, token).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    ok = await oai(rig, token).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
     assert ok.choices[0].finish_reason == "stop"
 
 
@@ -274,7 +356,9 @@ async def test_routing_is_sticky_per_execution_and_least_loaded_across_them(rig:
     tokens = [await rig.register_execution() for _ in range(4)]
     for token, _ in tokens:
         for _ in range(2):
-            await oai(rig, token).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            await oai(rig, token).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
     engines = {}
     for _, execution_id in tokens:
         records = await rig.records(execution_id, at_least=2)
@@ -325,6 +409,9 @@ async def test_draining_a_cell_moves_streaming_calls_with_their_kv_and_no_token_
     server, engine = rig.engines[0]
     await rig.stub.RegisterEngine(
         proxy_pb2.RegisterEngineRequest(
-            request_id=f"again-{uuid.uuid4().hex[:6]}", cell_id=cell, engine_id="engine-1", address=server.address
+            request_id=f"again-{uuid.uuid4().hex[:6]}",
+            cell_id=cell,
+            engine_id="engine-1",
+            address=server.address,
         )
     )

@@ -3,7 +3,8 @@
 The harness is a black box, so the role is read off the request itself. Explicit headers
 (`X-Gyre-Agent-Role`, `X-Gyre-Agent-Id`, sent by Gyre's built-in agent) win over detection.
 
-- Claude Code: its main agent's system prompt introduces itself as Claude Code; a sub-agent
+- Claude Code: its main agent's system prompt introduces itself as Claude Code (or, with `-p`,
+  as a Claude Agent SDK agent); a sub-agent
   started by the Task tool gets a different system prompt, and its first user message is the
   task it was given, stable across that sub-agent's calls, so a hash of it names the sub-agent.
   A compaction call asks the model to summarize the conversation so far.
@@ -34,8 +35,10 @@ _SUMMARY_MARKERS = (
     "create a detailed summary",
     "your task is to create a detailed summary",
 )
-_CLAUDE_CODE_MAIN = "You are Claude Code"
-_CLAUDE_CODE = "Claude Code"
+# The main agent introduces itself as Claude Code (interactive) or as an Agent SDK agent (`-p`);
+# sub-agents are "an agent for Claude Code", "a file search specialist for Claude Code", ...
+_CLAUDE_CODE_MAIN = ("You are Claude Code", "You are a Claude agent, built on")
+_CLAUDE_CODE = ("Claude Code", "cc_entrypoint=")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +68,6 @@ def _detect(*, system: str, first_user: str, last_user: str) -> Agent:
     lowered = last_user.lower()
     if any(marker in lowered for marker in _SUMMARY_MARKERS):
         return Agent(role="summary", agent_id="summary")
-    if _CLAUDE_CODE in system and _CLAUDE_CODE_MAIN not in system:
+    if any(m in system for m in _CLAUDE_CODE) and not any(m in system for m in _CLAUDE_CODE_MAIN):
         return Agent(role="sub", agent_id=f"sub-{_digest(first_user)}")
     return Agent(role="main", agent_id="main")
