@@ -209,3 +209,36 @@ async def start_scripted_engine(
     engine_pb2_grpc.add_EngineServiceServicer_to_server(engine, server.server)
     await server.start()
     return server, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.scripted_engine --port N`: serve a fixed reply of `--tokens` ids (benchmarks)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.scripted_engine")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tokens", type=int, default=16, help="output ids per generation")
+    parser.add_argument("--token-interval-s", type=float, default=0.0)
+    parser.add_argument("--stop-id", type=int, required=True, help="the model's end-of-turn id, last")
+    ns = parser.parse_args(argv)
+    reply = [100 + i % 200 for i in range(ns.tokens - 1)] + [ns.stop_id]
+
+    async def serve() -> None:
+        engine = ScriptedEngine(
+            lambda prompt: reply, engine_id="bench-engine", cell_id="cell-1", token_interval_s=ns.token_interval_s
+        )
+        server = GrpcServer(
+            service_names=[engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name],
+            host="127.0.0.1",
+            port=ns.port,
+        )
+        engine_pb2_grpc.add_EngineServiceServicer_to_server(engine, server.server)
+        await server.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
