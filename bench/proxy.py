@@ -63,7 +63,9 @@ async def _register(stub: proxy_pb2_grpc.ProxyServiceStub, n: int) -> list[str]:
     tokens = []
     for i in range(n):
         token = "bench-" + secrets.token_hex(20)
-        request = proxy_pb2.RegisterExecutionTokenRequest(request_id=f"bench-tok-{i}-{token[-6:]}", token=token)
+        request = proxy_pb2.RegisterExecutionTokenRequest(
+            request_id=f"bench-tok-{i}-{token[-6:]}", token=token
+        )
         request.execution.execution_id = str(uuid.uuid4())
         request.expires_at.FromDatetime(datetime.now(UTC) + timedelta(hours=1))
         await stub.RegisterExecutionToken(request)  # type: ignore[misc]
@@ -88,7 +90,9 @@ async def _stream_proxy(http: aiohttp.ClientSession, url: str, token: str, *, ma
     return lines
 
 
-async def _stream_engine(stub: engine_pb2_grpc.EngineServiceStub, prompt_ids: list[int], *, max_tokens: int) -> int:
+async def _stream_engine(
+    stub: engine_pb2_grpc.EngineServiceStub, prompt_ids: list[int], *, max_tokens: int
+) -> int:
     request = engine_pb2.GenerateTokensRequest(
         request_id=str(uuid.uuid4()),
         execution_id="bench",
@@ -99,6 +103,34 @@ async def _stream_engine(stub: engine_pb2_grpc.EngineServiceStub, prompt_ids: li
     async for message in stub.GenerateTokens(request):  # type: ignore[attr-defined]
         n += len(message.tokens.token_ids)
     return n
+
+
+def _spawn(
+    env: dict[str, str],
+    *,
+    engine_port: int,
+    paced_port: int,
+    grpc_port: int,
+    output_tokens: int,
+    stop_id: int,
+    token_interval_s: float,
+) -> list[subprocess.Popen[bytes]]:
+    """Two scripted engines (unpaced for latency, paced for concurrency) and the proxy."""
+
+    def engine(port: int, interval_s: float) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "bench.scripted_engine", "--port", str(port)]
+        argv += [
+            "--tokens",
+            str(output_tokens),
+            "--stop-id",
+            str(stop_id),
+            "--token-interval-s",
+            str(interval_s),
+        ]
+        return subprocess.Popen(argv, env=env)
+
+    proxy = subprocess.Popen([sys.executable, "-m", "services.proxy", "--port", str(grpc_port)], env=env)
+    return [engine(engine_port, 0.0), engine(paced_port, token_interval_s), proxy]
 
 
 async def measure(
@@ -131,19 +163,15 @@ async def measure(
         "GYRE_PROXY_HTTP_PORT": str(http_port),
         "GYRE_LOG_LEVEL": "warning",
     }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.scripted_engine", "--port", str(engine_port), "--tokens",
-             str(output_tokens), "--stop-id", str(stop_id), "--token-interval-s", "0"],
-            env=env,
-        ),
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.scripted_engine", "--port", str(paced_port), "--tokens",
-             str(output_tokens), "--stop-id", str(stop_id), "--token-interval-s", str(token_interval_s)],
-            env=env,
-        ),
-        subprocess.Popen([sys.executable, "-m", "services.proxy", "--port", str(grpc_port)], env=env),
-    ]
+    procs = _spawn(
+        env,
+        engine_port=engine_port,
+        paced_port=paced_port,
+        grpc_port=grpc_port,
+        output_tokens=output_tokens,
+        stop_id=stop_id,
+        token_interval_s=token_interval_s,
+    )
     url = f"http://127.0.0.1:{http_port}"
     errors = 0
     try:
@@ -154,7 +182,9 @@ async def measure(
         engine = engine_pb2_grpc.EngineServiceStub(engine_channel)
         await proxy.RegisterEngine(  # type: ignore[misc]
             proxy_pb2.RegisterEngineRequest(
-                request_id=f"bench-engine-{prefix}", cell_id="cell-1", engine_id="bench-engine",
+                request_id=f"bench-engine-{prefix}",
+                cell_id="cell-1",
+                engine_id="bench-engine",
                 address=f"127.0.0.1:{engine_port}",
             )
         )
@@ -185,7 +215,9 @@ async def measure(
             )
             await proxy.RegisterEngine(  # type: ignore[misc]
                 proxy_pb2.RegisterEngineRequest(
-                    request_id=f"bench-paced-{prefix}", cell_id="cell-2", engine_id="paced-engine",
+                    request_id=f"bench-paced-{prefix}",
+                    cell_id="cell-2",
+                    engine_id="paced-engine",
                     address=f"127.0.0.1:{paced_port}",
                 )
             )
@@ -218,13 +250,7 @@ async def measure(
         await channel.close(None)
         await engine_channel.close(None)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(procs)
     return {
         "added_latency_p50_ms": round(pct(added_ms, 0.5), 3),
         "added_latency_p99_ms": round(pct(added_ms, 0.99), 3),
@@ -234,6 +260,16 @@ async def measure(
         "concurrent_wall_s": round(concurrent_s, 3),
         "errors": errors,
     }
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, float | int]:
@@ -258,7 +294,9 @@ async def main_async(ns: argparse.Namespace) -> dict[str, float | int]:
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for info in await js.streams_info():
-            if (info.config.name or "").startswith("BENCHPROXY") or (info.config.name or "").startswith("OBJ_benchproxy"):
+            if (info.config.name or "").startswith("BENCHPROXY") or (info.config.name or "").startswith(
+                "OBJ_benchproxy"
+            ):
                 await js.delete_stream(info.config.name or "")
         await nc.close()
 

@@ -225,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve() -> None:
         engine = ScriptedEngine(
-            lambda prompt: reply, engine_id="bench-engine", cell_id="cell-1", token_interval_s=ns.token_interval_s
+            lambda prompt: reply,
+            engine_id="bench-engine",
+            cell_id="cell-1",
+            token_interval_s=ns.token_interval_s,
         )
         server = GrpcServer(
             service_names=[engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name],

@@ -12,11 +12,11 @@ from pathlib import Path
 import openai
 import pytest
 import pytest_asyncio
+from proxy_support import Rig, start_rig
 
 from gyre.proxy.v1 import proxy_pb2
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
-from proxy_support import Rig, start_rig
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
@@ -29,7 +29,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def engine_rig(kernel: KernelSettings, tiny_model: Path) -> AsyncIterator[tuple[Rig, list[ServiceHost]]]:
+async def engine_rig(
+    kernel: KernelSettings, tiny_model: Path
+) -> AsyncIterator[tuple[Rig, list[ServiceHost]]]:
     from services.engine.config import EngineSettings
     from services.engine.main import build
 
@@ -71,7 +73,11 @@ async def test_a_drained_call_continues_on_another_engine_with_the_same_tokens(
 
     async def run(*, drain: bool) -> str:
         stream = await client.chat.completions.create(
-            model="tiny", messages=messages, stream=True, temperature=0, max_tokens=160  # type: ignore[arg-type]
+            model="tiny",
+            messages=messages,
+            stream=True,
+            temperature=0,
+            max_tokens=160,  # type: ignore[arg-type]
         )
         parts: list[str] = []
         drained = None

@@ -9,6 +9,7 @@ neither drags its dependencies into Gyre's). If an install cannot work, the test
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -98,7 +99,7 @@ async def rig(kernel: KernelSettings, tmp_path_factory: pytest.TempPathFactory) 
 def _check_chain(records: list[proxy_pb2.CallRecord]) -> None:
     """Each later call extends the previous one's prompt + output with the engine's exact ids."""
     by_id = {r.call_id: r for r in records}
-    for before, after in zip(records, records[1:], strict=False):
+    for before, after in itertools.pairwise(records):
         assert after.prompt_delta.parent_call_id == before.call_id
         context = [*prompt_of(before, by_id), *before.output_ids]
         assert prompt_of(after, by_id)[: len(context)] == context
@@ -107,7 +108,8 @@ def _check_chain(records: list[proxy_pb2.CallRecord]) -> None:
 async def test_claude_code_runs_a_tool_loop_through_the_proxy(
     rig: Rig, claude_code: Path, tmp_path: Path
 ) -> None:
-    call = '<tool_call>{"name": "Bash", "arguments": {"command": "echo hello > out.txt", "description": "write"}}</tool_call>'
+    arguments = '{"command": "echo hello > out.txt", "description": "write"}'
+    call = f'<tool_call>{{"name": "Bash", "arguments": {arguments}}}</tool_call>'
     rig.scripter.rule = lambda prompt: "Done." if "<tool_response>" in prompt else call
     token, execution_id = await rig.register_execution()
     env = {
