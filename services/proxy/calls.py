@@ -8,7 +8,6 @@ engine failure) the tokens generated so far are recorded once, as `LlmCallRecord
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -270,7 +269,6 @@ class Calls:
         record.started_at.FromDatetime(run.started_at)
         record.finished_at.FromDatetime(datetime.now(UTC))
         self.recorder.record(record)
-        log.debug("call_recorded", call_id=run.call_id, execution_id=run.execution_id, t=time.monotonic())
 
     def revoke(self, execution_id: str, *, cancel_in_flight: bool) -> int:
         """Forget an execution; with `cancel_in_flight`, cut its running calls short."""

@@ -37,6 +37,30 @@ class ServedModel:
         return f"call_{call_id.replace('-', '')[-20:]}_{index}"
 
 
+class _BackendTokenizer:
+    """Encode and decode straight through the `tokenizers` backend of a fast HF tokenizer.
+
+    The proxy encodes and decodes on every call and every streamed chunk; the backend gives the
+    same ids and text without the wrapper's per-call bookkeeping. Used only when the wrapper adds
+    nothing on top (no text clean-up).
+    """
+
+    def __init__(self, hf: Any) -> None:
+        self.hf = hf
+        self.backend = hf._tokenizer
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        return self.hf.apply_chat_template(conversation, **kwargs)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        text: str = self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return text
+
+
 def load_model(model_dir: Path, *, name: str = "", context_window_tokens: int = 0) -> ServedModel:
     from transformers import AutoTokenizer
 
@@ -51,9 +75,12 @@ def load_model(model_dir: Path, *, name: str = "", context_window_tokens: int = 
     stops = tuple(s for s in END_OF_TURN_CANDIDATES if s in vocab)
     if tokenizer.eos_token and tokenizer.eos_token not in stops:
         stops = (*stops, tokenizer.eos_token)
+    fast = getattr(tokenizer, "is_fast", False) and not getattr(
+        tokenizer, "clean_up_tokenization_spaces", True
+    )
     return ServedModel(
         name=name or model_dir.resolve().name,
-        tokenizer=tokenizer,
+        tokenizer=_BackendTokenizer(tokenizer) if fast else tokenizer,
         context_window_tokens=window,
         tool_format=ToolCallFormat.from_template(template),
         stop_texts=stops,
