@@ -415,3 +415,52 @@ async def test_draining_a_cell_moves_streaming_calls_with_their_kv_and_no_token_
             address=server.address,
         )
     )
+
+
+async def test_a_harness_that_hangs_up_cancels_its_call_and_the_partial_output_is_recorded(rig: Rig) -> None:
+    token, execution_id = await rig.register_execution()
+    rig.scripter.default = " ".join(f"w{i}" for i in range(80))
+    for _, engine in rig.engines:
+        engine.token_interval_s = 0.02
+    body = {"model": "m", "messages": [{"role": "user", "content": "talk"}], "stream": True}
+    try:
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(
+                f"{rig.http_url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}
+            )
+            for _ in range(4):
+                await resp.content.readline()
+            resp.close()  # hang up mid-stream
+        (record,) = await rig.records(execution_id, at_least=1)
+    finally:
+        rig.scripter.default = "Done."
+        for _, engine in rig.engines:
+            engine.token_interval_s = 0.0
+    assert record.finish_reason == proxy_pb2.CALL_FINISH_REASON_CANCELLED
+    assert 0 < len(record.output_ids) < 80
+    assert all(record.call_id not in engine.gens for _, engine in rig.engines)  # the engine let it go
+
+
+async def test_no_serving_engine_is_a_503_in_the_apis_shape(rig: Rig) -> None:
+    token, _ = await rig.register_execution()
+    for i in (1, 2):
+        await rig.stub.DrainCell(
+            proxy_pb2.DrainCellRequest(
+                request_id=f"off-{i}-{uuid.uuid4().hex[:6]}", cell_id=f"cell-{i}", timeout_s=1
+            )
+        )
+    try:
+        with pytest.raises(anthropic.InternalServerError, match="no engine is serving"):
+            await claude(rig, token).messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+            )
+    finally:
+        for i, (server, _) in enumerate(rig.engines, start=1):
+            await rig.stub.RegisterEngine(
+                proxy_pb2.RegisterEngineRequest(
+                    request_id=f"on-{i}-{uuid.uuid4().hex[:6]}",
+                    cell_id=f"cell-{i}",
+                    engine_id=f"engine-{i}",
+                    address=server.address,
+                )
+            )

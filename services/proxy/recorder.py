@@ -23,11 +23,17 @@ PRODUCER = "proxy"
 
 class Recorder:
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, *, batch: int = 256
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        relay: OutboxRelay,
+        *,
+        batch: int = 256,
+        linger_s: float = 0.05,
     ) -> None:
         self.sessions = sessions
         self.relay = relay
         self.batch = batch
+        self.linger_s = linger_s
         self._queue: asyncio.Queue[proxy_pb2.CallRecord] = asyncio.Queue()
         self.recorded = 0
 
@@ -40,6 +46,9 @@ class Recorder:
                 first = await asyncio.wait_for(self._queue.get(), timeout=0.5)
             except TimeoutError:
                 continue
+            # Linger briefly so a busy proxy writes one transaction per batch, not per call.
+            if self.linger_s and not stop.is_set():
+                await asyncio.sleep(self.linger_s)
             calls = [first]
             while not self._queue.empty() and len(calls) < self.batch:
                 calls.append(self._queue.get_nowait())
