@@ -30,15 +30,16 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine_settings(model_dir: Path, engine_id: str, **overrides: object) -> EngineSettings:
-    return EngineSettings(
-        model_dir=model_dir,
-        engine_id=engine_id,
-        cell_id=f"cell-{engine_id}",
-        init_model_if_missing=False,
-        publish_events=False,
-        num_threads=1,
-        **overrides,  # type: ignore[arg-type]
-    )
+    values: dict[str, object] = {
+        "model_dir": model_dir,
+        "engine_id": engine_id,
+        "cell_id": f"cell-{engine_id}",
+        "init_model_if_missing": False,
+        "publish_events": False,
+        "num_threads": 1,
+        **overrides,
+    }
+    return EngineSettings(**values)  # type: ignore[arg-type]
 
 
 async def start_engine(settings: EngineSettings, kernel: KernelSettings | None = None) -> ServiceHost:
