@@ -18,8 +18,7 @@ from transformers import AutoModelForCausalLM
 from gyre.bus import stream_name
 from gyre.common.v1 import envelope_pb2
 from gyre.engine.v1 import engine_pb2 as pb
-from gyre.engine.v1 import engine_pb2_grpc
-from gyre.engine.v1 import events_pb2
+from gyre.engine.v1 import engine_pb2_grpc, events_pb2
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
 from tests.engine.conftest import engine_settings, start_engine
