@@ -15,7 +15,7 @@ class EngineSettings(BaseSettings):
     port: int = 0
     """gRPC port; 0 picks a free one."""
     model_dir: Path = Path(".gyre/model")
-    """Hugging Face checkpoint folder; created with `gyre model init` when missing and `init_model_if_missing`."""
+    """Hugging Face checkpoint folder (`gyre model init` writes the tiny one)."""
     init_model_if_missing: bool = True
     """Write the tiny local model into `model_dir` if it holds no checkpoint (local stack, tests)."""
     adapter: Literal["torch", "vllm"] = "torch"

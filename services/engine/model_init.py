@@ -24,7 +24,8 @@ CHAT_TEMPLATE = """\
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n\\nYou may call one or more functions. Signatures:\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each call return <tool_call>{"name": <name>, "arguments": <args>}</tool_call>.<|im_end|>\\n' }}
+{{- '\\n</tools>\\n\\nFor each call return ' }}
+{{- '<tool_call>{"name": <name>, "arguments": <args>}</tool_call>.<|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
@@ -99,7 +100,7 @@ def build_tokenizer(*, vocab_size: int = 768) -> object:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
@@ -135,7 +136,7 @@ def init_model(
     vocab_size = len(tokenizer)  # type: ignore[arg-type]
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)  # type: ignore[attr-defined]
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)  # type: ignore[attr-defined]
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -158,7 +159,9 @@ def init_model(
     # A wide init (initializer_range 0.2, untied head) so a random model's next token depends on
     # its context and its distribution is far from flat: greedy runs do not just repeat one token,
     # and greedy and sampled runs differ, which the tests rely on.
-    model.generation_config = GenerationConfig(eos_token_id=[eos_id], pad_token_id=pad_id, do_sample=False)
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=[eos_id], pad_token_id=pad_id, do_sample=False
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
     (out / "gyre_model.json").write_text(json.dumps({"created_by": "gyre model init", "seed": seed}) + "\n")

@@ -15,7 +15,8 @@ from services.engine.port import EngineBackend
 
 log = structlog.get_logger(__name__)
 DEFAULT_CHUNK_BYTES = 1 << 20
-MAX_CHUNK_BYTES = 4 << 20
+# Below gRPC's default 4 MiB receive limit with room for framing, so any default client can read it.
+MAX_CHUNK_BYTES = (4 << 20) - (64 << 10)
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):

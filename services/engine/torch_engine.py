@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from services.engine.kv import (
@@ -84,7 +85,7 @@ def layers_of(cache: DynamicCache, *, row: int = 0, start: int = 0, end: int | N
     return [
         (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())  # type: ignore[index]
         for layer in cache.layers
-        if layer.keys is not None and layer.keys.numel() > 0
+        if isinstance(layer, DynamicLayer) and layer.keys is not None and layer.keys.numel() > 0
     ]
 
 
@@ -139,7 +140,7 @@ class TorchEngine:
     def _load_model(self) -> Any:
         return AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
+        ).eval()  # type: ignore[no-untyped-call]
 
     # --- admission -------------------------------------------------------------------------
 
@@ -437,7 +438,7 @@ class TorchEngine:
     def update_weights(self, *, version: int, source_uri: str, sha256: str = "") -> None:
         """Copy a published state dict into the model in place; all checks pass before any copy."""
         if self.model is None:
-            self.model = AutoModelForCausalLM.from_config(
+            self.model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                 self.config, dtype=torch.float32, attn_implementation="sdpa"
             ).eval()
         load_weight_source(self.model, source_uri, sha256=sha256)
