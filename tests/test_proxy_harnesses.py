@@ -102,15 +102,29 @@ def _check_chain(records: list[proxy_pb2.CallRecord]) -> None:
     for before, after in itertools.pairwise(records):
         assert after.prompt_delta.parent_call_id == before.call_id
         context = [*prompt_of(before, by_id), *before.output_ids]
-        assert prompt_of(after, by_id)[: len(context)] == context
+        got = prompt_of(after, by_id)[: len(context)]
+        assert got == context
 
 
-async def test_claude_code_runs_a_tool_loop_through_the_proxy(
+async def test_claude_code_runs_a_tool_loop_and_a_sub_agent_through_the_proxy(
     rig: Rig, claude_code: Path, tmp_path: Path
 ) -> None:
-    arguments = '{"command": "echo hello > out.txt", "description": "write"}'
-    call = f'<tool_call>{{"name": "Bash", "arguments": {arguments}}}</tool_call>'
-    rig.scripter.rule = lambda prompt: "Done." if "<tool_response>" in prompt else call
+    """Main agent: Bash tool, then a sub-agent (the Agent tool, formerly Task), then done; one CLI
+    run (its start is slow). The tool is called by its current name: Claude Code sends an old
+    name back renamed, which is a different context (a new branch), not a continuation."""
+    bash = '{"command": "echo hello > out.txt", "description": "write"}'
+    task = '{"description": "look", "prompt": "List the files here", "subagent_type": "general-purpose"}'
+
+    def rule(prompt: str) -> str:
+        if "cc_is_subagent=true" in prompt or "You are an agent for Claude Code" in prompt:
+            return "Sub done."
+        if "<tool_response>" not in prompt:
+            return f'<tool_call>{{"name": "Bash", "arguments": {bash}}}</tool_call>'
+        if "Sub done." not in prompt:
+            return f'<tool_call>{{"name": "Agent", "arguments": {task}}}</tool_call>'
+        return "Done."
+
+    rig.scripter.rule = rule
     token, execution_id = await rig.register_execution()
     env = {
         "PATH": os.environ.get("PATH", ""),
@@ -120,12 +134,9 @@ async def test_claude_code_runs_a_tool_loop_through_the_proxy(
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
+    argv = [str(claude_code), "-p", "write hello into out.txt", "--allowedTools", "Bash", "Agent"]
     proc = await asyncio.create_subprocess_exec(
-        str(claude_code),
-        "-p",
-        "write hello into out.txt",
-        "--allowedTools",
-        "Bash",
+        *argv,
         "--output-format",
         "json",
         cwd=tmp_path,
@@ -142,9 +153,11 @@ async def test_claude_code_runs_a_tool_loop_through_the_proxy(
     assert proc.returncode == 0, (out + err).decode()[-3000:]
     assert (tmp_path / "out.txt").read_text().strip() == "hello"
     assert b'"result":"Done."' in out
-    records = await rig.records(execution_id, at_least=2)
+    records = await rig.records(execution_id, at_least=4)
     main = [r for r in records if r.agent_role == proxy_pb2.AGENT_ROLE_MAIN]
-    assert len(main) == 2, [(r.agent_role, r.agent_id) for r in records]
+    subs = [r for r in records if r.agent_role == proxy_pb2.AGENT_ROLE_SUB]
+    assert len(main) == 3, [(r.agent_role, r.agent_id) for r in records]
+    assert len(subs) >= 1 and len({r.agent_id for r in subs}) == 1 and subs[0].agent_id.startswith("sub-")
     _check_chain(main)
 
 

@@ -3,10 +3,9 @@
 The harness is a black box, so the role is read off the request itself. Explicit headers
 (`X-Gyre-Agent-Role`, `X-Gyre-Agent-Id`, sent by Gyre's built-in agent) win over detection.
 
-- Claude Code: its main agent's system prompt introduces itself as Claude Code (or, with `-p`,
-  as a Claude Agent SDK agent); a sub-agent
-  started by the Task tool gets a different system prompt, and its first user message is the
-  task it was given, stable across that sub-agent's calls, so a hash of it names the sub-agent.
+- Claude Code: a sub-agent started by the Task tool has a system prompt marked as a sub-agent's
+  (see `_CLAUDE_CODE_SUB`), and its first user message is the task it was given, stable across
+  that sub-agent's calls, so a hash of it names the sub-agent; any other call is the main agent.
   A compaction call asks the model to summarize the conversation so far.
 - mini-swe-agent, the built-in harness and any other: one main agent.
 
@@ -35,9 +34,11 @@ _SUMMARY_MARKERS = (
     "create a detailed summary",
     "your task is to create a detailed summary",
 )
-# The main agent introduces itself as Claude Code (interactive) or as an Agent SDK agent (`-p`);
-# sub-agents are "an agent for Claude Code", "a file search specialist for Claude Code", ...
-_CLAUDE_CODE_MAIN = ("You are Claude Code", "You are a Claude agent, built on")
+# Claude Code marks a sub-agent's system prompt (`cc_is_subagent=true` in its billing line, and
+# "You are an agent for Claude Code" / "a ... specialist for Claude Code"); only then is the
+# main agent's self-introduction ("You are Claude Code", or with `-p` "You are a Claude agent,
+# built on ...", which sub-agents' prompts repeat) taken to mean the main agent.
+_CLAUDE_CODE_SUB = ("cc_is_subagent=true", "You are an agent for Claude Code", "specialist for Claude Code")
 _CLAUDE_CODE = ("Claude Code", "cc_entrypoint=")
 
 
@@ -68,6 +69,6 @@ def _detect(*, system: str, first_user: str, last_user: str) -> Agent:
     lowered = last_user.lower()
     if any(marker in lowered for marker in _SUMMARY_MARKERS):
         return Agent(role="summary", agent_id="summary")
-    if any(m in system for m in _CLAUDE_CODE) and not any(m in system for m in _CLAUDE_CODE_MAIN):
+    if any(m in system for m in _CLAUDE_CODE) and any(m in system for m in _CLAUDE_CODE_SUB):
         return Agent(role="sub", agent_id=f"sub-{_digest(first_user)}")
     return Agent(role="main", agent_id="main")
