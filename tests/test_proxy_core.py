@@ -60,9 +60,10 @@ def test_agent_detection_and_header_overrides() -> None:
     sub = detect(system="You are an agent for Claude Code.", first_user="find x", last_user="b", headers={})
     again = detect(system="You are an agent for Claude Code.", first_user="find x", last_user="c", headers={})
     assert sub.role == "sub" and sub.agent_id == again.agent_id
-    sdk_sub = "cc_entrypoint=sdk-cli; cc_is_subagent=true;\nYou are a Claude agent, built on Anthropic's Claude Agent SDK."
+    intro = "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+    sdk_sub = f"cc_entrypoint=sdk-cli; cc_is_subagent=true;\n{intro}"
     assert detect(system=sdk_sub, first_user="t", last_user="t", headers={}).role == "sub"
-    sdk_main = "cc_entrypoint=sdk-cli;\nYou are a Claude agent, built on Anthropic's Claude Agent SDK."
+    sdk_main = f"cc_entrypoint=sdk-cli;\n{intro}"
     assert detect(system=sdk_main, first_user="t", last_user="t", headers={}).role == "main"
     summary = detect(system="", first_user="", last_user="Please summarize the conversation", headers={})
     assert summary.role == "summary"
