@@ -14,6 +14,7 @@ from services.proxy import anthropic_api, openai_api
 from services.proxy.agents import detect
 from services.proxy.chat import ChatMessage, ChatRequest
 from services.proxy.delta import CallHistory
+from services.proxy.detok import IncrementalText
 from services.proxy.render import OutputMemory, render_prompt, reusable_output
 from services.proxy.routing import Load, Route, choose_engine
 from services.proxy.toolcalls import HERMES, parse_output, visible_prefix
@@ -156,3 +157,48 @@ def test_rendering_splices_remembered_output_ids_in_place_of_the_rendered_turn(t
     assert again.num_reused_outputs == 1
     assert list(again.ids[: len(prompt.ids) + len(output)]) == [*prompt.ids, *output]
     assert list(again.ids) != tok.encode(again.text, add_special_tokens=False)
+
+
+def test_incremental_text_waits_for_a_whole_character() -> None:
+    stream = IncrementalText(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    e_acute = list("é".encode())
+    assert stream.push([ord("a")]) == "a"
+    assert stream.push(e_acute[:1]) == ""
+    assert stream.push(e_acute[1:]) == "é"
+    assert stream.push([ord("b"), ord("c")]) == "bc"
+    assert stream.text == "aébc"
+
+
+def test_a_prompt_that_extends_an_earlier_one_keeps_its_ids_and_encodes_only_the_rest(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(write_tokenizer(tmp_path)))
+    encoded: list[str] = []
+
+    class Counting:
+        def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+            return tok.apply_chat_template(conversation, **kwargs)
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            encoded.append(text)
+            return list(tok.encode(text, add_special_tokens=add_special_tokens))
+
+        def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+            return str(tok.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    memory = OutputMemory()
+    first = ChatRequest(model="m", messages=(ChatMessage(role="user", content="hello there"),))
+    one = render_prompt(Counting(), first, memory, context_window_tokens=10_000)
+    memory.remember_prompt(one)
+    encoded.clear()
+    second = ChatRequest(
+        model="m",
+        messages=(
+            *first.messages,
+            ChatMessage(role="assistant", content="hi"),
+            ChatMessage(role="user", content="x"),
+        ),
+    )
+    two = render_prompt(Counting(), second, memory, context_window_tokens=10_000)
+    assert two.ids[: len(one.ids)] == one.ids
+    assert "".join(encoded) == two.text[len(one.text) :]  # only the new text was tokenised

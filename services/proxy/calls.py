@@ -21,6 +21,7 @@ from gyre.proxy.v1 import proxy_pb2
 from services.proxy.agents import Agent, detect
 from services.proxy.chat import ChatMessage, ChatRequest
 from services.proxy.delta import CallHistory
+from services.proxy.detok import IncrementalText
 from services.proxy.generation import FR, Generation
 from services.proxy.model import ServedModel
 from services.proxy.outcome import CallOutcome, Finish, Usage
@@ -87,13 +88,18 @@ class CallRun:
     async def text_deltas(self) -> AsyncIterator[str]:
         """Visible text as it is generated; tool-call markup is held back for the outcome."""
         model = self.calls.model
+        stream = IncrementalText(
+            lambda ids: self.calls.model.tokenizer.decode(ids, skip_special_tokens=False)
+        )
         sent = 0
         try:
-            async for _ in self.generation.tokens():
+            async for new_ids in self.generation.tokens():
                 if self.cancelled:
                     break
-                text = visible_prefix(model.visible_text(self.generation.output_ids), model.tool_format)
-                if len(text) > sent and not text.endswith("\ufffd"):
+                if not stream.push(new_ids):
+                    continue
+                text = visible_prefix(model.strip_stops(stream.text), model.tool_format)
+                if len(text) > sent:
                     yield text[sent:]
                     sent = len(text)
         finally:
@@ -179,6 +185,7 @@ class Calls:
             state.memory,
             context_window_tokens=self.model.context_window_tokens,
         )
+        state.memory.remember_prompt(prompt)
         room = self.model.context_window_tokens - len(prompt.ids)
         max_tokens = min(request.sampling.max_tokens or room, room)
         sampling = engine_pb2.SamplingParams(

@@ -27,7 +27,9 @@ class ServedModel:
 
     def visible_text(self, output_ids: list[int]) -> str:
         """Output text with end-of-turn markers removed (tool-call tags stay, for the parser)."""
-        text = self.tokenizer.decode(output_ids, skip_special_tokens=False)
+        return self.strip_stops(self.tokenizer.decode(output_ids, skip_special_tokens=False))
+
+    def strip_stops(self, text: str) -> str:
         for stop in self.stop_texts:
             text = text.replace(stop, "")
         return text

@@ -15,12 +15,17 @@ Example (ChatML-like template, `|` marks the pieces):
     call 2 prompt text: "<s>user\\nhi</s>\\n<s>assistant\\n|Hey!</s>\\n|<s>user\\nmore..."
                      -> encode(gap 1) + [100, 101, 2] + encode("\\n") + encode(gap 2)
 
+The ids of the execution's latest prompts are kept too: when a new prompt's text extends one of
+them, its ids are taken as they were and only the rest is rendered into ids, so a growing
+context keeps an exactly stable prefix and is not re-tokenised whole on every call.
+
 `Tokenizer` is the slice of a `transformers` tokenizer this needs, so tests can pass any object
 with these methods.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,12 +53,25 @@ class ReusableOutput:
 
 @dataclass(slots=True)
 class OutputMemory:
-    """One execution's reusable outputs, by rendered segment (mutable; owned by the call shell)."""
+    """One execution's reusable outputs by rendered segment, and its latest prompts (mutable;
+    owned by the call shell)."""
 
     by_segment: dict[str, ReusableOutput] = field(default_factory=dict)
+    prompts: deque[tuple[str, tuple[int, ...]]] = field(default_factory=lambda: deque(maxlen=16))
 
     def remember(self, item: ReusableOutput) -> None:
         self.by_segment[item.segment] = item
+
+    def remember_prompt(self, prompt: RenderedPrompt) -> None:
+        self.prompts.append((prompt.text, prompt.ids))
+
+    def longest_prefix(self, text: str) -> tuple[str, tuple[int, ...]]:
+        """The latest prompt whose text `text` extends, with its ids; ("", ()) when none does."""
+        best: tuple[str, tuple[int, ...]] = ("", ())
+        for cached in self.prompts:
+            if len(cached[0]) > len(best[0]) and text.startswith(cached[0]):
+                best = cached
+        return best
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,10 +98,17 @@ def template_text(
 def render_prompt(
     tokenizer: Tokenizer, request: ChatRequest, memory: OutputMemory, *, context_window_tokens: int
 ) -> RenderedPrompt:
+    """Prompt ids: an earlier prompt's ids where the text extends it, remembered output ids for
+    rendered assistant turns, and the tokenised text in between.
+
+    Reusing the earlier prompt's ids keeps each call's prompt an exact extension of the last
+    one (the tree shares the prefix) and spares re-tokenising an hour-long context every call.
+    """
     text = template_text(tokenizer, request.messages, request, generation=True)
-    spans = _find_spans(text, memory)
-    ids: list[int] = []
-    pos = 0
+    prefix_text, prefix_ids = memory.longest_prefix(text)
+    spans = _find_spans(text, memory, start=len(prefix_text))
+    ids: list[int] = list(prefix_ids)
+    pos = len(prefix_text)
     for start, item in spans:
         if start > pos:
             ids.extend(tokenizer.encode(text[pos:start], add_special_tokens=False))
@@ -100,11 +125,13 @@ def render_prompt(
     return RenderedPrompt(ids=tuple(ids), text=text, num_reused_outputs=len(spans))
 
 
-def _find_spans(text: str, memory: OutputMemory) -> list[tuple[int, ReusableOutput]]:
-    """Non-overlapping occurrences of remembered segments that follow a generation prefix."""
+def _find_spans(text: str, memory: OutputMemory, *, start: int) -> list[tuple[int, ReusableOutput]]:
+    """Non-overlapping occurrences, from `start` on, of remembered segments that follow a
+    generation prefix."""
     found: list[tuple[int, ReusableOutput]] = []
+    origin = start
     for item in memory.by_segment.values():
-        start = text.find(item.segment)
+        start = text.find(item.segment, origin)
         while start >= 0:
             if text.startswith(item.gen_prefix, start - len(item.gen_prefix)) and start >= len(
                 item.gen_prefix
@@ -113,7 +140,7 @@ def _find_spans(text: str, memory: OutputMemory) -> list[tuple[int, ReusableOutp
             start = text.find(item.segment, start + 1)
     found.sort(key=lambda s: (s[0], -len(s[1].segment)))
     chosen: list[tuple[int, ReusableOutput]] = []
-    end = 0
+    end = origin
     for start, item in found:
         if start >= end:
             chosen.append((start, item))
