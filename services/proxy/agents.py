@@ -38,6 +38,9 @@ _SUMMARY_MARKERS = (
 # "You are an agent for Claude Code" / "a ... specialist for Claude Code"); only then is the
 # main agent's self-introduction ("You are Claude Code", or with `-p` "You are a Claude agent,
 # built on ...", which sub-agents' prompts repeat) taken to mean the main agent.
+# Claude Code's compaction call: "Your task is to create a detailed summary of the conversation
+# so far ..." (or "of the RECENT portion ...") under this system prompt.
+_SUMMARY_SYSTEM = "tasked with summarizing conversations"
 _CLAUDE_CODE_SUB = ("cc_is_subagent=true", "You are an agent for Claude Code", "specialist for Claude Code")
 _CLAUDE_CODE = ("Claude Code", "cc_entrypoint=")
 
@@ -67,7 +70,7 @@ def detect(*, system: str, first_user: str, last_user: str, headers: Mapping[str
 
 def _detect(*, system: str, first_user: str, last_user: str) -> Agent:
     lowered = last_user.lower()
-    if any(marker in lowered for marker in _SUMMARY_MARKERS):
+    if any(marker in lowered for marker in _SUMMARY_MARKERS) or _SUMMARY_SYSTEM in system:
         return Agent(role="summary", agent_id="summary")
     if any(m in system for m in _CLAUDE_CODE) and any(m in system for m in _CLAUDE_CODE_SUB):
         return Agent(role="sub", agent_id=f"sub-{_digest(first_user)}")

@@ -205,6 +205,7 @@ class Calls:
             route=route,
             pool=self.router.pool,
             on_move=self.router.moved,
+            on_version=self.router.observed_version,
         )
         run = CallRun(
             self,

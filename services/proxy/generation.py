@@ -82,6 +82,7 @@ class Generation:
     done: bool = False
     migrating: bool = False
     on_move: Callable[[str, str], None] | None = None
+    on_version: Callable[[str, int], None] | None = None
     _moves: asyncio.Queue[Move] = field(default_factory=asyncio.Queue)
 
     def move_to(self, move: Move) -> None:
@@ -98,6 +99,8 @@ class Generation:
         self.logprobs.extend(list(tokens.logprobs)[max(skip, 0) :])
         versions = list(tokens.policy_versions)[max(skip, 0) :]
         self.versions.extend(versions or [self.route.policy_version] * len(ids))
+        if versions and self.on_version is not None:
+            self.on_version(self.route.engine_id, versions[-1])
         return ids
 
     async def tokens(self) -> AsyncIterator[list[int]]:

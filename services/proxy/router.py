@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import replace
 
 from gyre.errors import Unavailable
 from services.proxy.generation import EnginePool
@@ -42,6 +43,12 @@ class Router:
         self.call_finished(from_engine)
         self.call_started(to_engine)
 
+    def observed_version(self, engine_id: str, version: int) -> None:
+        """The policy version an engine's latest token carried (GetRouting reports it)."""
+        route = self.routes.get(engine_id)
+        if route is not None and route.policy_version != version:
+            self.routes[engine_id] = replace(route, policy_version=version)
+
     def register(self, route: Route) -> None:
         self.routes[route.engine_id] = route
 
@@ -49,13 +56,7 @@ class Router:
         changed = []
         for engine_id, route in list(self.routes.items()):
             if route.cell_id == cell_id:
-                new = Route(
-                    cell_id=route.cell_id,
-                    engine_id=route.engine_id,
-                    address=route.address,
-                    state=state,
-                    policy_version=route.policy_version,
-                )
+                new = replace(route, state=state)
                 self.routes[engine_id] = new
                 changed.append(new)
         return changed
