@@ -166,7 +166,9 @@ async def test_a_handler_that_keeps_failing_is_retried_then_dead_lettered(bus: B
         ),
     )
     await run_until(consumer, lambda: consumer.dead_lettered >= 1)
-    assert attempts.count(env.event_id) == 3
+    # The budget counts the server's deliveries. On a loaded machine one of them can go to a fetch
+    # that has already timed out on the client, so the handler may see one attempt fewer.
+    assert 2 <= attempts.count(env.event_id) <= 3
     letters = [x for x in await read_dead_letters(bus, "retry-test") if env.event_id in x.msg_id]
     assert len(letters) == 1
     assert letters[0].reason == "handler failed 3 times: RuntimeError: database constraint broke"
