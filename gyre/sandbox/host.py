@@ -36,6 +36,8 @@ from gyre.sandbox.probe import probe
 
 log = structlog.get_logger(__name__)
 WATCH_S = 0.5
+HIDDEN = ("/root", "/home")
+"""Covered by an empty folder inside; paths the harness needs below them are mounted back."""
 KILL_WAIT_S = 10.0
 
 
@@ -62,7 +64,11 @@ class Forward:
 class SandboxHost:
     """Hands out sandboxes under `root` with uids from `uid_base` upwards."""
 
-    def __init__(self, root: Path, *, mode: str = "auto", uid_base: int = 62000, uid_count: int = 1000):
+    def __init__(
+        self, root: Path, *, mode: str = "auto", uid_base: int = 62000, uid_count: int = 1000,
+        expose: tuple[str, ...] = (),
+    ):
+        self.expose = expose
         self.root = Path(root).resolve()
         if any(str(self.root).startswith(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
             raise InvalidArgument("sandbox_root", f"must not lie under a shared temp folder (it is hidden inside), got {self.root}")
@@ -91,6 +97,24 @@ class SandboxHost:
             await box.release()
             raise
         return box
+
+    def sweep(self) -> int:
+        """Release every sandbox under the root, this process's or a crashed one's (tests, `gyre`
+        operators): unmount, remove cgroups and users, delete folders. Returns how many."""
+        count = 0
+        for path in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
+            shutil.rmtree(path, ignore_errors=True)
+            for base in (self.caps.cgroup_memory, self.caps.cgroup_pids):
+                if base:
+                    with contextlib.suppress(OSError):
+                        (Path(base) / f"gyre-{path.name}").rmdir()
+            if self.uid_base <= owner < self.uid_base + self.uid_count:
+                with contextlib.suppress(KeyError):
+                    self._free_user(owner, pwd.getpwuid(owner).pw_name)
+            count += 1
+        return count
 
     def _allocate_user(self) -> tuple[int | None, int | None, str]:
         if not self.isolation.own_user:
@@ -214,21 +238,18 @@ class Sandbox:
                 "host": forward.host, "port": forward.port, "listen_port": forward.listen_port,
             },
             "log_path": str(self.log_path),
+            "hide": list(HIDDEN),
+            "expose": sorted({sys.base_prefix, sys.prefix, *self.host.expose}),
+            "stage": str(self.path / "log" / "stage"),
+            "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
         }
         init = [sys.executable, "-m", "gyre.sandbox.init"]
         cmd = ["unshare", "--pid", "--mount", "--fork", "--kill-child", *init] if self.isolation.namespaces else init
-        cgroup_procs = [str(d / "cgroup.procs") for d in self.cgroups]
-
-        def join_cgroups() -> None:  # in the child before exec: every descendant inherits them
-            for procs in cgroup_procs:
-                with open(procs, "w") as f:
-                    f.write(str(os.getpid()))
-
         setup_log = open(self.path / "log" / "sandbox.log", "ab")  # noqa: SIM115 - closed below
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=setup_log, stderr=setup_log,
-                preexec_fn=join_cgroups, start_new_session=True,
+                start_new_session=True,
                 env={"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
             )
         finally:
@@ -288,10 +309,7 @@ class Sandbox:
                     with contextlib.suppress(ProcessLookupError, ValueError):
                         os.kill(int(pid), signal.SIGKILL)
         if self.uid is not None:  # kill(-1) as the sandbox uid reaches exactly its processes
-            subprocess.run(
-                [sys.executable, "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
-                user=self.uid, group=self.gid, extra_groups=[], capture_output=True, timeout=30, check=False,
-            )
+            kill_all_of_uid(self.uid, self.gid if self.gid is not None else self.uid)
 
     async def release(self) -> None:
         """Remove the folder, the cgroups and the user; the workspace is gone afterwards."""
@@ -332,3 +350,16 @@ def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:
         except OSError:
             continue
     return total
+
+
+def kill_all_of_uid(uid: int, gid: int) -> None:
+    """SIGKILL every process of `uid`: `kill -KILL -1` run as that uid reaches exactly those.
+
+    No Python runs between fork and exec (the runner has gRPC threads; a preexec hook could
+    crash the child): subprocess switches the uid in C.
+    """
+    kill = shutil.which("kill", path="/usr/bin:/bin")
+    if kill is None:
+        log.warning("no_kill_binary", uid=uid)
+        return
+    subprocess.run([kill, "-KILL", "-1"], user=uid, group=gid, extra_groups=[], capture_output=True, timeout=30, check=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import faulthandler
 import fcntl
 import json
 import os
@@ -29,7 +30,7 @@ import sys
 from typing import Any
 
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 8192, 16384, 1 << 18
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PRIVATE_TMP_TARGETS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 POLL_S = 0.2
@@ -52,13 +53,27 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
     )
 
 
-def _private_mounts(private_tmp: str) -> None:
-    """A /proc of this pid namespace (no host processes to see) and /tmp-like folders inside the quota."""
+def _private_mounts(private_tmp: str, *, hide: list[str], expose: list[str], stage: str) -> None:
+    """A /proc of this pid namespace (no host processes to see), /tmp-like folders inside the
+    quota, and empty folders over `hide` (e.g. /root) with the `expose` paths under them (the
+    Python installation) mounted back read-only at the same place."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for target in PRIVATE_TMP_TARGETS:
         if os.path.isdir(target):
             _mount(private_tmp, target, None, MS_BIND | MS_REC)
+    for n, hidden in enumerate(h for h in hide if os.path.isdir(h)):
+        keep = [e for e in expose if e.startswith(hidden.rstrip("/") + "/") and os.path.isdir(e)]
+        staged = []
+        for k, path in enumerate(keep):
+            point = os.path.join(stage, f"{n}-{k}")
+            os.makedirs(point, exist_ok=True)
+            _mount(path, point, None, MS_BIND | MS_REC)
+            staged.append((point, path))
+        _mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        for point, path in staged:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            _mount(point, path, None, MS_MOVE)
 
 
 def _loopback_up() -> None:
@@ -140,10 +155,13 @@ def _child_setup(rlimits: dict[str, list[int]]) -> Any:
 
 def run(spec: dict[str, Any]) -> int:
     namespaces = bool(spec.get("namespaces"))
+    for procs in spec.get("cgroup_procs", []):  # "0" is the writer itself; children inherit it
+        with open(procs, "w") as f:
+            f.write("0")
     forwarder = None
     if namespaces:
         host_netns_fd = os.open("/proc/self/ns/net", os.O_RDONLY)
-        _private_mounts(spec["private_tmp"])
+        _private_mounts(spec["private_tmp"], hide=spec["hide"], expose=spec["expose"], stage=spec["stage"])
         _check(_libc.unshare(CLONE_NEWNET), "unshare net")
         own_netns_fd = os.open("/proc/self/ns/net", os.O_RDONLY)
         _loopback_up()
@@ -204,6 +222,7 @@ def _reap(main_pid: int) -> int | None:
 
 
 def main() -> int:
+    faulthandler.enable()
     spec = json.loads(sys.stdin.read())
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     try:
