@@ -71,7 +71,9 @@ class ScriptedModel:
 
     def answer(self, body: dict[str, Any], *, role: str, agent_id: str, token: str) -> dict[str, Any]:
         with self._lock:
-            self.seen.append(Seen(role=role, agent_id=agent_id, token=token, num_messages=len(body.get("messages", []))))
+            self.seen.append(
+                Seen(role=role, agent_id=agent_id, token=token, num_messages=len(body.get("messages", [])))
+            )
             key = (token, f"{role}/{agent_id}")
             n = self._counters[key]
             self._counters[key] += 1
@@ -95,5 +97,7 @@ class ScriptedModel:
             "id": f"cmpl-{n}",
             "object": "chat.completion",
             "model": body.get("model", ""),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop" if "final" in step else "tool_calls"}],
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "stop" if "final" in step else "tool_calls"}
+            ],
         }

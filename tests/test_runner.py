@@ -38,7 +38,10 @@ SCRIPT = {
         {"final": "all done"},
     ],
     "sub": [
-        {"tool": "write_file", "args": {"path": "test_hello.py", "content": "def test_ok():\n    assert True\n"}},
+        {
+            "tool": "write_file",
+            "args": {"path": "test_hello.py", "content": "def test_ok():\n    assert True\n"},
+        },
         {"final": "test written"},
     ],
     "summary": [{"final": "summary: wrote hello.py"}],
@@ -60,7 +63,12 @@ async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
     url = model.start()
     settings = RunnerSettings(
         sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
-        proxy_base_url=url, memory_mb=1024, max_procs=64, disk_mb=64, file_size_mb=16, cpu_s=60,
+        proxy_base_url=url,
+        memory_mb=1024,
+        max_procs=64,
+        disk_mb=64,
+        file_size_mb=16,
+        cpu_s=60,
     )
     host, supervisor = await build_with_supervisor(settings, kernel)
     scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
@@ -70,7 +78,9 @@ async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
     yield Runner(
         stub=runner_pb2_grpc.RunnerServiceStub(channels[0]),
         scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[1]),
-        supervisor=supervisor, model=model, kernel=kernel,
+        supervisor=supervisor,
+        model=model,
+        kernel=kernel,
     )
     for ch in channels:
         await ch.close()
@@ -96,10 +106,16 @@ def start_request(**change: object) -> runner_pb2.StartExecutionRequest:
     return runner_pb2.StartExecutionRequest(**fields)  # type: ignore[arg-type]
 
 
+def in_workspace(ex: runner_pb2.Execution, name: str) -> Path:
+    return Path(ex.workspace_uri.removeprefix("file://"), name)
+
+
 async def wait_ended(r: Runner, execution_id: str, *, within_s: float = 60) -> runner_pb2.Execution:
     for _ in range(int(within_s * 5)):  # bounded
         try:
-            ex = (await r.stub.GetExecution(runner_pb2.GetExecutionRequest(execution_id=execution_id))).execution
+            ex = (
+                await r.stub.GetExecution(runner_pb2.GetExecutionRequest(execution_id=execution_id))
+            ).execution
         except grpc.aio.AioRpcError as err:  # a scheduled execution the runner has not consumed yet
             assert err.code() == grpc.StatusCode.NOT_FOUND, err
             await asyncio.sleep(0.2)
@@ -168,7 +184,7 @@ async def test_cancel_kills_the_harness_and_keeps_the_workspace(runner: Runner) 
     cancel = runner_pb2.CancelExecutionRequest(request_id=f"c-{eid[:8]}", execution_id=eid, reason="test")
     ex = (await runner.stub.CancelExecution(cancel)).execution
     assert ex.state == runner_pb2.EXECUTION_STATE_CANCELLED
-    assert Path(ex.workspace_uri.removeprefix("file://"), "hello.py").exists()
+    assert in_workspace(ex, "hello.py").exists()
 
 
 @pytest.mark.parametrize(
@@ -190,16 +206,28 @@ async def test_bad_requests_name_the_field(runner: Runner, change: dict[str, obj
     assert (err.value.details() or "").startswith(f"{field}:"), err.value.details()
 
 
-async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(runner: Runner, tmp_path: Path) -> None:
+async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
+    runner: Runner, tmp_path: Path
+) -> None:
     template = REPO / ".gyre" / f"template-{uuid.uuid4().hex[:6]}"
     template.mkdir(parents=True)
     (template / "README.md").write_text("template\n")
     spec = scheduler_pb2.TaskSpec(
-        name="hello", family="terminal", prompt="Write hello.py.", group_size=2, timeout_s=5.0,
-        harness="gyre-agent", workspace_template=str(template),
+        name="hello",
+        family="terminal",
+        prompt="Write hello.py.",
+        group_size=2,
+        timeout_s=5.0,
+        harness="gyre-agent",
+        workspace_template=str(template),
     )
     bad = scheduler_pb2.TaskSpec(
-        name="gone", family="terminal", prompt="x", group_size=1, timeout_s=5.0, harness="gyre-agent",
+        name="gone",
+        family="terminal",
+        prompt="x",
+        group_size=1,
+        timeout_s=5.0,
+        harness="gyre-agent",
         workspace_template=str(template / "missing"),
     )
     submitted = await runner.scheduler.SubmitTasks(
@@ -210,7 +238,7 @@ async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(run
     for eid in good_ids:
         ex = await wait_ended(runner, eid)
         assert ex.state == runner_pb2.EXECUTION_STATE_TIMED_OUT
-        assert Path(ex.workspace_uri.removeprefix("file://"), "README.md").read_text() == "template\n"
+        assert in_workspace(ex, "README.md").read_text() == "template\n"
     failed = await wait_ended(runner, bad_id)
     assert failed.state == runner_pb2.EXECUTION_STATE_FAILED
     assert failed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE

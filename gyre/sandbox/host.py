@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
@@ -65,13 +66,21 @@ class SandboxHost:
     """Hands out sandboxes under `root` with uids from `uid_base` upwards."""
 
     def __init__(
-        self, root: Path, *, mode: str = "auto", uid_base: int = 62000, uid_count: int = 1000,
+        self,
+        root: Path,
+        *,
+        mode: str = "auto",
+        uid_base: int = 62000,
+        uid_count: int = 1000,
         expose: tuple[str, ...] = (),
     ):
         self.expose = expose
         self.root = Path(root).resolve()
         if any(str(self.root).startswith(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
-            raise InvalidArgument("sandbox_root", f"must not lie under a shared temp folder (it is hidden inside), got {self.root}")
+            raise InvalidArgument(
+                "sandbox_root",
+                f"must not lie under a shared temp folder (it is hidden inside), got {self.root}",
+            )
         self.caps = probe()
         self.isolation: Isolation = plan_isolation(self.caps, mode=mode)
         self.uid_base = uid_base
@@ -130,16 +139,28 @@ class SandboxHost:
             user = f"gyre{uid}"
             if self.caps.useradd:
                 subprocess.run(
-                    ["useradd", "--no-create-home", "--user-group", "--uid", str(uid), "--shell",
-                     "/usr/sbin/nologin", user],
-                    check=True, capture_output=True, timeout=30,
+                    [
+                        "useradd",
+                        "--no-create-home",
+                        "--user-group",
+                        "--uid",
+                        str(uid),
+                        "--shell",
+                        "/usr/sbin/nologin",
+                        user,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
                 )
                 gid = pwd.getpwnam(user).pw_gid
             else:
                 user, gid = "", uid  # a bare uid works for setuid without a passwd entry
             self._uids_in_use.add(uid)
             return uid, gid, user
-        raise InvalidArgument("sandbox", f"no free uid in {self.uid_base}..{self.uid_base + self.uid_count - 1}")
+        raise InvalidArgument(
+            "sandbox", f"no free uid in {self.uid_base}..{self.uid_base + self.uid_count - 1}"
+        )
 
     def _free_user(self, uid: int | None, user: str) -> None:
         if uid is None:
@@ -151,8 +172,15 @@ class SandboxHost:
 
 class Sandbox:
     def __init__(
-        self, *, host: SandboxHost, name: str, path: Path, limits: SandboxLimits,
-        uid: int | None, gid: int | None, user: str,
+        self,
+        *,
+        host: SandboxHost,
+        name: str,
+        path: Path,
+        limits: SandboxLimits,
+        uid: int | None,
+        gid: int | None,
+        user: str,
     ):
         self.host = host
         self.name = name
@@ -183,9 +211,18 @@ class Sandbox:
         self.path.mkdir(mode=0o711)
         if self.isolation.tmpfs_quota:
             subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={self.limits.disk_mb}m,mode=0711,nosuid,nodev",
-                 f"gyre-{self.name}", str(self.path)],
-                check=True, capture_output=True, timeout=30,
+                [
+                    "mount",
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    f"size={self.limits.disk_mb}m,mode=0711,nosuid,nodev",
+                    f"gyre-{self.name}",
+                    str(self.path),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
             )
             self.mounted = True
         for sub, owner_mode in (("work", 0o700), ("home", 0o700), ("tmp", 0o700), ("log", 0o700)):
@@ -220,7 +257,11 @@ class Sandbox:
                     os.lchown(os.path.join(dirpath, n), self.uid, gid)
 
     async def launch(
-        self, argv: Sequence[str], *, env: Mapping[str, str], forward: Forward | None = None,
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        forward: Forward | None = None,
         cwd: Path | None = None,
     ) -> None:
         if self.proc is not None:
@@ -234,8 +275,12 @@ class Sandbox:
             "rlimits": self.limits.rlimits(),
             "namespaces": self.isolation.namespaces,
             "private_tmp": str(self.path / "tmp"),
-            "forward": None if forward is None or not self.isolation.namespaces else {
-                "host": forward.host, "port": forward.port, "listen_port": forward.listen_port,
+            "forward": None
+            if forward is None or not self.isolation.namespaces
+            else {
+                "host": forward.host,
+                "port": forward.port,
+                "listen_port": forward.listen_port,
             },
             "log_path": str(self.log_path),
             "hide": list(HIDDEN),
@@ -244,13 +289,23 @@ class Sandbox:
             "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
         }
         init = [sys.executable, "-m", "gyre.sandbox.init"]
-        cmd = ["unshare", "--pid", "--mount", "--fork", "--kill-child", *init] if self.isolation.namespaces else init
-        setup_log = open(self.path / "log" / "sandbox.log", "ab")  # noqa: SIM115 - closed below
+        cmd = (
+            ["unshare", "--pid", "--mount", "--fork", "--kill-child", *init]
+            if self.isolation.namespaces
+            else init
+        )
+        setup_log = self._open_setup_log()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.PIPE, stdout=setup_log, stderr=setup_log,
+                *cmd,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=setup_log,
+                stderr=setup_log,
                 start_new_session=True,
-                env={"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                env={
+                    "PATH": os.environ.get("PATH", os.defpath),
+                    "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                },
             )
         finally:
             setup_log.close()
@@ -258,6 +313,9 @@ class Sandbox:
         self.proc.stdin.write(json.dumps(spec).encode())
         await self.proc.stdin.drain()
         self.proc.stdin.close()
+
+    def _open_setup_log(self) -> BinaryIO:
+        return (self.path / "log" / "sandbox.log").open("ab")
 
     def base_url(self, forward: Forward) -> str:
         """The proxy as the process inside sees it."""
@@ -362,4 +420,12 @@ def kill_all_of_uid(uid: int, gid: int) -> None:
     if kill is None:
         log.warning("no_kill_binary", uid=uid)
         return
-    subprocess.run([kill, "-KILL", "-1"], user=uid, group=gid, extra_groups=[], capture_output=True, timeout=30, check=False)
+    subprocess.run(
+        [kill, "-KILL", "-1"],
+        user=uid,
+        group=gid,
+        extra_groups=[],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )

@@ -47,8 +47,13 @@ def _check(rc: int, what: str) -> None:
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     _check(
-        _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                    data.encode() if data else None),
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
         f"mount {target}",
     )
 
@@ -168,12 +173,15 @@ def run(spec: dict[str, Any]) -> int:
         if spec.get("forward"):
             fwd = spec["forward"]
             forwarder = Forwarder(
-                listen_port=fwd["listen_port"], host=fwd["host"], port=fwd["port"],
-                host_netns_fd=host_netns_fd, own_netns_fd=own_netns_fd,
+                listen_port=fwd["listen_port"],
+                host=fwd["host"],
+                port=fwd["port"],
+                host_netns_fd=host_netns_fd,
+                own_netns_fd=own_netns_fd,
             )
         else:
             os.close(host_netns_fd)
-    log = open(spec["log_path"], "ab", buffering=0)  # noqa: SIM115 - handed to the child
+    log = open(spec["log_path"], "ab", buffering=0)
     uid = spec.get("uid")
     child = subprocess.Popen(
         spec["argv"],

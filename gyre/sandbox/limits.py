@@ -38,7 +38,9 @@ class SandboxLimits:
             if not (isinstance(value, int) and value > 0):
                 raise InvalidArgument(f"{at}.{name}", f"must be a positive integer, got {value!r}")
         if self.max_procs < 4:
-            raise InvalidArgument(f"{at}.max_procs", f"must be at least 4 (a shell and a test run), got {self.max_procs}")
+            raise InvalidArgument(
+                f"{at}.max_procs", f"must be at least 4 (a shell and a test run), got {self.max_procs}"
+            )
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """setrlimit arguments by resource name, soft == hard so the sandbox cannot raise them.
@@ -133,7 +135,9 @@ def plan_isolation(caps: Capabilities, *, mode: str) -> Isolation:
         fallbacks=tuple(fallbacks),
     )
     if mode == "strict" and fallbacks:
-        raise InvalidArgument("sandbox_mode", "strict isolation is not available here: " + "; ".join(fallbacks))
+        raise InvalidArgument(
+            "sandbox_mode", "strict isolation is not available here: " + "; ".join(fallbacks)
+        )
     return isolation
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gyre.errors import GyreError
+from gyre.logs import configure_logging
 from gyre.sandbox.host import SandboxHost
+from gyre.settings import KernelSettings
 from services.evaluator.config import EvaluatorSettings
 from services.evaluator.grading import Graded, Grader
 from services.evaluator.taskset import TaskDef, load_task
@@ -32,7 +34,13 @@ def report(task: TaskDef, graded: Graded, *, partial: bool) -> dict[str, Any]:
             "partial": partial,
             "reason": s.reason,
             "checks": [
-                {"name": c.name, "outcome": c.outcome, "weight": c.weight, "score": c.score, "detail": c.detail}
+                {
+                    "name": c.name,
+                    "outcome": c.outcome,
+                    "weight": c.weight,
+                    "score": c.score,
+                    "detail": c.detail,
+                }
                 for c in s.checks
             ],
             "attempts": graded.attempts,
@@ -42,22 +50,37 @@ def report(task: TaskDef, graded: Graded, *, partial: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gyre evaluate", description="Grade one workspace offline, in a sandbox.")
+    kernel = KernelSettings()
+    configure_logging(fmt=kernel.log_format, level=kernel.log_level)  # to stderr: stdout is the JSON
+    return run(argv)
+
+
+def run(argv: list[str]) -> int:
+    """`main` without configuring logging (tests call this in-process)."""
+    parser = argparse.ArgumentParser(
+        prog="gyre evaluate", description="Grade one workspace offline, in a sandbox."
+    )
     parser.add_argument("--task", required=True, help="bundled task name (e.g. wordfreq) or a task folder")
-    parser.add_argument("--workspace", required=True, help="the folder to grade (it is copied, never changed)")
-    parser.add_argument("--partial", action="store_true", help="the execution timed out: report partial credit")
+    parser.add_argument(
+        "--workspace", required=True, help="the folder to grade (it is copied, never changed)"
+    )
+    parser.add_argument(
+        "--partial", action="store_true", help="the execution timed out: report partial credit"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     ns = parser.parse_args(argv)
     settings = EvaluatorSettings()
 
-    async def run() -> dict[str, Any]:
+    async def grade() -> dict[str, Any]:
         task = load_task(ns.task, bundled=settings.tasks_dir)
         host = SandboxHost(settings.sandbox_root, mode=settings.sandbox_mode, uid_base=settings.uid_base)
-        graded = await Grader(host, settings.limits(), attempts=settings.attempts).grade(task, Path(ns.workspace))
+        graded = await Grader(host, settings.limits(), attempts=settings.attempts).grade(
+            task, Path(ns.workspace)
+        )
         return report(task, graded, partial=ns.partial)
 
     try:
-        result = asyncio.run(run())
+        result = asyncio.run(grade())
     except GyreError as exc:
         print(f"gyre evaluate: {exc}", file=sys.stderr)
         return 2

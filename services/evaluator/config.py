@@ -32,6 +32,9 @@ class EvaluatorSettings(BaseSettings):
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits(
-            cpu_s=self.cpu_s, memory_mb=self.memory_mb, max_procs=self.max_procs,
-            file_size_mb=self.file_size_mb, disk_mb=self.disk_mb,
+            cpu_s=self.cpu_s,
+            memory_mb=self.memory_mb,
+            max_procs=self.max_procs,
+            file_size_mb=self.file_size_mb,
+            disk_mb=self.disk_mb,
         )

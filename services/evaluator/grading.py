@@ -22,7 +22,17 @@ import structlog
 from gyre.errors import InvalidArgument
 from gyre.sandbox.host import Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB, SandboxLimits
-from services.evaluator.scoring import ERRORED, FAILED, PASSED, SKIPPED, Scored, TestRun, not_assessable, parse_verdicts, score_task
+from services.evaluator.scoring import (
+    ERRORED,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    Scored,
+    GraderRun,
+    not_assessable,
+    parse_verdicts,
+    score_task,
+)
 from services.evaluator.taskset import TaskDef
 
 log = structlog.get_logger(__name__)
@@ -72,16 +82,10 @@ class Grader:
     async def grade(self, task: TaskDef, workspace: Path) -> Graded:
         started = time.monotonic()
         grader = f"{task.family}@{GRADER_VERSION}"
-        if not workspace.exists():
-            raise InvalidArgument("workspace", f"{str(workspace)!r} does not exist")
-        if not workspace.is_dir():
-            raise InvalidArgument("workspace", f"{str(workspace)!r} is not a folder")
-        if not any(workspace.iterdir()):
-            return Graded(scored=not_assessable("the workspace is empty"), grader=grader, duration_s=0.0, attempts=0)
-        if not any((workspace / r).exists() for r in task.requires):
-            reason = f"nothing gradeable was left: none of {', '.join(task.requires)} exists in the workspace"
-            return Graded(scored=not_assessable(reason), grader=grader, duration_s=0.0, attempts=0)
-        run = TestRun(outcomes={}, error="not run")
+        early = _precheck(task, workspace)
+        if early is not None:
+            return Graded(scored=early, grader=grader, duration_s=0.0, attempts=0)
+        run = GraderRun(outcomes={}, error="not run")
         attempt = 0
         for attempt in range(1, self.attempts + 1):
             run = await self._run_once(task, workspace)
@@ -89,23 +93,28 @@ class Grader:
                 break  # a hang would hang again; a crash may be transient
             log.warning("grader_crashed", task=task.name, attempt=attempt, error=run.error[:300])
         if run.error and "timed out" not in run.error and attempt == self.attempts:
-            run = TestRun(outcomes={}, error=f"grader crashed {attempt} times; last: {run.error}")
-        return Graded(scored=score_task(task, run), grader=grader, duration_s=time.monotonic() - started, attempts=attempt)
+            run = GraderRun(outcomes={}, error=f"grader crashed {attempt} times; last: {run.error}")
+        return Graded(
+            scored=score_task(task, run),
+            grader=grader,
+            duration_s=time.monotonic() - started,
+            attempts=attempt,
+        )
 
-    async def _run_once(self, task: TaskDef, workspace: Path) -> TestRun:
+    async def _run_once(self, task: TaskDef, workspace: Path) -> GraderRun:
         box = await self.host.create(f"grade-{uuid.uuid4().hex[:12]}", self.limits)
         try:
             try:
                 safe_copy(workspace, box.work, budget_bytes=self.limits.disk_mb * MIB // 2)
             except CopyTooLarge as exc:
-                return TestRun(outcomes={}, error=f"workspace too large to grade: {exc}")
+                return GraderRun(outcomes={}, error=f"workspace too large to grade: {exc}")
             if task.family == "terminal":
                 return await self._run_script(task, box)
             return await self._run_pytest(task, box)
         finally:
             await box.release()
 
-    async def _run_pytest(self, task: TaskDef, box: Sandbox) -> TestRun:
+    async def _run_pytest(self, task: TaskDef, box: Sandbox) -> GraderRun:
         hidden = box.work / HIDDEN_DIR
         hidden.mkdir(exist_ok=True)
         for check in task.checks:
@@ -115,34 +124,68 @@ class Grader:
         junit = box.home / "junit.xml"
         box.own_files()
         argv = [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(ini), "--rootdir", str(box.work),
-            f"--junitxml={junit}", *[f"{HIDDEN_DIR}/{Path(c.tests).name}" for c in task.checks],
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            str(ini),
+            "--rootdir",
+            str(box.work),
+            f"--junitxml={junit}",
+            *[f"{HIDDEN_DIR}/{Path(c.tests).name}" for c in task.checks],
         ]
         env = {"PYTHONPATH": str(box.work), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": _path()}
         await box.launch(argv, env=env)
         outcome = await box.wait(timeout_s=task.grader_timeout_s)
         if outcome.killed:
-            return TestRun(outcomes={}, error=f"grader timed out after {task.grader_timeout_s:g} s ({outcome.killed})")
+            return GraderRun(
+                outcomes={}, error=f"grader timed out after {task.grader_timeout_s:g} s ({outcome.killed})"
+            )
         if not junit.is_file():
-            return TestRun(outcomes={}, error=f"pytest exited with {outcome.exit_code} and no report: {_tail(box)}")
+            return GraderRun(
+                outcomes={}, error=f"pytest exited with {outcome.exit_code} and no report: {_tail(box)}"
+            )
         try:
             by_file = parse_junit(junit.read_text(errors="replace"))
         except ET.ParseError as exc:
-            return TestRun(outcomes={}, error=f"unreadable test report: {exc}")
-        return TestRun(outcomes={c.tests: by_file.get(f"{HIDDEN_DIR}/{Path(c.tests).name}", []) for c in task.checks})
+            return GraderRun(outcomes={}, error=f"unreadable test report: {exc}")
+        return GraderRun(
+            outcomes={c.tests: by_file.get(f"{HIDDEN_DIR}/{Path(c.tests).name}", []) for c in task.checks}
+        )
 
-    async def _run_script(self, task: TaskDef, box: Sandbox) -> TestRun:
+    async def _run_script(self, task: TaskDef, box: Sandbox) -> GraderRun:
         script = box.home / "check.sh"
         shutil.copyfile(task.folder / task.check_script, script)
         box.own_files()
         await box.launch(["/bin/sh", str(script)], env={"PATH": _path()})
         outcome = await box.wait(timeout_s=task.grader_timeout_s)
         if outcome.killed:
-            return TestRun(outcomes={}, error=f"check script timed out after {task.grader_timeout_s:g} s ({outcome.killed})")
+            return GraderRun(
+                outcomes={},
+                error=f"check script timed out after {task.grader_timeout_s:g} s ({outcome.killed})",
+            )
         verdicts = parse_verdicts(box.log_path.read_text(errors="replace") if box.log_path.exists() else "")
         if not verdicts and outcome.exit_code != 0:
-            return TestRun(outcomes={}, error=f"check script exited with {outcome.exit_code}: {_tail(box)}")
-        return TestRun(outcomes=verdicts)
+            return GraderRun(outcomes={}, error=f"check script exited with {outcome.exit_code}: {_tail(box)}")
+        return GraderRun(outcomes=verdicts)
+
+
+def _precheck(task: TaskDef, workspace: Path) -> Scored | None:
+    """Bad input raises; a workspace with nothing to grade is `not assessable`; None: grade it."""
+    if not workspace.exists():
+        raise InvalidArgument("workspace", f"{str(workspace)!r} does not exist")
+    if not workspace.is_dir():
+        raise InvalidArgument("workspace", f"{str(workspace)!r} is not a folder")
+    if not any(workspace.iterdir()):
+        return not_assessable("the workspace is empty")
+    if not any((workspace / r).exists() for r in task.requires):
+        return not_assessable(
+            f"nothing gradeable was left: none of {', '.join(task.requires)} exists in the workspace"
+        )
+    return None
 
 
 def parse_junit(xml_text: str) -> dict[str, list[str]]:

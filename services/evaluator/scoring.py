@@ -34,7 +34,7 @@ class Scored:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TestRun:
+class GraderRun:
     """What one grader run saw: test outcomes by hidden file, or verdict lines of a check script."""
 
     outcomes: Mapping[str, Sequence[str]]
@@ -47,7 +47,7 @@ def not_assessable(reason: str) -> Scored:
     return Scored(score=0.0, assessable=False, reason=reason)
 
 
-def score_task(task: TaskDef, run: TestRun) -> Scored:
+def score_task(task: TaskDef, run: GraderRun) -> Scored:
     if run.error:
         return not_assessable(f"grader gave no verdict: {run.error}")
     if task.family == "terminal":
@@ -57,26 +57,42 @@ def score_task(task: TaskDef, run: TestRun) -> Scored:
         results = list(run.outcomes.get(check.tests, ()))
         counted = [r for r in results if r != SKIPPED]
         if not counted:
-            checks.append(CheckScore(name=check.name, outcome=ERRORED, weight=check.weight, score=0.0,
-                                     detail=f"no test of {check.tests} ran (collection failed?)"))
+            checks.append(
+                CheckScore(
+                    name=check.name,
+                    outcome=ERRORED,
+                    weight=check.weight,
+                    score=0.0,
+                    detail=f"no test of {check.tests} ran (collection failed?)",
+                )
+            )
             continue
         share = sum(r == PASSED for r in counted) / len(counted)
         bonus = task.completion_bonus if task.family == "repo_generation" else 0.0
         credit = (1 - bonus) * share + (bonus if share == 1.0 else 0.0)
-        checks.append(CheckScore(
-            name=check.name, outcome=PASSED if share == 1.0 else FAILED, weight=check.weight, score=credit,
-            detail=f"{sum(r == PASSED for r in counted)}/{len(counted)} tests passed",
-        ))
+        checks.append(
+            CheckScore(
+                name=check.name,
+                outcome=PASSED if share == 1.0 else FAILED,
+                weight=check.weight,
+                score=credit,
+                detail=f"{sum(r == PASSED for r in counted)}/{len(counted)} tests passed",
+            )
+        )
     return Scored(score=_weighted(checks), assessable=True, checks=tuple(checks))
 
 
-def _score_script(run: TestRun) -> Scored:
+def _score_script(run: GraderRun) -> Scored:
     if not run.outcomes:
         return not_assessable("the check script printed no PASS/FAIL verdict")
     weight = 1.0 / len(run.outcomes)
     checks = tuple(
-        CheckScore(name=name, outcome=PASSED if all(r == PASSED for r in rs) else FAILED, weight=weight,
-                   score=1.0 if all(r == PASSED for r in rs) else 0.0)
+        CheckScore(
+            name=name,
+            outcome=PASSED if all(r == PASSED for r in rs) else FAILED,
+            weight=weight,
+            score=1.0 if all(r == PASSED for r in rs) else 0.0,
+        )
         for name, rs in run.outcomes.items()
     )
     return Scored(score=_weighted(checks), assessable=True, checks=checks)

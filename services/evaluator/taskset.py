@@ -56,7 +56,7 @@ def _field(raw: dict[str, Any], key: str, kind: type, at: str, default: Any = No
     value = raw[key]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise InvalidArgument(f"{at}.{key}", f"must be a {kind.__name__}, got {type(value).__name__}")
     return value
 
@@ -71,7 +71,9 @@ def parse_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> T
     """
     name = _field(raw, "name", str, at)
     if not NAME_RE.fullmatch(name):
-        raise InvalidArgument(f"{at}.name", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {name!r}")
+        raise InvalidArgument(
+            f"{at}.name", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {name!r}"
+        )
     family = _field(raw, "family", str, at)
     if family not in FAMILIES:
         raise InvalidArgument(f"{at}.family", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -79,7 +81,9 @@ def parse_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> T
     if not prompt.strip():
         raise InvalidArgument(f"{at}.prompt", "must not be blank")
     requires = _field(raw, "requires", list, at)
-    if not requires or not all(isinstance(r, str) and r and not r.startswith("/") and ".." not in r for r in requires):
+    if not requires or not all(
+        isinstance(r, str) and r and not r.startswith("/") and ".." not in r for r in requires
+    ):
         raise InvalidArgument(f"{at}.requires", "must list workspace-relative paths (at least one)")
     timeout = _field(raw, "grader_timeout_s", float, at, 120.0)
     if not (math.isfinite(timeout) and 0 < timeout <= 3600):
@@ -102,10 +106,19 @@ def parse_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> T
         if len({c.name for c in checks}) != len(checks):
             raise InvalidArgument(f"{at}.checks", "names must be unique")
         if family == "repo_repair" and {c.name for c in checks} - set(REPAIR_CHECKS):
-            raise InvalidArgument(f"{at}.checks", f"repo_repair checks are named {' and '.join(REPAIR_CHECKS)}")
+            raise InvalidArgument(
+                f"{at}.checks", f"repo_repair checks are named {' and '.join(REPAIR_CHECKS)}"
+            )
     return TaskDef(
-        name=name, family=family, prompt=prompt, folder=folder, requires=tuple(requires), checks=checks,
-        check_script=script, grader_timeout_s=timeout, completion_bonus=bonus,
+        name=name,
+        family=family,
+        prompt=prompt,
+        folder=folder,
+        requires=tuple(requires),
+        checks=checks,
+        check_script=script,
+        grader_timeout_s=timeout,
+        completion_bonus=bonus,
     )
 
 

@@ -60,7 +60,9 @@ def execution_to_proto(row: Any) -> pb.Execution:
     if row.exit_code is not None:
         msg.exit_code = row.exit_code
     if row.failure_kind:
-        msg.failure.CopyFrom(pb.ExecutionFailure(kind=FAILURE_VALUES[row.failure_kind], reason=row.failure_reason))
+        msg.failure.CopyFrom(
+            pb.ExecutionFailure(kind=FAILURE_VALUES[row.failure_kind], reason=row.failure_reason)
+        )
     return msg
 
 

@@ -20,7 +20,7 @@ class RunnerSettings(BaseSettings):
     sandbox_root: Path = Path(".gyre/runner/sandboxes")
     """Where sandboxes (and so the preserved workspaces) live; not under /tmp."""
     sandbox_mode: str = "auto"
-    """`auto` (best the kernel allows, fallbacks logged), `strict` (refuse less), `rlimits` (fallback only)."""
+    """`auto` (best the kernel allows, fallbacks logged), `strict` (refuse less), `rlimits` (fallback)."""
     uid_base: int = 62000
     """First uid handed to sandbox users (one per sandbox, up to 1000)."""
     proxy_address: str = ""
@@ -44,6 +44,9 @@ class RunnerSettings(BaseSettings):
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits(
-            cpu_s=self.cpu_s, memory_mb=self.memory_mb, max_procs=self.max_procs,
-            file_size_mb=self.file_size_mb, disk_mb=self.disk_mb,
+            cpu_s=self.cpu_s,
+            memory_mb=self.memory_mb,
+            max_procs=self.max_procs,
+            file_size_mb=self.file_size_mb,
+            disk_mb=self.disk_mb,
         )

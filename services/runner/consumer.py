@@ -26,7 +26,9 @@ SCHEDULED_CONSUMER = "runner-scheduled"
 
 
 class ScheduledEvents:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, supervisor: Supervisor):
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, supervisor: Supervisor
+    ):
         self.sessions = sessions
         self.relay = relay
         self.supervisor = supervisor
@@ -60,7 +62,9 @@ class ScheduledEvents:
         except InvalidArgument as exc:  # the execution ends as failed, so its group still completes
             problem = str(exc)
         async with self.sessions() as session, session.begin():
-            if not await claim_event(session, repo.processed_messages, consumer=SCHEDULED_CONSUMER, event_id=event.event_id):
+            if not await claim_event(
+                session, repo.processed_messages, consumer=SCHEDULED_CONSUMER, event_id=event.event_id
+            ):
                 return
             if not await repo.insert_execution(session, launch):
                 log.info("execution_already_known", execution_id=launch.execution_id)
@@ -76,20 +80,26 @@ class ScheduledEvents:
     async def _fail_now(self, session: AsyncSession, launch: Launch, problem: str, causation: str) -> None:
         kind = "harness_launch" if problem.startswith("harness") else "workspace"
         await repo.update_execution(
-            session, launch.execution_id, state="failed", ended_at=datetime.now(UTC), failure_kind=kind,
+            session,
+            launch.execution_id,
+            state="failed",
+            ended_at=datetime.now(UTC),
+            failure_kind=kind,
             failure_reason=problem,
         )
         failed = events_pb2.ExecutionFailed(
             execution=execution_ref(launch),
             failure=runner_pb2.ExecutionFailure(
-                kind=runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_LAUNCH if kind == "harness_launch"
+                kind=runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_LAUNCH
+                if kind == "harness_launch"
                 else runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE,
                 reason=f"bad scheduled execution: {problem}",
             ),
-            family=launch.family, task=launch.task,
+            family=launch.family,
+            task=launch.task,
         )
         await enqueue(
-            session, repo.outbox,
+            session,
+            repo.outbox,
             new_event(failed, producer=PRODUCER, correlation_id=launch.task_id, causation_id=causation),
         )
-

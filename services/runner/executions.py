@@ -62,25 +62,37 @@ def validate_launch(launch: Launch, *, harnesses: frozenset[str], reserved_env: 
     if not is_uuid(launch.task_id):
         raise InvalidArgument("execution.task_id", f"must be a task id (a UUID), got {launch.task_id!r}")
     if not is_uuid(launch.execution_id):
-        raise InvalidArgument("execution.execution_id", f"must be an execution id (a UUID), got {launch.execution_id!r}")
+        raise InvalidArgument(
+            "execution.execution_id", f"must be an execution id (a UUID), got {launch.execution_id!r}"
+        )
     if launch.harness not in harnesses:
-        raise InvalidArgument("harness", f"unknown harness {launch.harness!r}; known: {', '.join(sorted(harnesses))}")
+        raise InvalidArgument(
+            "harness", f"unknown harness {launch.harness!r}; known: {', '.join(sorted(harnesses))}"
+        )
     if not launch.prompt.strip():
         raise InvalidArgument("prompt", "is required and must not be blank")
     if len(launch.prompt.encode()) > MAX_PROMPT_BYTES:
         raise InvalidArgument("prompt", f"must be at most {MAX_PROMPT_BYTES} bytes")
     if not (math.isfinite(launch.timeout_s) and 0 < launch.timeout_s <= MAX_TIMEOUT_S):
-        raise InvalidArgument("timeout_s", f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} s, got {launch.timeout_s}")
+        raise InvalidArgument(
+            "timeout_s", f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} s, got {launch.timeout_s}"
+        )
     if launch.family and not FAMILY_RE.fullmatch(launch.family):
-        raise InvalidArgument("family", f"must be 1..64 of [a-z0-9_] starting with a letter, got {launch.family!r}")
+        raise InvalidArgument(
+            "family", f"must be 1..64 of [a-z0-9_] starting with a letter, got {launch.family!r}"
+        )
     if "\x00" in launch.workspace_template or len(launch.workspace_template) > 4096:
         raise InvalidArgument("workspace_template", "must be at most 4096 characters without NUL")
     if len(launch.harness_env) > MAX_HARNESS_ENV:
-        raise InvalidArgument("harness_env", f"at most {MAX_HARNESS_ENV} entries, got {len(launch.harness_env)}")
+        raise InvalidArgument(
+            "harness_env", f"at most {MAX_HARNESS_ENV} entries, got {len(launch.harness_env)}"
+        )
     for key, value in launch.harness_env:
         if not ENV_KEY_RE.fullmatch(key):
             raise InvalidArgument(f"harness_env[{key!r}]", "keys must be [A-Za-z_][A-Za-z0-9_]*")
         if key in reserved_env:
-            raise InvalidArgument(f"harness_env[{key!r}]", "is set by the runner (model URL, token) and cannot be overridden")
+            raise InvalidArgument(
+                f"harness_env[{key!r}]", "is set by the runner (model URL, token) and cannot be overridden"
+            )
         if "\x00" in value:
             raise InvalidArgument(f"harness_env[{key!r}]", "must not contain NUL")

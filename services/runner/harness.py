@@ -32,8 +32,15 @@ class LaunchPlan:
 
 RESERVED_ENV = frozenset(
     {
-        "OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
-        "ANTHROPIC_AUTH_TOKEN", "GYRE_PROMPT_FILE", "HOME", "PATH",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_BASE",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_AUTH_TOKEN",
+        "GYRE_PROMPT_FILE",
+        "HOME",
+        "PATH",
     }
 )
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -51,7 +58,11 @@ def _claude_code(i: HarnessInput) -> LaunchPlan:
     # Claude Code's sub-agents and compaction happen inside it with one set of headers, so it only
     # names itself; the proxy tells main/sub/summary apart from the requests.
     return LaunchPlan(
-        argv=("/bin/sh", "-c", 'exec claude -p --output-format json --dangerously-skip-permissions < "$GYRE_PROMPT_FILE"'),
+        argv=(
+            "/bin/sh",
+            "-c",
+            'exec claude -p --output-format json --dangerously-skip-permissions < "$GYRE_PROMPT_FILE"',
+        ),
         env={
             "ANTHROPIC_BASE_URL": i.base_url,
             "ANTHROPIC_API_KEY": i.token,
@@ -91,5 +102,10 @@ def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
                       env={..., "OPENAI_BASE_URL": "http://127.0.0.1:18080/v1", "OPENAI_API_KEY": "t"})
     """
     plan = ADAPTERS[harness](i)
-    env = {"PATH": f"{posixpath.dirname(i.python)}:{DEFAULT_PATH}", **i.extra_env, **plan.env, "GYRE_PROMPT_FILE": i.prompt_file}
+    env = {
+        "PATH": f"{posixpath.dirname(i.python)}:{DEFAULT_PATH}",
+        **i.extra_env,
+        **plan.env,
+        "GYRE_PROMPT_FILE": i.prompt_file,
+    }
     return LaunchPlan(argv=plan.argv, env=env)

@@ -9,7 +9,7 @@ from gyre.db.outbox import OutboxRelay
 from gyre.proxy.v1 import proxy_pb2_grpc
 from gyre.rpc import GrpcServer
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
-from gyre.runtime import ServiceHost, connect
+from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
 from gyre.settings import KernelSettings
 from services.runner import repo
@@ -26,7 +26,9 @@ async def build(settings: RunnerSettings, kernel: KernelSettings) -> ServiceHost
     return host
 
 
-async def build_with_supervisor(settings: RunnerSettings, kernel: KernelSettings) -> tuple[ServiceHost, Supervisor]:
+async def build_with_supervisor(
+    settings: RunnerSettings, kernel: KernelSettings
+) -> tuple[ServiceHost, Supervisor]:
     """The host and its supervisor (tests and benchmarks release sandboxes through it)."""
     sandboxes = SandboxHost(settings.sandbox_root, mode=settings.sandbox_mode, uid_base=settings.uid_base)
     conns = await connect(kernel, service=NAME)
@@ -36,7 +38,9 @@ async def build_with_supervisor(settings: RunnerSettings, kernel: KernelSettings
         if settings.proxy_address
         else None
     )
-    supervisor = Supervisor(sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy)
+    supervisor = Supervisor(
+        sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy
+    )
     await supervisor.recover()
     scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())
     server = GrpcServer(
@@ -47,5 +51,5 @@ async def build_with_supervisor(settings: RunnerSettings, kernel: KernelSettings
     runner_pb2_grpc.add_RunnerServiceServicer_to_server(
         RunnerServicer(conns.sessions, supervisor, settings), server.server
     )
-    workers = [relay.run, scheduled.run, supervisor.run]
+    workers: list[Worker] = [relay.run, scheduled.run, supervisor.run]
     return ServiceHost(name=NAME, server=server, connections=conns, workers=workers), supervisor

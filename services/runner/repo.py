@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -57,7 +56,12 @@ async def claim_request(
 ) -> bool:
     stmt = (
         insert(rpc_requests)
-        .values(request_id=request_id, method=method, fingerprint=fingerprint, execution_id=uuid.UUID(execution_id))
+        .values(
+            request_id=request_id,
+            method=method,
+            fingerprint=fingerprint,
+            execution_id=uuid.UUID(execution_id),
+        )
         .on_conflict_do_nothing()
         .returning(rpc_requests.c.request_id)
     )

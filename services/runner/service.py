@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -33,7 +35,8 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         self, request: runner_pb2.StartExecutionRequest, context: Context
     ) -> runner_pb2.StartExecutionResponse:
         launch = launch_from_request(
-            request, task=grading_task(workspace_template=request.workspace_template, labels={}, task=request.task)
+            request,
+            task=grading_task(workspace_template=request.workspace_template, labels={}, task=request.task),
         )
         validate_launch(launch, harnesses=HARNESSES, reserved_env=RESERVED_ENV)
         digest = fingerprint(request)
@@ -43,7 +46,10 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             check_template(request.workspace_template, tasks_dir=self.settings.tasks_dir)
             async with self.sessions() as session, session.begin():
                 claimed = await repo.claim_request(
-                    session, request_id=launch.request_id, method="StartExecution", fingerprint=digest,
+                    session,
+                    request_id=launch.request_id,
+                    method="StartExecution",
+                    fingerprint=digest,
                     execution_id=launch.execution_id,
                 )
                 if claimed and not await repo.insert_execution(session, launch):
@@ -69,11 +75,16 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             row = await self._row(request.execution_id)
             async with self.sessions() as session, session.begin():
                 await repo.claim_request(
-                    session, request_id=request.request_id, method="CancelExecution", fingerprint=digest,
+                    session,
+                    request_id=request.request_id,
+                    method="CancelExecution",
+                    fingerprint=digest,
                     execution_id=request.execution_id,
                 )
             if row.state not in ENDED:
-                await self.supervisor.cancel(request.execution_id, reason=request.reason, request_id=request.request_id)
+                await self.supervisor.cancel(
+                    request.execution_id, reason=request.reason, request_id=request.request_id
+                )
         return runner_pb2.CancelExecutionResponse(execution=await self._load(request.execution_id))
 
     async def GetExecution(
@@ -91,7 +102,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             raise Conflict(f"request_id {request_id!r} was already used for a different request")
         return execution_id
 
-    async def _row(self, execution_id: str) -> object:
+    async def _row(self, execution_id: str) -> Any:
         async with self.sessions() as session:
             row = await repo.load_execution(session, execution_id)
         if row is None:

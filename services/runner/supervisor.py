@@ -57,14 +57,19 @@ class Running:
 
 class Supervisor:
     def __init__(
-        self, *, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, host: SandboxHost,
-        settings: RunnerSettings, proxy: proxy_pb2_grpc.ProxyServiceStub | None,
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        relay: OutboxRelay,
+        host: SandboxHost,
+        settings: RunnerSettings,
+        proxy: proxy_pb2_grpc.ProxyServiceStub | None,
     ):
         self.sessions = sessions
         self.relay = relay
         self.host = host
         self.settings = settings
-        self.proxy = proxy
+        self.proxy: Any = proxy  # grpc.aio stub: its calls are awaitable at run time
         self.forward = _forward(settings.proxy_base_url)
         self.running: dict[str, Running] = {}
         self.ended: dict[str, Sandbox] = {}
@@ -103,7 +108,9 @@ class Supervisor:
         except (OSError, subprocess.SubprocessError, GyreError) as exc:
             raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
         try:
-            await asyncio.to_thread(fill, launch.workspace_template, box.work, tasks_dir=self.settings.tasks_dir)
+            await asyncio.to_thread(
+                fill, launch.workspace_template, box.work, tasks_dir=self.settings.tasks_dir
+            )
             prompt_file = box.home / "prompt.md"
             prompt_file.write_text(launch.prompt)
             await asyncio.to_thread(box.own_files)
@@ -117,7 +124,9 @@ class Supervisor:
         token = secrets.token_urlsafe(32)
         now = datetime.now(UTC)
         deadline = now + timedelta(seconds=launch.timeout_s)
-        await self._register(launch, token, expires_at=deadline + timedelta(seconds=self.settings.token_grace_s))
+        await self._register(
+            launch, token, expires_at=deadline + timedelta(seconds=self.settings.token_grace_s)
+        )
         plan = plan_launch(
             launch.harness,
             HarnessInput(
@@ -136,12 +145,20 @@ class Supervisor:
             await self._revoke(launch, cancel_in_flight=True)
             raise LaunchFailed("harness_launch", f"harness process could not start: {exc}") from exc
         started = events_pb2.ExecutionStarted(
-            execution=execution_ref(launch), harness=launch.harness, workspace_uri=box.work.as_uri(), request_id=launch.request_id
+            execution=execution_ref(launch),
+            harness=launch.harness,
+            workspace_uri=box.work.as_uri(),
+            request_id=launch.request_id,
         )
         started.started_at.FromDatetime(now)
         started.deadline.FromDatetime(deadline)
         await self._commit(
-            launch, started, state="running", workspace_uri=box.work.as_uri(), started_at=now, deadline=deadline
+            launch,
+            started,
+            state="running",
+            workspace_uri=box.work.as_uri(),
+            started_at=now,
+            deadline=deadline,
         )
         run.started.set_result(None)
         log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
@@ -166,15 +183,22 @@ class Supervisor:
             raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
         elif outcome.killed == "deadline":
             event: Any = events_pb2.ExecutionTimedOut(
-                execution=execution_ref(launch), workspace_uri=uri, timeout_s=launch.timeout_s,
-                family=launch.family, task=launch.task,
+                execution=execution_ref(launch),
+                workspace_uri=uri,
+                timeout_s=launch.timeout_s,
+                family=launch.family,
+                task=launch.task,
             )
             await self._end(run, "timed_out", event)
         else:
             code = outcome.exit_code if outcome.exit_code is not None else 137  # disk quota: killed
             event = events_pb2.ExecutionFinished(
-                execution=execution_ref(launch), exit_code=code, workspace_uri=uri, duration_s=outcome.duration_s,
-                family=launch.family, task=launch.task,
+                execution=execution_ref(launch),
+                exit_code=code,
+                workspace_uri=uri,
+                duration_s=outcome.duration_s,
+                family=launch.family,
+                task=launch.task,
             )
             await self._end(run, "finished", event, exit_code=code)
 
@@ -188,11 +212,18 @@ class Supervisor:
         event = events_pb2.ExecutionFailed(
             execution=execution_ref(launch),
             failure=runner_pb2.ExecutionFailure(kind=FAILURE_VALUES[kind], reason=reason[:4096]),
-            workspace_uri=uri, family=launch.family, task=launch.task,
+            workspace_uri=uri,
+            family=launch.family,
+            task=launch.task,
         )
         await self._commit(
-            launch, event, state="failed", ended_at=datetime.now(UTC), failure_kind=kind,
-            failure_reason=reason[:4096], workspace_uri=uri,
+            launch,
+            event,
+            state="failed",
+            ended_at=datetime.now(UTC),
+            failure_kind=kind,
+            failure_reason=reason[:4096],
+            workspace_uri=uri,
         )
         log.warning("execution_failed", kind=kind, reason=reason[:300])
 
@@ -215,13 +246,16 @@ class Supervisor:
         try:
             await self.proxy.RegisterExecutionToken(request, timeout=30)
         except grpc.aio.AioRpcError as exc:
-            raise LaunchFailed("proxy", f"proxy refused the execution token: {exc.code().name}: {exc.details()}") from exc
+            raise LaunchFailed(
+                "proxy", f"proxy refused the execution token: {exc.code().name}: {exc.details()}"
+            ) from exc
 
     async def _revoke(self, launch: Launch, *, cancel_in_flight: bool) -> None:
         if self.proxy is None:
             return
         request = proxy_pb2.RevokeExecutionTokenRequest(
-            request_id=f"revoke:{launch.execution_id}", execution_id=launch.execution_id,
+            request_id=f"revoke:{launch.execution_id}",
+            execution_id=launch.execution_id,
             cancel_in_flight=cancel_in_flight,
         )
         try:
@@ -250,9 +284,16 @@ class Supervisor:
             rows = await repo.unfinished(session)
         for row in rows:
             launch = Launch(
-                request_id=row.request_id, task_id=str(row.task_id), execution_id=str(row.execution_id),
-                index_in_group=row.index_in_group, harness=row.harness, prompt="-", workspace_template="",
-                timeout_s=row.timeout_s, family=row.family, task=row.task,
+                request_id=row.request_id,
+                task_id=str(row.task_id),
+                execution_id=str(row.execution_id),
+                index_in_group=row.index_in_group,
+                harness=row.harness,
+                prompt="-",
+                workspace_template="",
+                timeout_s=row.timeout_s,
+                family=row.family,
+                task=row.task,
             )
             run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
             await self._end_failed(run, "runner_lost", "the runner restarted while the execution ran")
@@ -277,8 +318,12 @@ class Supervisor:
 def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
     reason, request_id = run.cancel or ("", "")
     return events_pb2.ExecutionCancelled(
-        execution=execution_ref(run.launch), reason=reason, workspace_uri=box.work.as_uri(), request_id=request_id,
-        family=run.launch.family, task=run.launch.task,
+        execution=execution_ref(run.launch),
+        reason=reason,
+        workspace_uri=box.work.as_uri(),
+        request_id=request_id,
+        family=run.launch.family,
+        task=run.launch.task,
     )
 
 

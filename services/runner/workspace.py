@@ -75,7 +75,9 @@ def _unpack(archive: Path, dest: Path) -> None:
             for member in zf.namelist():
                 target = (dest / member).resolve()
                 if dest.resolve() not in target.parents and target != dest.resolve():
-                    raise WorkspaceError(f"workspace_template: archive member {member!r} leaves the workspace")
+                    raise WorkspaceError(
+                        f"workspace_template: archive member {member!r} leaves the workspace"
+                    )
             zf.extractall(dest)
         return
     try:
@@ -89,11 +91,15 @@ def _clone(url: str, dest: Path) -> None:
     try:
         done = subprocess.run(
             ["git", "clone", "--depth", "1", "--quiet", url, str(dest)],
-            capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
             env={"PATH": os.environ.get("PATH", os.defpath), "GIT_TERMINAL_PROMPT": "0"},
         )
     except subprocess.TimeoutExpired as exc:
-        raise WorkspaceError(f"workspace_template: git clone of {url!r} took over {GIT_TIMEOUT_S:.0f} s") from exc
+        raise WorkspaceError(
+            f"workspace_template: git clone of {url!r} took over {GIT_TIMEOUT_S:.0f} s"
+        ) from exc
     if done.returncode != 0:
         raise WorkspaceError(f"workspace_template: git clone of {url!r} failed: {done.stderr.strip()[:500]}")
 
@@ -102,7 +108,9 @@ def check_template(template: str, *, tasks_dir: Path) -> None:
     """Cheap checks done before accepting a request: a missing local template is bad input."""
     kind = template_kind(template)
     if kind == "task" and not (tasks_dir / template.removeprefix("task:") / "workspace").is_dir():
-        raise InvalidArgument("workspace_template", f"no bundled task {template.removeprefix('task:')!r} in {tasks_dir}")
+        raise InvalidArgument(
+            "workspace_template", f"no bundled task {template.removeprefix('task:')!r} in {tasks_dir}"
+        )
     if kind == "folder" and not Path(template).is_dir():
         raise InvalidArgument("workspace_template", f"folder {template!r} does not exist")
     if kind == "archive" and not Path(template).is_file():

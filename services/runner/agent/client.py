@@ -28,7 +28,12 @@ class ChatClient:
     retries: int = 3
 
     def complete(
-        self, messages: list[dict[str, Any]], *, role: str, agent_id: str, tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        role: str,
+        agent_id: str,
+        tools: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """One completion; returns the assistant message (`content`, maybe `tool_calls`)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}

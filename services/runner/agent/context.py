@@ -47,7 +47,10 @@ def compacted(messages: list[Message], *, summary: str) -> list[Message]:
         compacted([sys, task, a1, t1, a2], summary="did X") -> [sys, task, user("Summary ...did X")]
     """
     head = messages[:2]
-    note = {"role": "user", "content": f"Summary of your earlier work (your context was compacted):\n{summary}"}
+    note = {
+        "role": "user",
+        "content": f"Summary of your earlier work (your context was compacted):\n{summary}",
+    }
     return [*head, note]
 
 

@@ -41,13 +41,17 @@ class AgentRun:
             reply = self.client.complete(messages, role=role, agent_id=agent_id, tools=tools)
             self.counters["calls"] += 1
             calls = reply.get("tool_calls") or []
-            messages.append({k: v for k, v in reply.items() if k in ("role", "content", "tool_calls")} | {"role": "assistant"})
+            messages.append(
+                {k: v for k, v in reply.items() if k in ("role", "content", "tool_calls")}
+                | {"role": "assistant"}
+            )
             if not calls:
                 return str(reply.get("content") or "")
             for call in calls:
                 fn = call.get("function", {})
                 result = self.workspace.dispatch(
-                    str(fn.get("name", "")), str(fn.get("arguments", "")),
+                    str(fn.get("name", "")),
+                    str(fn.get("arguments", "")),
                     delegate=lambda sub_task: self._delegate(sub_task, depth=depth),
                 )
                 messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})

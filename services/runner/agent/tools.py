@@ -39,7 +39,12 @@ SCHEMAS = [
         {"command": {"type": "string"}, "timeout_s": {"type": "number"}},
         ["command"],
     ),
-    _fn("run_tests", "Run the workspace's tests (pytest) and return the summary.", {"args": {"type": "string"}}, []),
+    _fn(
+        "run_tests",
+        "Run the workspace's tests (pytest) and return the summary.",
+        {"args": {"type": "string"}},
+        [],
+    ),
 ]
 DELEGATE = _fn(
     "delegate",
@@ -75,8 +80,12 @@ class Workspace:
         limit = min(float(timeout_s or self.shell_timeout_s), self.shell_timeout_s)
         try:
             done = subprocess.run(
-                ["/bin/sh", "-c", command], cwd=self.root, capture_output=True, text=True,
-                timeout=limit, errors="replace",
+                ["/bin/sh", "-c", command],
+                cwd=self.root,
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                errors="replace",
             )
         except subprocess.TimeoutExpired:
             return f"timed out after {limit:.0f} s"
@@ -93,8 +102,13 @@ class Workspace:
                 raise ValueError("arguments must be a JSON object")
             if name == "delegate":
                 return delegate(str(args["task"]))
-            method = {"read_file": self.read_file, "write_file": self.write_file, "shell": self.shell,
-                      "run_tests": self.run_tests}.get(name)
+            methods: dict[str, Callable[..., str]] = {
+                "read_file": self.read_file,
+                "write_file": self.write_file,
+                "shell": self.shell,
+                "run_tests": self.run_tests,
+            }
+            method = methods.get(name)
             if method is None:
                 return f"error: unknown tool {name!r}"
             return str(method(**args))
