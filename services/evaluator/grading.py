@@ -130,6 +130,7 @@ class Grader:
             "-q",
             "-p",
             "no:cacheprovider",
+            "--continue-on-collection-errors",
             "-c",
             str(ini),
             "--rootdir",
