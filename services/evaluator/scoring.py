@@ -56,14 +56,14 @@ def score_task(task: TaskDef, run: GraderRun) -> Scored:
     for check in task.checks:
         results = list(run.outcomes.get(check.tests, ()))
         counted = [r for r in results if r != SKIPPED]
-        if not counted:
+        if not counted or all(r == ERRORED for r in counted):
             checks.append(
                 CheckScore(
                     name=check.name,
                     outcome=ERRORED,
                     weight=check.weight,
                     score=0.0,
-                    detail=f"no test of {check.tests} ran (collection failed?)",
+                    detail=f"no test of {check.tests} ran to a verdict (import or collection error)",
                 )
             )
             continue
