@@ -243,7 +243,7 @@ async def through_runner(
         script.write_text(attack_code(name, t))
         box.own_files()
         await box.launch(
-            [sys.executable, str(script)],
+            [sys.executable, "-u", str(script)],
             env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"},
             forward=forward,
         )
@@ -320,13 +320,21 @@ async def through_evaluator(
     }
 
 
+BENIGN = """
+import os, time, urllib.request
+open("ok.txt", "w").write("ok")
+time.sleep(3)
+url = os.environ["BASE"] + "/v1/chat/completions"
+print(urllib.request.urlopen(url, data=b"{}", timeout=5).status)
+"""
+
+
 async def benign(host: SandboxHost, forward: Forward) -> bool:
     """A well-behaved execution beside the attacks: it must finish normally, its files intact."""
     box = await host.create(f"bench-benign-{uuid.uuid4().hex[:6]}", LIMITS)
     try:
         box.own_files()
-        code = "import time, urllib.request, os\nopen('ok.txt','w').write('ok')\ntime.sleep(3)\nprint(urllib.request.urlopen(os.environ['BASE'] + '/v1/chat/completions', data=b'{}', timeout=5).status)\n"
-        await box.launch([sys.executable, "-c", code], env={"BASE": box.base_url(forward)}, forward=forward)
+        await box.launch([sys.executable, "-c", BENIGN], env={"BASE": box.base_url(forward)}, forward=forward)
         outcome = await box.wait(timeout_s=30)
         return outcome.exit_code == 0 and (box.work / "ok.txt").read_text() == "ok"
     finally:
@@ -334,7 +342,7 @@ async def benign(host: SandboxHost, forward: Forward) -> bool:
 
 
 async def main_async() -> dict[str, Any]:
-    root = ROOT.resolve()
+    root = ROOT.resolve()  # noqa: ASYNC240 - set-up before any sandbox runs
     if root.exists():
         SandboxHost(root / "runner", uid_base=64000).sweep()
         SandboxHost(root / "evaluator", uid_base=64500, uid_count=400).sweep()
@@ -352,7 +360,7 @@ async def main_async() -> dict[str, Any]:
         Path(f"/dev/shm/gyre-bench-{tag}"),
         root / f"escaped-{tag}",
     ]
-    canary = subprocess.Popen(["sleep", "600"])
+    canary = subprocess.Popen(["sleep", "600"])  # noqa: ASYNC220 - a process to stay alive
     listener = Listener()
     model = ScriptedModel(script={})
     url = model.start()
@@ -425,7 +433,8 @@ def main() -> int:
     result = asyncio.run(main_async())
     for r in result["results"]:
         print(
-            f"{r['via']:9} {r['attack']:17} {'contained' if r['contained'] else 'ESCAPED':9} {r['detail']}  [{r['ended']}]"
+            f"{r['via']:9} {r['attack']:17} {'contained' if r['contained'] else 'ESCAPED':9} "
+            f"{r['detail']}  [{r['ended']}]"
         )
     print(json.dumps(result))
     return 0 if result["escapes"] == 0 else 1
