@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -243,3 +244,4 @@ async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
     assert failed.state == runner_pb2.EXECUTION_STATE_FAILED
     assert failed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE
     assert "missing" in failed.failure.reason
+    shutil.rmtree(template)

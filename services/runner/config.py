@@ -32,6 +32,9 @@ class RunnerSettings(BaseSettings):
     agent_model: str = "gyre-policy"
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
+    keep_workspace_s: float = 900.0
+    """How long an ended execution's sandbox (its workspace) is kept for grading; all are
+    released when the runner stops, and leftovers of a crashed runner when it starts."""
     token_grace_s: float = 600.0
     """How long after the deadline a token still works (calls in flight)."""
     start_wait_s: float = 60.0

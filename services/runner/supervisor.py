@@ -9,9 +9,11 @@ the proxy and the harness's environment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import subprocess
 import sys
+import time
 import urllib.parse
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,6 +38,7 @@ from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
 PRODUCER = "runner"
+REAP_EVERY_S = 5.0
 
 
 class LaunchFailed(Exception):
@@ -72,7 +75,7 @@ class Supervisor:
         self.proxy: Any = proxy  # grpc.aio stub: its calls are awaitable at run time
         self.forward = _forward(settings.proxy_base_url)
         self.running: dict[str, Running] = {}
-        self.ended: dict[str, Sandbox] = {}
+        self.ended: dict[str, tuple[Sandbox, float]] = {}
         self.slots = asyncio.Semaphore(settings.max_running)
 
     def start(self, launch: Launch) -> Running:
@@ -99,7 +102,7 @@ class Supervisor:
                 run.started.set_result(None)
             self.running.pop(eid, None)
             if run.box is not None:
-                self.ended[eid] = run.box
+                self.ended[eid] = (run.box, time.monotonic())
 
     async def _run(self, run: Running) -> None:
         launch = run.launch
@@ -300,19 +303,29 @@ class Supervisor:
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Worker: on shutdown kill what still runs (it ends as failed: runner lost)."""
-        await stop.wait()
+        """Worker: release sandboxes `keep_workspace_s` after their end (the evaluator has copied
+        them by then); on shutdown kill what still runs (it ends as failed: runner lost) and
+        release every ended sandbox."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY_S)
+            cutoff = time.monotonic() - self.settings.keep_workspace_s
+            for eid, (_, ended_at) in list(self.ended.items()):
+                if ended_at < cutoff:
+                    await self.release(eid)
         for run in list(self.running.values()):
             if run.box is not None:
                 await run.box.kill("runner stopped")
         if self.running:
             await asyncio.wait({r.task for r in self.running.values()}, timeout=30)
+        for eid in list(self.ended):
+            await self.release(eid)
 
     async def release(self, execution_id: str) -> None:
         """Drop an ended execution's sandbox (its workspace too): after grading, or in tests."""
-        box = self.ended.pop(execution_id, None)
-        if box is not None:
-            await box.release()
+        entry = self.ended.pop(execution_id, None)
+        if entry is not None:
+            await entry[0].release()
 
 
 def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
