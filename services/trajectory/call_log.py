@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.errors import InvalidArgument
 from services.trajectory.codec import pack_arrays, unpack_arrays
+from services.trajectory.layout import CallShape, ChainHead, call_shapes
 from services.trajectory.projection import StoredCall, fold_stored, place_record
 from services.trajectory.records import CallMeta, CallRecord
 from services.trajectory.tree import ExecutionTree
@@ -47,6 +48,7 @@ CALL_COLUMNS = (
     "started_at",
     "finished_at",
 )
+SHAPE_COLUMNS = ("execution_id", "seq", "chain_index", "prompt_attach", "output_attach")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -203,6 +205,7 @@ class CallLog:
         }
         before = {e: (len(t.calls), t.n) for e, t in trees.items()}
         rows: list[tuple[Any, ...]] = []
+        shapes: list[tuple[Any, ...]] = []
         for i in wanted:
             record = records[i]
             tree = trees[record.execution_id]
@@ -219,8 +222,14 @@ class CallLog:
                 rows.append(to_row(place_record(tree, record)))
             except InvalidArgument as exc:
                 result.rejected[i] = exc
+                continue
+            placed = tree.calls[-1]
+            shapes.append(
+                (tree.execution_id, placed.seq, placed.chain, placed.prompt_attach, placed.output_attach)
+            )
         if rows:
             await pg.copy_records_to_table("calls", schema_name=S, records=rows, columns=CALL_COLUMNS)
+            await pg.copy_records_to_table("tree_calls", schema_name=S, records=shapes, columns=SHAPE_COLUMNS)
         for execution_id, tree in trees.items():
             n_calls, n_tokens = before[execution_id]
             if len(tree.calls) == n_calls:
@@ -267,6 +276,13 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
         fold_stored(tree, row)
     await pg.execute(f"DELETE FROM {S}.trajectories WHERE execution_id = $1", execution_id)
     await upsert_trajectories(pg, tree, range(len(tree.chains)))
+    await pg.execute(f"DELETE FROM {S}.tree_calls WHERE execution_id = $1", execution_id)
+    await pg.copy_records_to_table(
+        "tree_calls",
+        schema_name=S,
+        records=[(execution_id, c.seq, c.chain, c.prompt_attach, c.output_attach) for c in call_shapes(tree)],
+        columns=SHAPE_COLUMNS,
+    )
     await pg.execute(
         f"INSERT INTO {S}.executions (execution_id, num_calls, num_unique_tokens, num_flat_tokens) "
         "VALUES ($1, $2, $3, $4) ON CONFLICT (execution_id) DO UPDATE SET num_calls = excluded.num_calls, "
@@ -277,3 +293,57 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
         tree.num_flat_tokens,
     )
     return tree
+
+
+async def load_chain_heads(pg: Any, execution_ids: Sequence[str]) -> dict[str, list[ChainHead]]:
+    """The trajectories projection of each execution, by chain index."""
+    heads: dict[str, list[ChainHead]] = {e: [] for e in execution_ids}
+    for r in await pg.fetch(
+        f"SELECT execution_id, chain_index, agent_role, agent_id, first_seq, last_seq FROM {S}.trajectories "
+        "WHERE execution_id = ANY($1) ORDER BY execution_id, chain_index",
+        list(execution_ids),
+    ):
+        heads[r["execution_id"]].append(
+            ChainHead(
+                index=r["chain_index"],
+                agent_role=r["agent_role"],
+                agent_id=r["agent_id"],
+                first_seq=r["first_seq"],
+                last_seq=r["last_seq"],
+            )
+        )
+    return heads
+
+
+async def load_call_shapes(pg: Any, execution_ids: Sequence[str]) -> dict[str, list[CallShape]]:
+    """The tree_calls projection of each execution in seq order, with each call's new-token counts."""
+    shapes: dict[str, list[CallShape]] = {e: [] for e in execution_ids}
+    for r in await pg.fetch(
+        f"SELECT t.execution_id, t.seq, t.chain_index, t.prompt_attach, t.output_attach, c.num_new_prompt, "
+        f"c.num_output - c.num_shared_output AS num_new_output FROM {S}.tree_calls t "
+        f"JOIN {S}.calls c USING (execution_id, seq) WHERE t.execution_id = ANY($1) "
+        "ORDER BY t.execution_id, t.seq",
+        list(execution_ids),
+    ):
+        shapes[r["execution_id"]].append(
+            CallShape(
+                seq=r["seq"],
+                num_new_prompt=r["num_new_prompt"],
+                num_new_output=r["num_new_output"],
+                prompt_attach=r["prompt_attach"],
+                output_attach=r["output_attach"],
+                chain=r["chain_index"],
+            )
+        )
+    return shapes
+
+
+async def load_calls(pg: Any, wanted: Sequence[tuple[str, int]]) -> list[StoredCall]:
+    """Log rows of the given (execution_id, seq) pairs, blobs decoded."""
+    rows = await pg.fetch(
+        f"SELECT {', '.join(CALL_COLUMNS)} FROM {S}.calls WHERE (execution_id, seq) IN "
+        "(SELECT * FROM unnest($1::text[], $2::int[]))",
+        [e for e, _ in wanted],
+        [s for _, s in wanted],
+    )
+    return [from_row(r) for r in rows]

@@ -1,4 +1,10 @@
-"""Load executions and replay them into samples; shared by StreamSamples and the CLI (shell)."""
+"""Load executions and replay them into samples; shared by StreamSamples and the CLI (shell).
+
+Replay reads projections, not a folded tree: the trajectories rows pick the chains, the
+tree_calls rows lay out the segments (layout.py), and only the calls owning a segment on a
+selected path have their token blobs read and decompressed. An execution whose tree_calls rows
+are missing (stored before that projection existed) is folded from the call log instead.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,33 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gyre.errors import Conflict, NotFound
 from gyre.ids import require_uuid
 from services.trajectory import repo
-from services.trajectory.call_log import CallLog, raw_connection
-from services.trajectory.tree import ExecutionTree
-from services.trajectory.weights import Outcome, Sample, group_advantages, replay_batch
+from services.trajectory.call_log import (
+    CallLog,
+    load_call_shapes,
+    load_calls,
+    load_chain_heads,
+    raw_connection,
+)
+from services.trajectory.layout import (
+    CallShape,
+    ChainHead,
+    TreeShape,
+    empty_buffers,
+    fill_call,
+    path_spans,
+    span_owners,
+    tree_shape,
+)
+from services.trajectory.tree import ExecutionTree, select_chains
+from services.trajectory.weights import (
+    ExecutionReplay,
+    Outcome,
+    Sample,
+    SelectedPath,
+    assemble_samples,
+    group_advantages,
+    tree_replay,
+)
 
 
 async def resolve_executions(
@@ -74,6 +104,66 @@ async def load_samples(
     ids = await resolve_executions(session, execution_ids, task_ids)
     if not ids:
         raise NotFound("no executions named: give execution_ids or task_ids")
-    trees = await load_trees(session, calls, ids)
+    replays = await load_replays(session, calls, ids, j_max=j_max, role_rank=role_rank)
     outcomes = await outcomes_for(session, ids, estimator)
-    return replay_batch(trees, j_max=j_max, role_rank=role_rank, outcomes=outcomes)
+    return assemble_samples(replays, outcomes=outcomes)
+
+
+async def load_replays(
+    session: AsyncSession,
+    calls: CallLog,
+    execution_ids: Sequence[str],
+    *,
+    j_max: int,
+    role_rank: Sequence[str],
+) -> list[ExecutionReplay]:
+    """Each execution's selected paths, with the tokens on them loaded (and nothing else)."""
+    pg = await raw_connection(session)
+    # Chains first: the shapes and blobs read after them cover at least every call they name.
+    heads = await load_chain_heads(pg, execution_ids)
+    missing = [e for e in execution_ids if not heads[e]]
+    if missing:
+        raise NotFound(f"no recorded calls for execution {', '.join(missing)}")
+    shapes = await load_call_shapes(pg, execution_ids)
+    plans: dict[str, tuple[TreeShape, list[ChainHead], list[SelectedPath]]] = {}
+    folded: dict[str, ExecutionReplay] = {}
+    for e in execution_ids:
+        if not _complete(shapes[e], heads[e]):
+            (tree,) = await load_trees(session, calls, [e])
+            folded[e] = tree_replay(tree, j_max=j_max, role_rank=role_rank)
+            continue
+        shape = tree_shape(shapes[e])
+        selected = select_chains(heads[e], j_max=j_max, role_rank=role_rank)
+        ends = [shape.call_end[c.last_seq] for c in selected]
+        paths = [
+            SelectedPath(chain_index=c.index, agent_role=c.agent_role, spans=path_spans(shape, end))
+            for c, end in zip(selected, ends, strict=True)
+        ]
+        plans[e] = (shape, selected, paths)
+    wanted = [
+        (e, seq)
+        for e, (shape, _, paths) in plans.items()
+        for seq in sorted(span_owners(shape, (span for p in paths for span in p.spans)))
+    ]
+    buffers = {e: empty_buffers(shape.n) for e, (shape, _, _) in plans.items()}
+    for stored in await load_calls(pg, wanted):
+        e = stored.execution_id
+        k = stored.num_shared_output
+        fill_call(
+            buffers[e],
+            plans[e][0],
+            shapes[e][stored.seq],
+            new_prompt_ids=stored.new_prompt_ids,
+            new_output_ids=stored.new_output_ids,
+            new_output_logprobs=stored.output_logprobs[k:],
+            new_output_versions=stored.output_versions[k:],
+        )
+    return [
+        folded[e] if e in folded else ExecutionReplay(execution_id=e, buffers=buffers[e], paths=plans[e][2])
+        for e in execution_ids
+    ]
+
+
+def _complete(shapes: Sequence[CallShape], heads: Sequence[ChainHead]) -> bool:
+    """Whether the tree_calls rows cover every call the chains name."""
+    return len(shapes) > max(h.last_seq for h in heads)
