@@ -42,7 +42,7 @@ def _unplanes(data: bytes, dtype: npt.DTypeLike, n: int) -> npt.NDArray[np.gener
     planes = np.frombuffer(data, dtype=np.uint8).reshape(dt.itemsize, n)
     out = np.empty(n * dt.itemsize, np.uint8)
     for i in range(dt.itemsize):
-        out[i::dt.itemsize] = planes[i]
+        out[i :: dt.itemsize] = planes[i]
     return out.view(dt.newbyteorder("<")).astype(dt, copy=False)
 
 
