@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.errors import InvalidArgument
 from services.trajectory.codec import pack_arrays, unpack_arrays
-from services.trajectory.layout import CallShape, ChainHead, call_shapes
+from services.trajectory.layout import CallShapes, ChainHead, call_shapes
 from services.trajectory.projection import StoredCall, fold_stored, place_record
 from services.trajectory.records import CallMeta, CallRecord
 from services.trajectory.tree import ExecutionTree
@@ -280,7 +280,7 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
     await pg.copy_records_to_table(
         "tree_calls",
         schema_name=S,
-        records=[(execution_id, c.seq, c.chain, c.prompt_attach, c.output_attach) for c in call_shapes(tree)],
+        records=shape_rows(execution_id, call_shapes(tree)),
         columns=SHAPE_COLUMNS,
     )
     await pg.execute(
@@ -293,6 +293,11 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
         tree.num_flat_tokens,
     )
     return tree
+
+
+def shape_rows(execution_id: str, shapes: CallShapes) -> list[tuple[Any, ...]]:
+    columns = (shapes.chain.tolist(), shapes.prompt_attach.tolist(), shapes.output_attach.tolist())
+    return [(execution_id, seq, *row) for seq, row in enumerate(zip(*columns, strict=True))]
 
 
 async def load_chain_heads(pg: Any, execution_ids: Sequence[str]) -> dict[str, list[ChainHead]]:
@@ -315,27 +320,38 @@ async def load_chain_heads(pg: Any, execution_ids: Sequence[str]) -> dict[str, l
     return heads
 
 
-async def load_call_shapes(pg: Any, execution_ids: Sequence[str]) -> dict[str, list[CallShape]]:
-    """The tree_calls projection of each execution in seq order, with each call's new-token counts."""
-    shapes: dict[str, list[CallShape]] = {e: [] for e in execution_ids}
-    for r in await pg.fetch(
-        f"SELECT t.execution_id, t.seq, t.chain_index, t.prompt_attach, t.output_attach, c.num_new_prompt, "
-        f"c.num_output - c.num_shared_output AS num_new_output FROM {S}.tree_calls t "
-        f"JOIN {S}.calls c USING (execution_id, seq) WHERE t.execution_id = ANY($1) "
-        "ORDER BY t.execution_id, t.seq",
+async def load_call_shapes(pg: Any, execution_ids: Sequence[str]) -> dict[str, CallShapes]:
+    """The tree_calls projection of each execution, with each call's new-token counts."""
+    rows = await pg.fetch(
+        "SELECT t.execution_id, array_agg(c.num_new_prompt ORDER BY t.seq) AS num_new_prompt, "
+        "array_agg(c.num_output - c.num_shared_output ORDER BY t.seq) AS num_new_output, "
+        "array_agg(t.prompt_attach ORDER BY t.seq) AS prompt_attach, "
+        "array_agg(t.output_attach ORDER BY t.seq) AS output_attach, "
+        "array_agg(t.chain_index ORDER BY t.seq) AS chain, "
+        "array_agg(t.seq ORDER BY t.seq) AS seqs "
+        f"FROM {S}.tree_calls t JOIN {S}.calls c USING (execution_id, seq) "
+        "WHERE t.execution_id = ANY($1) GROUP BY t.execution_id",
         list(execution_ids),
-    ):
-        shapes[r["execution_id"]].append(
-            CallShape(
-                seq=r["seq"],
-                num_new_prompt=r["num_new_prompt"],
-                num_new_output=r["num_new_output"],
-                prompt_attach=r["prompt_attach"],
-                output_attach=r["output_attach"],
-                chain=r["chain_index"],
-            )
+    )
+    shapes = {e: _shapes([], [], [], [], []) for e in execution_ids}
+    for r in rows:
+        # A gap in seq (a row missing) keeps only the rows before it: `covers` then decides.
+        seqs = np.asarray(r["seqs"], np.int64)
+        gap = np.flatnonzero(seqs != np.arange(len(seqs)))
+        k = int(gap[0]) if gap.size else len(seqs)
+        shapes[r["execution_id"]] = _shapes(
+            r["num_new_prompt"][:k],
+            r["num_new_output"][:k],
+            r["prompt_attach"][:k],
+            r["output_attach"][:k],
+            r["chain"][:k],
         )
     return shapes
+
+
+def _shapes(*columns: list[int]) -> CallShapes:
+    a, b, c, d, e = (np.asarray(col, np.int64) for col in columns)
+    return CallShapes(num_new_prompt=a, num_new_output=b, prompt_attach=c, output_attach=d, chain=e)
 
 
 async def load_calls(pg: Any, wanted: Sequence[tuple[str, int]]) -> list[StoredCall]:

@@ -23,21 +23,20 @@ from services.trajectory.call_log import (
     raw_connection,
 )
 from services.trajectory.layout import (
-    CallShape,
-    ChainHead,
+    SelectedPath,
     TreeShape,
+    calls_on_paths,
+    covers,
     empty_buffers,
     fill_call,
-    path_spans,
-    span_owners,
+    select_paths,
     tree_shape,
 )
-from services.trajectory.tree import ExecutionTree, select_chains
+from services.trajectory.tree import ExecutionTree
 from services.trajectory.weights import (
     ExecutionReplay,
     Outcome,
     Sample,
-    SelectedPath,
     assemble_samples,
     group_advantages,
     tree_replay,
@@ -125,45 +124,29 @@ async def load_replays(
     if missing:
         raise NotFound(f"no recorded calls for execution {', '.join(missing)}")
     shapes = await load_call_shapes(pg, execution_ids)
-    plans: dict[str, tuple[TreeShape, list[ChainHead], list[SelectedPath]]] = {}
+    plans: dict[str, tuple[TreeShape, list[SelectedPath]]] = {}
     folded: dict[str, ExecutionReplay] = {}
     for e in execution_ids:
-        if not _complete(shapes[e], heads[e]):
+        if not covers(shapes[e], heads[e]):
             (tree,) = await load_trees(session, calls, [e])
             folded[e] = tree_replay(tree, j_max=j_max, role_rank=role_rank)
             continue
         shape = tree_shape(shapes[e])
-        selected = select_chains(heads[e], j_max=j_max, role_rank=role_rank)
-        ends = [shape.call_end[c.last_seq] for c in selected]
-        paths = [
-            SelectedPath(chain_index=c.index, agent_role=c.agent_role, spans=path_spans(shape, end))
-            for c, end in zip(selected, ends, strict=True)
-        ]
-        plans[e] = (shape, selected, paths)
-    wanted = [
-        (e, seq)
-        for e, (shape, _, paths) in plans.items()
-        for seq in sorted(span_owners(shape, (span for p in paths for span in p.spans)))
-    ]
-    buffers = {e: empty_buffers(shape.n) for e, (shape, _, _) in plans.items()}
+        plans[e] = (shape, select_paths(shape, heads[e], j_max=j_max, role_rank=role_rank))
+    wanted = [(e, seq) for e, (shape, paths) in plans.items() for seq in calls_on_paths(shape, paths)]
+    buffers = {e: empty_buffers(shape.n) for e, (shape, _) in plans.items()}
     for stored in await load_calls(pg, wanted):
-        e = stored.execution_id
-        k = stored.num_shared_output
+        e, k = stored.execution_id, stored.num_shared_output
         fill_call(
             buffers[e],
             plans[e][0],
-            shapes[e][stored.seq],
+            stored.seq,
             new_prompt_ids=stored.new_prompt_ids,
             new_output_ids=stored.new_output_ids,
             new_output_logprobs=stored.output_logprobs[k:],
             new_output_versions=stored.output_versions[k:],
         )
     return [
-        folded[e] if e in folded else ExecutionReplay(execution_id=e, buffers=buffers[e], paths=plans[e][2])
+        folded[e] if e in folded else ExecutionReplay(execution_id=e, buffers=buffers[e], paths=plans[e][1])
         for e in execution_ids
     ]
-
-
-def _complete(shapes: Sequence[CallShape], heads: Sequence[ChainHead]) -> bool:
-    """Whether the tree_calls rows cover every call the chains name."""
-    return len(shapes) > max(h.last_seq for h in heads)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.trajectory.layout import Span, TokenBuffers
+from services.trajectory.layout import SelectedPath, Span, TokenBuffers
 from services.trajectory.records import Float32Array, Int32Array, Int64Array
 from services.trajectory.tree import ExecutionTree, select_chains
 
@@ -60,15 +60,6 @@ class Sample:
 
 def trajectory_id(execution_id: str, chain_index: int) -> str:
     return f"{execution_id}/{chain_index}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SelectedPath:
-    """A selected trajectory: its chain and its token path as buffer ranges, root first."""
-
-    chain_index: int
-    agent_role: str
-    spans: Sequence[Span]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
