@@ -102,10 +102,11 @@ async def run(num_executions: int, target_tokens: int) -> dict[str, object]:
                 )
             return time.perf_counter() - t0, samples
 
-        replay_s, sample_tokens = 0.0, 0
+        replay_s, sample_tokens, iteration_ms = 0.0, 0, []
         for _ in range(REPLAY_ITERATIONS):
             dt, samples = await replay(executions)
             replay_s += dt
+            iteration_ms.append(round(1000 * dt, 1))
             sample_tokens += sum(len(s.token_ids) for s in samples)
         one_s, one_tokens = 0.0, 0
         for e in executions:
@@ -126,7 +127,7 @@ async def run(num_executions: int, target_tokens: int) -> dict[str, object]:
             "ingest_tokens_per_s": round(new_tokens / ingest_s),
             "replay_tokens_per_s": round(sample_tokens / replay_s),
             "replay_batch_sample_tokens": batch_tokens,
-            "replay_batch_ms": round(1000 * replay_s / REPLAY_ITERATIONS, 1),
+            "replay_batch_ms": iteration_ms,
             "replay_one_execution_tokens_per_s": round(one_tokens / one_s),
             "grpc_encode_tokens_per_s": round(batch_tokens / encode_s),
             "stored_bytes_per_unique_token": round(sum(sizes.values()) / int(unique), 3),

@@ -152,8 +152,8 @@ async def test_ingest_stores_the_shape_rebuild_recomputes_it_and_replay_uses_it(
 
         async def stored_shape(pg: Any, e: str) -> list[tuple[object, ...]]:
             rows = await pg.fetch(
-                "SELECT execution_id, seq, chain_index, prompt_attach, output_attach "
-                "FROM trajectory.tree_calls WHERE execution_id = $1 ORDER BY seq",
+                "SELECT execution_id, seq, chain_index, num_new_prompt, num_new_output, prompt_attach, "
+                "output_attach FROM trajectory.tree_calls WHERE execution_id = $1 ORDER BY seq",
                 e,
             )
             return [tuple(r) for r in rows]

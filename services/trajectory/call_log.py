@@ -19,8 +19,8 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.errors import InvalidArgument
-from services.trajectory.codec import pack_arrays, unpack_arrays
-from services.trajectory.layout import CallShapes, ChainHead, call_shapes
+from services.trajectory.codec import Into, pack_arrays, unpack_arrays, unpack_into
+from services.trajectory.layout import CallShapes, ChainHead, TokenBuffers, TreeShape, call_shapes
 from services.trajectory.projection import StoredCall, fold_stored, place_record
 from services.trajectory.records import CallMeta, CallRecord
 from services.trajectory.tree import ExecutionTree
@@ -48,7 +48,15 @@ CALL_COLUMNS = (
     "started_at",
     "finished_at",
 )
-SHAPE_COLUMNS = ("execution_id", "seq", "chain_index", "prompt_attach", "output_attach")
+SHAPE_COLUMNS = (
+    "execution_id",
+    "seq",
+    "chain_index",
+    "num_new_prompt",
+    "num_new_output",
+    "prompt_attach",
+    "output_attach",
+)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -219,13 +227,22 @@ class CallLog:
                 )
                 continue
             try:
-                rows.append(to_row(place_record(tree, record)))
+                stored = place_record(tree, record)
             except InvalidArgument as exc:
                 result.rejected[i] = exc
                 continue
-            placed = tree.calls[-1]
+            rows.append(to_row(stored))
+            placed = tree.calls[stored.seq]
             shapes.append(
-                (tree.execution_id, placed.seq, placed.chain, placed.prompt_attach, placed.output_attach)
+                (
+                    tree.execution_id,
+                    placed.seq,
+                    placed.chain,
+                    len(stored.new_prompt_ids),
+                    len(stored.new_output_ids),
+                    placed.prompt_attach,
+                    placed.output_attach,
+                )
             )
         if rows:
             await pg.copy_records_to_table("calls", schema_name=S, records=rows, columns=CALL_COLUMNS)
@@ -296,7 +313,13 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
 
 
 def shape_rows(execution_id: str, shapes: CallShapes) -> list[tuple[Any, ...]]:
-    columns = (shapes.chain.tolist(), shapes.prompt_attach.tolist(), shapes.output_attach.tolist())
+    columns = (
+        shapes.chain.tolist(),
+        shapes.num_new_prompt.tolist(),
+        shapes.num_new_output.tolist(),
+        shapes.prompt_attach.tolist(),
+        shapes.output_attach.tolist(),
+    )
     return [(execution_id, seq, *row) for seq, row in enumerate(zip(*columns, strict=True))]
 
 
@@ -321,45 +344,67 @@ async def load_chain_heads(pg: Any, execution_ids: Sequence[str]) -> dict[str, l
 
 
 async def load_call_shapes(pg: Any, execution_ids: Sequence[str]) -> dict[str, CallShapes]:
-    """The tree_calls projection of each execution, with each call's new-token counts."""
+    """The tree_calls projection of each execution (empty when it has no rows)."""
     rows = await pg.fetch(
-        "SELECT t.execution_id, array_agg(c.num_new_prompt ORDER BY t.seq) AS num_new_prompt, "
-        "array_agg(c.num_output - c.num_shared_output ORDER BY t.seq) AS num_new_output, "
-        "array_agg(t.prompt_attach ORDER BY t.seq) AS prompt_attach, "
-        "array_agg(t.output_attach ORDER BY t.seq) AS output_attach, "
-        "array_agg(t.chain_index ORDER BY t.seq) AS chain, "
-        "array_agg(t.seq ORDER BY t.seq) AS seqs "
-        f"FROM {S}.tree_calls t JOIN {S}.calls c USING (execution_id, seq) "
-        "WHERE t.execution_id = ANY($1) GROUP BY t.execution_id",
+        f"SELECT {', '.join(SHAPE_COLUMNS)} FROM {S}.tree_calls WHERE execution_id = ANY($1) "
+        "ORDER BY execution_id, seq",
         list(execution_ids),
     )
-    shapes = {e: _shapes([], [], [], [], []) for e in execution_ids}
+    by_execution: dict[str, list[Any]] = {e: [] for e in execution_ids}
     for r in rows:
-        # A gap in seq (a row missing) keeps only the rows before it: `covers` then decides.
-        seqs = np.asarray(r["seqs"], np.int64)
-        gap = np.flatnonzero(seqs != np.arange(len(seqs)))
-        k = int(gap[0]) if gap.size else len(seqs)
-        shapes[r["execution_id"]] = _shapes(
-            r["num_new_prompt"][:k],
-            r["num_new_output"][:k],
-            r["prompt_attach"][:k],
-            r["output_attach"][:k],
-            r["chain"][:k],
-        )
-    return shapes
+        by_execution[r[0]].append(r)
+    return {e: _shapes(rs) for e, rs in by_execution.items()}
 
 
-def _shapes(*columns: list[int]) -> CallShapes:
-    a, b, c, d, e = (np.asarray(col, np.int64) for col in columns)
-    return CallShapes(num_new_prompt=a, num_new_output=b, prompt_attach=c, output_attach=d, chain=e)
-
-
-async def load_calls(pg: Any, wanted: Sequence[tuple[str, int]]) -> list[StoredCall]:
-    """Log rows of the given (execution_id, seq) pairs, blobs decoded."""
-    rows = await pg.fetch(
-        f"SELECT {', '.join(CALL_COLUMNS)} FROM {S}.calls WHERE (execution_id, seq) IN "
-        "(SELECT * FROM unnest($1::text[], $2::int[]))",
-        [e for e, _ in wanted],
-        [s for _, s in wanted],
+def _shapes(rows: Sequence[Any]) -> CallShapes:
+    table = np.array([tuple(r)[1:] for r in rows], np.int64).reshape(len(rows), len(SHAPE_COLUMNS) - 1)
+    seq, chain, new_prompt, new_output, prompt_attach, output_attach = table.T
+    # A gap in seq (rows missing) keeps only the rows before it; `covers` then decides.
+    gap = np.flatnonzero(seq != np.arange(len(seq)))
+    k = int(gap[0]) if gap.size else len(seq)
+    return CallShapes(
+        num_new_prompt=new_prompt[:k],
+        num_new_output=new_output[:k],
+        prompt_attach=prompt_attach[:k],
+        output_attach=output_attach[:k],
+        chain=chain[:k],
     )
-    return [from_row(r) for r in rows]
+
+
+async def load_payloads(pg: Any, wanted: Sequence[tuple[str, int]]) -> list[Any]:
+    """The log rows (counts and blob) of the given (execution_id, seq) pairs, for `fill_from_row`."""
+    return list(
+        await pg.fetch(
+            "SELECT execution_id, seq, num_new_prompt, num_output, num_shared_output, policy_version, "
+            f"uniform_versions, payload FROM {S}.calls WHERE (execution_id, seq) IN "
+            "(SELECT * FROM unnest($1::text[], $2::int[]))",
+            [e for e, _ in wanted],
+            [s for _, s in wanted],
+        )
+    )
+
+
+def fill_from_row(buffers: TokenBuffers, shape: TreeShape, r: Any) -> None:
+    """Decode a log row's new tokens straight into the buffer where `tree_shape` put them.
+
+    The same placement as `layout.fill_call` (as `fold_stored` appends), without temporaries.
+    """
+    seq, n_prompt, n_out, k = r["seq"], r["num_new_prompt"], r["num_output"], r["num_shared_output"]
+    if n_prompt != shape.num_new_prompt[seq] or n_out - k != shape.num_new_output[seq]:
+        raise ValueError(f"call {seq}: its log row disagrees with its tree_calls row")
+    start = shape.call_start[seq]
+    mid = start + n_prompt
+    stop = mid + n_out - k
+    layout: list[tuple[Any, int]] = [(np.int32, n_prompt), (np.int32, n_out - k), (np.float32, n_out)]
+    into: list[Into | None] = [
+        (buffers.tokens[start:mid], 0),
+        (buffers.tokens[mid:stop], 0),
+        (buffers.logprob[mid:stop], k),
+    ]
+    if r["uniform_versions"]:
+        buffers.version[mid:stop] = r["policy_version"]
+    else:
+        layout.append((np.int64, n_out))
+        into.append((buffers.version[mid:stop], k))
+    unpack_into(r["payload"], layout, into)
+    buffers.target[mid:stop] = True

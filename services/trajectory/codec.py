@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Sequence
 
@@ -71,3 +72,34 @@ def unpack_arrays(blob: bytes, layout: Sequence[tuple[npt.DTypeLike, int]]) -> l
     if offset != len(raw):
         raise ValueError(f"blob holds {len(raw)} bytes, layout expects {offset}")
     return out
+
+
+Into = tuple[npt.NDArray[np.generic], int]
+"""Where `unpack_into` writes one array: a contiguous destination, and how many leading elements to drop."""
+
+
+def unpack_into(
+    blob: bytes, layout: Sequence[tuple[npt.DTypeLike, int]], into: Sequence[Into | None]
+) -> None:
+    """`unpack_arrays`, writing each array's elements from `skip` on straight into `dest`.
+
+    Replay writes a call's tokens into the tree buffer this way: one pass over the planes
+    instead of a temporary array and a second copy. An entry whose `into` is None is skipped.
+    """
+    assert sys.byteorder == "little", "planes are little-endian and are written into native arrays"
+    raw = decompress(blob)
+    offset = 0
+    for (dtype, n), target in zip(layout, into, strict=True):
+        dt = np.dtype(dtype)
+        size = dt.itemsize * n
+        if target is not None:
+            dest, skip = target
+            if dest.dtype != dt or len(dest) != n - skip or not dest.flags.c_contiguous:
+                raise ValueError(f"destination {dest.dtype}[{len(dest)}] for {dt}[{n}] from {skip}")
+            planes = np.frombuffer(raw, np.uint8, size, offset).reshape(dt.itemsize, n)
+            out = dest.view(np.uint8)
+            for i in range(dt.itemsize):
+                out[i :: dt.itemsize] = planes[i, skip:]
+        offset += size
+    if offset != len(raw):
+        raise ValueError(f"blob holds {len(raw)} bytes, layout expects {offset}")

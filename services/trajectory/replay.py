@@ -17,9 +17,10 @@ from gyre.ids import require_uuid
 from services.trajectory import repo
 from services.trajectory.call_log import (
     CallLog,
+    fill_from_row,
     load_call_shapes,
-    load_calls,
     load_chain_heads,
+    load_payloads,
     raw_connection,
 )
 from services.trajectory.layout import (
@@ -28,7 +29,6 @@ from services.trajectory.layout import (
     calls_on_paths,
     covers,
     empty_buffers,
-    fill_call,
     select_paths,
     tree_shape,
 )
@@ -135,17 +135,9 @@ async def load_replays(
         plans[e] = (shape, select_paths(shape, heads[e], j_max=j_max, role_rank=role_rank))
     wanted = [(e, seq) for e, (shape, paths) in plans.items() for seq in calls_on_paths(shape, paths)]
     buffers = {e: empty_buffers(shape.n) for e, (shape, _) in plans.items()}
-    for stored in await load_calls(pg, wanted):
-        e, k = stored.execution_id, stored.num_shared_output
-        fill_call(
-            buffers[e],
-            plans[e][0],
-            stored.seq,
-            new_prompt_ids=stored.new_prompt_ids,
-            new_output_ids=stored.new_output_ids,
-            new_output_logprobs=stored.output_logprobs[k:],
-            new_output_versions=stored.output_versions[k:],
-        )
+    for row in await load_payloads(pg, wanted):
+        e = row["execution_id"]
+        fill_from_row(buffers[e], plans[e][0], row)
     return [
         folded[e] if e in folded else ExecutionReplay(execution_id=e, buffers=buffers[e], paths=plans[e][1])
         for e in execution_ids

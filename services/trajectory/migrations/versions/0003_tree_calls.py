@@ -23,6 +23,9 @@ def upgrade() -> None:
         sa.Column("execution_id", sa.Text, primary_key=True),
         sa.Column("seq", sa.Integer, primary_key=True),
         sa.Column("chain_index", sa.Integer, nullable=False),
+        # Copies of the call log's counts, so laying out the shape reads this table alone.
+        sa.Column("num_new_prompt", sa.Integer, nullable=False),
+        sa.Column("num_new_output", sa.Integer, nullable=False),
         sa.Column("prompt_attach", sa.BigInteger, nullable=False),
         sa.Column("output_attach", sa.BigInteger, nullable=False),
         schema=S,
