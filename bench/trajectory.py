@@ -12,11 +12,13 @@
   read and decompress the blobs of the calls on the selected paths, assemble the samples (ids,
   loss mask, weights, old logprobs, versions) and read rewards/advantages. REPLAY_ITERATIONS
   iterations; the figure is their total tokens over their total time. Protobuf encoding of the
-  samples is excluded (reported apart as grpc_encode_tokens_per_s).
-  replay_one_execution_tokens_per_s: the same, one execution per `load_samples` call.
+  samples is excluded (reported apart as grpc_encode_tokens_per_s). Postgres' own buffer cache
+  is as ingest left it (warm); the service keeps nothing. replay_batch_ms lists each iteration;
+  replay_one_execution_tokens_per_s is the same measure with one execution per call.
 - stored_bytes_per_unique_token: pg_total_relation_size (heap + TOAST + indexes) of the call log,
-  execution headers, trajectories projection and inbox rows, over unique tree tokens. The call
-  log holds token ids, the old log-probabilities and per-token policy versions of every call.
+  execution headers, trajectories and tree_calls projections and inbox rows, over unique tree
+  tokens. The call log holds token ids, the old log-probabilities and per-token policy versions
+  of every call.
 - flat_to_unique_token_ratio: sum over calls of prompt + output tokens, over unique tokens.
 """
 
