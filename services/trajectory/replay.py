@@ -8,7 +8,9 @@ are missing (stored before that projection existed) is folded from the call log 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -41,6 +43,8 @@ from services.trajectory.weights import (
     group_advantages,
     tree_replay,
 )
+
+DECODE_THREADS = 2
 
 
 async def resolve_executions(
@@ -135,9 +139,16 @@ async def load_replays(
         plans[e] = (shape, select_paths(shape, heads[e], j_max=j_max, role_rank=role_rank))
     wanted = [(e, seq) for e, (shape, paths) in plans.items() for seq in calls_on_paths(shape, paths)]
     buffers = {e: empty_buffers(shape.n) for e, (shape, _) in plans.items()}
-    for row in await load_payloads(pg, wanted):
-        e = row["execution_id"]
-        fill_from_row(buffers[e], plans[e][0], row)
+    rows = await load_payloads(pg, wanted)
+
+    def fill(part: Sequence[Any]) -> None:
+        for row in part:
+            e = row["execution_id"]
+            fill_from_row(buffers[e], plans[e][0], row)
+
+    # zstd and numpy's copies release the GIL, and each call writes its own buffer range: two
+    # threads decode in parallel where the machine has a core to spare.
+    await asyncio.gather(*(asyncio.to_thread(fill, rows[i::DECODE_THREADS]) for i in range(DECODE_THREADS)))
     return [
         folded[e] if e in folded else ExecutionReplay(execution_id=e, buffers=buffers[e], paths=plans[e][1])
         for e in execution_ids
