@@ -1,12 +1,16 @@
-"""`python -m services.evaluator`: health and reflection only until its API lands (issue 8)."""
+"""`python -m services.evaluator`."""
 
 import sys
 
-from gyre.launch import launch_unbuilt
+from gyre.launch import launch
+from services.evaluator.config import EvaluatorSettings
+from services.evaluator.main import build
 
 sys.exit(
-    launch_unbuilt(
+    launch(
         name="evaluator",
-        description="Gyre evaluator: grading of workspaces with partial credit.",
+        description="Gyre evaluator: grades workspaces in sandboxes; publishes RewardAssigned.",
+        settings_cls=EvaluatorSettings,
+        build=build,
     )
 )

@@ -1,12 +1,16 @@
-"""`python -m services.runner`: health and reflection only until its API lands (issue 8)."""
+"""`python -m services.runner`."""
 
 import sys
 
-from gyre.launch import launch_unbuilt
+from gyre.launch import launch
+from services.runner.config import RunnerSettings
+from services.runner.main import build
 
 sys.exit(
-    launch_unbuilt(
+    launch(
         name="runner",
-        description="Gyre runner: harness processes in sandboxed workspaces.",
+        description="Gyre runner: harness processes in sandboxed workspaces; consumes ExecutionScheduled.",
+        settings_cls=RunnerSettings,
+        build=build,
     )
 )

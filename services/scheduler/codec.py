@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from gyre.common.v1 import ids_pb2
+from gyre.scheduler.v1 import events_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedTask, TaskSpec, spec_from_record
 
@@ -39,3 +40,18 @@ def request_fingerprint(request: pb.SubmitTasksRequest) -> bytes:
     body.CopyFrom(request)
     body.request_id = ""
     return hashlib.sha256(body.SerializeToString(deterministic=True)).digest()
+
+
+def execution_scheduled(task: pb.Task, execution: ids_pb2.ExecutionRef) -> events_pb2.ExecutionScheduled:
+    """What the runner and the evaluator need to run and grade one execution of `task`."""
+    spec = task.spec
+    return events_pb2.ExecutionScheduled(
+        execution=execution,
+        task_name=spec.name,
+        family=spec.family,
+        prompt=spec.prompt,
+        harness=spec.harness,
+        workspace_template=spec.workspace_template,
+        timeout_s=spec.timeout_s,
+        labels=dict(spec.labels),
+    )

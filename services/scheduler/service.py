@@ -14,7 +14,7 @@ from gyre.ids import new_uuid7, require_uuid
 from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
-from services.scheduler.codec import request_fingerprint, spec_from_proto, task_to_proto
+from services.scheduler.codec import execution_scheduled, request_fingerprint, spec_from_proto, task_to_proto
 from services.scheduler.tasks import plan_tasks, validate_request_id, validate_specs
 
 log = structlog.get_logger(__name__)
@@ -52,6 +52,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 causation_id=request.request_id,
             )
             for task in response.tasks
+        ]
+        # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
+        events += [
+            new_event(
+                execution_scheduled(task, execution),
+                producer=PRODUCER,
+                correlation_id=task.task_id,
+                causation_id=request.request_id,
+            )
+            for task in response.tasks
+            for execution in task.executions
         ]
         async with self.sessions() as session, session.begin():
             claimed = await repo.claim_request(

@@ -165,6 +165,7 @@ class GradeWorkspaceRequest(_message.Message):
     WORKSPACE_URI_FIELD_NUMBER: _builtins.int
     PARTIAL_FIELD_NUMBER: _builtins.int
     PUBLISH_REWARD_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
     family: _builtins.str
@@ -177,6 +178,8 @@ class GradeWorkspaceRequest(_message.Message):
     """Publish the grade as `RewardAssigned`. An execution is rewarded once: publishing for an
     execution that already has a reward fails with FAILED_PRECONDITION. False grades without effect.
     """
+    task: _builtins.str
+    """Task definition the grader uses: a bundled task name or a task folder of the evaluator host."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution whose workspace it is."""
@@ -190,10 +193,11 @@ class GradeWorkspaceRequest(_message.Message):
         workspace_uri: _builtins.str = ...,
         partial: _builtins.bool = ...,
         publish_reward: _builtins.bool = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "partial", b"partial", "publish_reward", b"publish_reward", "request_id", b"request_id", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "partial", b"partial", "publish_reward", b"publish_reward", "request_id", b"request_id", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

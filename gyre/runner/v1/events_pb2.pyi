@@ -82,12 +82,18 @@ class ExecutionFinished(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     WORKSPACE_URI_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     exit_code: _builtins.int
     """Exit code of the harness process (a crash is a non-zero code, not a failure)."""
     workspace_uri: _builtins.str
     """Where the workspace lives."""
     duration_s: _builtins.float
     """Wall-clock time the harness ran, in seconds."""
+    family: _builtins.str
+    """Task family, for the evaluator to pick the grader."""
+    task: _builtins.str
+    """Task definition the grader uses; empty when none was given."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -99,10 +105,12 @@ class ExecutionFinished(_message.Message):
         exit_code: _builtins.int = ...,
         workspace_uri: _builtins.str = ...,
         duration_s: _builtins.float = ...,
+        family: _builtins.str = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "execution", b"execution", "exit_code", b"exit_code", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "execution", b"execution", "exit_code", b"exit_code", "family", b"family", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -119,10 +127,16 @@ class ExecutionTimedOut(_message.Message):
     EXECUTION_FIELD_NUMBER: _builtins.int
     WORKSPACE_URI_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     workspace_uri: _builtins.str
     """Where the preserved workspace lives."""
     timeout_s: _builtins.float
     """The limit that was exceeded, in seconds."""
+    family: _builtins.str
+    """Task family, for the evaluator to pick the grader."""
+    task: _builtins.str
+    """Task definition the grader uses; empty when none was given."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -133,10 +147,12 @@ class ExecutionTimedOut(_message.Message):
         execution: _ids_pb2.ExecutionRef | None = ...,
         workspace_uri: _builtins.str = ...,
         timeout_s: _builtins.float = ...,
+        family: _builtins.str = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "timeout_s", b"timeout_s", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "task", b"task", "timeout_s", b"timeout_s", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -153,8 +169,14 @@ class ExecutionFailed(_message.Message):
     EXECUTION_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     WORKSPACE_URI_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     workspace_uri: _builtins.str
     """Where the workspace lives, when one was created; empty otherwise."""
+    family: _builtins.str
+    """Task family, for the evaluator to pick the grader."""
+    task: _builtins.str
+    """Task definition the grader uses; empty when none was given."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -169,10 +191,12 @@ class ExecutionFailed(_message.Message):
         execution: _ids_pb2.ExecutionRef | None = ...,
         failure: _runner_pb2.ExecutionFailure | None = ...,
         workspace_uri: _builtins.str = ...,
+        family: _builtins.str = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "failure", b"failure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "failure", b"failure", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "failure", b"failure", "family", b"family", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -188,12 +212,18 @@ class ExecutionCancelled(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     WORKSPACE_URI_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why it was cancelled, as given to CancelExecution."""
     workspace_uri: _builtins.str
     """Where the workspace lives."""
     request_id: _builtins.str
     """`request_id` of the CancelExecution call."""
+    family: _builtins.str
+    """Task family, for the evaluator to pick the grader."""
+    task: _builtins.str
+    """Task definition the grader uses; empty when none was given."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -205,10 +235,12 @@ class ExecutionCancelled(_message.Message):
         reason: _builtins.str = ...,
         workspace_uri: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        family: _builtins.str = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "reason", b"reason", "request_id", b"request_id", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "reason", b"reason", "request_id", b"request_id", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

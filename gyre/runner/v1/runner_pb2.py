@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgyre/runner/v1/runner.proto\x12\x0egyre.runner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"V\n\x10\x45xecutionFailure\x12\x32\n\x04kind\x18\x01 \x01(\x0e\x32$.gyre.runner.v1.ExecutionFailureKind\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xf8\x02\n\tExecution\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0f\n\x07harness\x18\x02 \x01(\t\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.gyre.runner.v1.ExecutionState\x12\x15\n\rworkspace_uri\x18\x04 \x01(\t\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\texit_code\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x31\n\x07\x66\x61ilure\x18\t \x01(\x0b\x32 .gyre.runner.v1.ExecutionFailureB\x0c\n\n_exit_code\"\xab\x02\n\x15StartExecutionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\texecution\x18\x02 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0f\n\x07harness\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x1a\n\x12workspace_template\x18\x05 \x01(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12J\n\x0bharness_env\x18\x07 \x03(\x0b\x32\x35.gyre.runner.v1.StartExecutionRequest.HarnessEnvEntry\x1a\x31\n\x0fHarnessEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x16StartExecutionResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.gyre.runner.v1.Execution\"R\n\x16\x43\x61ncelExecutionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"G\n\x17\x43\x61ncelExecutionResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.gyre.runner.v1.Execution\"+\n\x13GetExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"D\n\x14GetExecutionResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.gyre.runner.v1.Execution*\xe4\x01\n\x0e\x45xecutionState\x12\x1f\n\x1b\x45XECUTION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45XECUTION_STATE_STARTING\x10\x01\x12\x1b\n\x17\x45XECUTION_STATE_RUNNING\x10\x02\x12\x1c\n\x18\x45XECUTION_STATE_FINISHED\x10\x03\x12\x1d\n\x19\x45XECUTION_STATE_TIMED_OUT\x10\x04\x12\x1a\n\x16\x45XECUTION_STATE_FAILED\x10\x05\x12\x1d\n\x19\x45XECUTION_STATE_CANCELLED\x10\x06*\xfd\x01\n\x14\x45xecutionFailureKind\x12&\n\"EXECUTION_FAILURE_KIND_UNSPECIFIED\x10\x00\x12$\n EXECUTION_FAILURE_KIND_WORKSPACE\x10\x01\x12\"\n\x1e\x45XECUTION_FAILURE_KIND_SANDBOX\x10\x02\x12)\n%EXECUTION_FAILURE_KIND_HARNESS_LAUNCH\x10\x03\x12 \n\x1c\x45XECUTION_FAILURE_KIND_PROXY\x10\x04\x12&\n\"EXECUTION_FAILURE_KIND_RUNNER_LOST\x10\x05\x32\xaf\x02\n\rRunnerService\x12_\n\x0eStartExecution\x12%.gyre.runner.v1.StartExecutionRequest\x1a&.gyre.runner.v1.StartExecutionResponse\x12\x62\n\x0f\x43\x61ncelExecution\x12&.gyre.runner.v1.CancelExecutionRequest\x1a\'.gyre.runner.v1.CancelExecutionResponse\x12Y\n\x0cGetExecution\x12#.gyre.runner.v1.GetExecutionRequest\x1a$.gyre.runner.v1.GetExecutionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgyre/runner/v1/runner.proto\x12\x0egyre.runner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"V\n\x10\x45xecutionFailure\x12\x32\n\x04kind\x18\x01 \x01(\x0e\x32$.gyre.runner.v1.ExecutionFailureKind\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x96\x03\n\tExecution\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0f\n\x07harness\x18\x02 \x01(\t\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.gyre.runner.v1.ExecutionState\x12\x15\n\rworkspace_uri\x18\x04 \x01(\t\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\texit_code\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x31\n\x07\x66\x61ilure\x18\t \x01(\x0b\x32 .gyre.runner.v1.ExecutionFailure\x12\x0e\n\x06\x66\x61mily\x18\n \x01(\t\x12\x0c\n\x04task\x18\x0b \x01(\tB\x0c\n\n_exit_code\"\xc9\x02\n\x15StartExecutionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\texecution\x18\x02 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0f\n\x07harness\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x1a\n\x12workspace_template\x18\x05 \x01(\t\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12J\n\x0bharness_env\x18\x07 \x03(\x0b\x32\x35.gyre.runner.v1.StartExecutionRequest.HarnessEnvEntry\x12\x0e\n\x06\x66\x61mily\x18\x08 \x01(\t\x12\x0c\n\x04task\x18\t \x01(\t\x1a\x31\n\x0fHarnessEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x16StartExecutionResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.gyre.runner.v1.Execution\"R\n\x16\x43\x61ncelExecutionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"G\n\x17\x43\x61ncelExecutionResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.gyre.runner.v1.Execution\"+\n\x13GetExecutionRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\"D\n\x14GetExecutionResponse\x12,\n\texecution\x18\x01 \x01(\x0b\x32\x19.gyre.runner.v1.Execution*\xe4\x01\n\x0e\x45xecutionState\x12\x1f\n\x1b\x45XECUTION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45XECUTION_STATE_STARTING\x10\x01\x12\x1b\n\x17\x45XECUTION_STATE_RUNNING\x10\x02\x12\x1c\n\x18\x45XECUTION_STATE_FINISHED\x10\x03\x12\x1d\n\x19\x45XECUTION_STATE_TIMED_OUT\x10\x04\x12\x1a\n\x16\x45XECUTION_STATE_FAILED\x10\x05\x12\x1d\n\x19\x45XECUTION_STATE_CANCELLED\x10\x06*\xfd\x01\n\x14\x45xecutionFailureKind\x12&\n\"EXECUTION_FAILURE_KIND_UNSPECIFIED\x10\x00\x12$\n EXECUTION_FAILURE_KIND_WORKSPACE\x10\x01\x12\"\n\x1e\x45XECUTION_FAILURE_KIND_SANDBOX\x10\x02\x12)\n%EXECUTION_FAILURE_KIND_HARNESS_LAUNCH\x10\x03\x12 \n\x1c\x45XECUTION_FAILURE_KIND_PROXY\x10\x04\x12&\n\"EXECUTION_FAILURE_KIND_RUNNER_LOST\x10\x05\x32\xaf\x02\n\rRunnerService\x12_\n\x0eStartExecution\x12%.gyre.runner.v1.StartExecutionRequest\x1a&.gyre.runner.v1.StartExecutionResponse\x12\x62\n\x0f\x43\x61ncelExecution\x12&.gyre.runner.v1.CancelExecutionRequest\x1a\'.gyre.runner.v1.CancelExecutionResponse\x12Y\n\x0cGetExecution\x12#.gyre.runner.v1.GetExecutionRequest\x1a$.gyre.runner.v1.GetExecutionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STARTEXECUTIONREQUEST_HARNESSENVENTRY']._loaded_options = None
   _globals['_STARTEXECUTIONREQUEST_HARNESSENVENTRY']._serialized_options = b'8\001'
-  _globals['_EXECUTIONSTATE']._serialized_start=1220
-  _globals['_EXECUTIONSTATE']._serialized_end=1448
-  _globals['_EXECUTIONFAILUREKIND']._serialized_start=1451
-  _globals['_EXECUTIONFAILUREKIND']._serialized_end=1704
+  _globals['_EXECUTIONSTATE']._serialized_start=1280
+  _globals['_EXECUTIONSTATE']._serialized_end=1508
+  _globals['_EXECUTIONFAILUREKIND']._serialized_start=1511
+  _globals['_EXECUTIONFAILUREKIND']._serialized_end=1764
   _globals['_EXECUTIONFAILURE']._serialized_start=106
   _globals['_EXECUTIONFAILURE']._serialized_end=192
   _globals['_EXECUTION']._serialized_start=195
-  _globals['_EXECUTION']._serialized_end=571
-  _globals['_STARTEXECUTIONREQUEST']._serialized_start=574
-  _globals['_STARTEXECUTIONREQUEST']._serialized_end=873
-  _globals['_STARTEXECUTIONREQUEST_HARNESSENVENTRY']._serialized_start=824
-  _globals['_STARTEXECUTIONREQUEST_HARNESSENVENTRY']._serialized_end=873
-  _globals['_STARTEXECUTIONRESPONSE']._serialized_start=875
-  _globals['_STARTEXECUTIONRESPONSE']._serialized_end=945
-  _globals['_CANCELEXECUTIONREQUEST']._serialized_start=947
-  _globals['_CANCELEXECUTIONREQUEST']._serialized_end=1029
-  _globals['_CANCELEXECUTIONRESPONSE']._serialized_start=1031
-  _globals['_CANCELEXECUTIONRESPONSE']._serialized_end=1102
-  _globals['_GETEXECUTIONREQUEST']._serialized_start=1104
-  _globals['_GETEXECUTIONREQUEST']._serialized_end=1147
-  _globals['_GETEXECUTIONRESPONSE']._serialized_start=1149
-  _globals['_GETEXECUTIONRESPONSE']._serialized_end=1217
-  _globals['_RUNNERSERVICE']._serialized_start=1707
-  _globals['_RUNNERSERVICE']._serialized_end=2010
+  _globals['_EXECUTION']._serialized_end=601
+  _globals['_STARTEXECUTIONREQUEST']._serialized_start=604
+  _globals['_STARTEXECUTIONREQUEST']._serialized_end=933
+  _globals['_STARTEXECUTIONREQUEST_HARNESSENVENTRY']._serialized_start=884
+  _globals['_STARTEXECUTIONREQUEST_HARNESSENVENTRY']._serialized_end=933
+  _globals['_STARTEXECUTIONRESPONSE']._serialized_start=935
+  _globals['_STARTEXECUTIONRESPONSE']._serialized_end=1005
+  _globals['_CANCELEXECUTIONREQUEST']._serialized_start=1007
+  _globals['_CANCELEXECUTIONREQUEST']._serialized_end=1089
+  _globals['_CANCELEXECUTIONRESPONSE']._serialized_start=1091
+  _globals['_CANCELEXECUTIONRESPONSE']._serialized_end=1162
+  _globals['_GETEXECUTIONREQUEST']._serialized_start=1164
+  _globals['_GETEXECUTIONREQUEST']._serialized_end=1207
+  _globals['_GETEXECUTIONRESPONSE']._serialized_start=1209
+  _globals['_GETEXECUTIONRESPONSE']._serialized_end=1277
+  _globals['_RUNNERSERVICE']._serialized_start=1767
+  _globals['_RUNNERSERVICE']._serialized_end=2070
 # @@protoc_insertion_point(module_scope)

@@ -140,6 +140,8 @@ class Execution(_message.Message):
     ENDED_AT_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     harness: _builtins.str
     """Harness adapter that runs it, e.g. `gyre-agent`."""
     state: Global___ExecutionState.ValueType
@@ -148,6 +150,10 @@ class Execution(_message.Message):
     """Where the workspace lives, e.g. `file:///var/lib/gyre/workspaces/<execution_id>`; kept after the end."""
     exit_code: _builtins.int
     """Exit code of the harness; set only when finished."""
+    family: _builtins.str
+    """Task family, copied to the end events so the evaluator can pick the grader."""
+    task: _builtins.str
+    """Task definition the grader uses (a bundled task name or a task folder); empty when none."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution and its place in the group."""
@@ -180,10 +186,12 @@ class Execution(_message.Message):
         ended_at: _timestamp_pb2.Timestamp | None = ...,
         exit_code: _builtins.int | None = ...,
         failure: Global___ExecutionFailure | None = ...,
+        family: _builtins.str = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "deadline", b"deadline", "ended_at", b"ended_at", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "deadline", b"deadline", "ended_at", b"ended_at", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "harness", b"harness", "started_at", b"started_at", "state", b"state", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "deadline", b"deadline", "ended_at", b"ended_at", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "family", b"family", "harness", b"harness", "started_at", b"started_at", "state", b"state", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -224,6 +232,8 @@ class StartExecutionRequest(_message.Message):
     WORKSPACE_TEMPLATE_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     HARNESS_ENV_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
     harness: _builtins.str
@@ -231,9 +241,18 @@ class StartExecutionRequest(_message.Message):
     prompt: _builtins.str
     """Instruction handed to the harness, 1 byte .. 1 MiB of UTF-8."""
     workspace_template: _builtins.str
-    """Where the workspace comes from: a folder path, a git URL or an archive; empty for an empty folder."""
+    """Where the workspace comes from: a folder path, a git URL (`git+<url>` or ending in `.git`), an
+    archive (`.tar`, `.tar.gz`, `.tgz`, `.zip`), `task:<name>` (a bundled task's workspace), or
+    empty for an empty folder.
+    """
     timeout_s: _builtins.float
     """Wall-clock limit of the harness in seconds, > 0; counted from the process start."""
+    family: _builtins.str
+    """Task family (picks the grader), 1..64 of [a-z0-9_]; copied to the end events."""
+    task: _builtins.str
+    """Task definition for the grader, e.g. a bundled task name; empty when the workspace template
+    is `task:<name>` (then it is that name) or when nothing will be graded.
+    """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution to run; its id must not have been started before."""
@@ -254,10 +273,12 @@ class StartExecutionRequest(_message.Message):
         workspace_template: _builtins.str = ...,
         timeout_s: _builtins.float = ...,
         harness_env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        family: _builtins.str = ...,
+        task: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "harness", b"harness", "harness_env", b"harness_env", "prompt", b"prompt", "request_id", b"request_id", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "harness", b"harness", "harness_env", b"harness_env", "prompt", b"prompt", "request_id", b"request_id", "task", b"task", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

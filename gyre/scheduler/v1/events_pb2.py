@@ -22,16 +22,23 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 from gyre.scheduler.v1 import scheduler_pb2 as gyre_dot_scheduler_dot_v1_dot_scheduler__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egyre/scheduler/v1/events.proto\x12\x11gyre.scheduler.v1\x1a!gyre/scheduler/v1/scheduler.proto\"J\n\rTaskSubmitted\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Task\x12\x12\n\nrequest_id\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egyre/scheduler/v1/events.proto\x12\x11gyre.scheduler.v1\x1a\x18gyre/common/v1/ids.proto\x1a!gyre/scheduler/v1/scheduler.proto\"J\n\rTaskSubmitted\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Task\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xaa\x02\n\x12\x45xecutionScheduled\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x11\n\ttask_name\x18\x02 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x0f\n\x07harness\x18\x05 \x01(\t\x12\x1a\n\x12workspace_template\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x41\n\x06labels\x18\x08 \x03(\x0b\x32\x31.gyre.scheduler.v1.ExecutionScheduled.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.scheduler.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKSUBMITTED']._serialized_start=88
-  _globals['_TASKSUBMITTED']._serialized_end=162
+  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._loaded_options = None
+  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_TASKSUBMITTED']._serialized_start=114
+  _globals['_TASKSUBMITTED']._serialized_end=188
+  _globals['_EXECUTIONSCHEDULED']._serialized_start=191
+  _globals['_EXECUTIONSCHEDULED']._serialized_end=489
+  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_start=444
+  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_end=489
 # @@protoc_insertion_point(module_scope)

@@ -3,8 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
+from gyre.common.v1 import ids_pb2 as _ids_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as _scheduler_pb2
 import builtins as _builtins
 import sys
@@ -47,3 +50,80 @@ class TaskSubmitted(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskSubmitted: _TypeAlias = TaskSubmitted  # noqa: Y015
+
+@_typing.final
+class ExecutionScheduled(_message.Message):
+    """ExecutionScheduled: one execution of a task should run now. Carries everything the runner
+    (to launch the harness) and the evaluator (to pick the grader) need, so neither reads the
+    scheduler's tables. Enqueued with TaskSubmitted in the same transaction, one per execution.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    EXECUTION_FIELD_NUMBER: _builtins.int
+    TASK_NAME_FIELD_NUMBER: _builtins.int
+    FAMILY_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    HARNESS_FIELD_NUMBER: _builtins.int
+    WORKSPACE_TEMPLATE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    task_name: _builtins.str
+    """Task name, for people."""
+    family: _builtins.str
+    """Task family, which picks the grader, e.g. `repo_generation`."""
+    prompt: _builtins.str
+    """Instruction handed to the harness."""
+    harness: _builtins.str
+    """Harness adapter, e.g. `gyre-agent`, `claude-code`, `mini-swe-agent`."""
+    workspace_template: _builtins.str
+    """Where the workspace comes from (a folder, a git repository, an archive, a bundled task)."""
+    timeout_s: _builtins.float
+    """Wall-clock limit of the harness in seconds."""
+    @_builtins.property
+    def execution(self) -> _ids_pb2.ExecutionRef:
+        """The execution and its place in the group (its task id included)."""
+
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The task's labels, copied."""
+
+    def __init__(
+        self,
+        *,
+        execution: _ids_pb2.ExecutionRef | None = ...,
+        task_name: _builtins.str = ...,
+        family: _builtins.str = ...,
+        prompt: _builtins.str = ...,
+        harness: _builtins.str = ...,
+        workspace_template: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "harness", b"harness", "labels", b"labels", "prompt", b"prompt", "task_name", b"task_name", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecutionScheduled: _TypeAlias = ExecutionScheduled  # noqa: Y015

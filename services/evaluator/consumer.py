@@ -1,0 +1,121 @@
+"""Runner end events become rewards: grade (or record not assessable), then publish (shell)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.consume import ConsumerSpec
+from gyre.db.inbox import claim_event
+from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.evaluator.v1 import evaluator_pb2, events_pb2
+from gyre.events import DecodedEvent, new_event
+from gyre.ids import require_uuid
+from gyre.runner.v1 import events_pb2 as runner_events
+from services.evaluator import repo
+from services.evaluator.config import EvaluatorSettings
+from services.evaluator.grading import Grader
+from services.evaluator.rewards import grade_execution, grade_message
+from services.evaluator.scoring import not_assessable
+
+log = structlog.get_logger(__name__)
+RUNNER_CONSUMER = "evaluator-runner"
+PRODUCER = "evaluator"
+
+
+class RunnerEvents:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        relay: OutboxRelay,
+        grader: Grader,
+        settings: EvaluatorSettings,
+    ):
+        self.sessions = sessions
+        self.relay = relay
+        self.grader = grader
+        self.settings = settings
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=RUNNER_CONSUMER,
+            producer="runner",
+            handlers={
+                runner_events.ExecutionFinished: self.on_ended,
+                runner_events.ExecutionTimedOut: self.on_ended,
+                runner_events.ExecutionFailed: self.on_ended,
+                runner_events.ExecutionCancelled: self.on_ended,
+            },
+            ack_wait_s=900.0,  # grading runs under the handler: a test suite may take minutes
+            batch=1,
+        )
+
+    async def on_ended(self, event: DecodedEvent) -> None:
+        p: Any = event.payload
+        execution_id = require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
+        task_id = p.execution.task_id
+        if isinstance(p, (runner_events.ExecutionFinished, runner_events.ExecutionTimedOut)):
+            grade = await grade_execution(
+                self.grader,
+                tasks_dir=self.settings.tasks_dir,
+                execution_id=execution_id,
+                task_id=task_id,
+                family=p.family,
+                task=p.task,
+                workspace_uri=p.workspace_uri,
+                partial=isinstance(p, runner_events.ExecutionTimedOut),
+            )
+        else:
+            why = (
+                f"the execution failed ({p.failure.reason})"
+                if isinstance(p, runner_events.ExecutionFailed)
+                else f"the execution was cancelled ({p.reason})"
+            )
+            grade = grade_message(
+                execution_id=execution_id,
+                task_id=task_id,
+                scored=not_assessable(why),
+                partial=False,
+                grader=f"{p.family or 'unknown'}@0",
+                duration_s=0.0,
+            )
+        await publish_reward(
+            self.sessions, grade, request_id="", causation_id=event.event_id, inbox_event=event.event_id
+        )
+        self.relay.poke()
+        log.info("reward_assigned", execution_id=execution_id, score=grade.score, assessable=grade.assessable)
+
+
+async def publish_reward(
+    sessions: async_sessionmaker[AsyncSession],
+    grade: evaluator_pb2.Grade,
+    *,
+    request_id: str,
+    causation_id: str,
+    inbox_event: str = "",
+) -> bool:
+    """Store the reward and enqueue RewardAssigned in one transaction; False if it was rewarded before."""
+    envelope = new_event(
+        events_pb2.RewardAssigned(grade=grade, request_id=request_id),
+        producer=PRODUCER,
+        correlation_id=grade.task_id,
+        causation_id=causation_id,
+    )
+    async with sessions() as session, session.begin():
+        if inbox_event and not await claim_event(
+            session, repo.processed_messages, consumer=RUNNER_CONSUMER, event_id=inbox_event
+        ):
+            return False
+        inserted = await repo.insert_reward(
+            session,
+            execution_id=grade.execution_id,
+            task_id=grade.task_id,
+            score=grade.score,
+            assessable=grade.assessable,
+            grade=grade.SerializeToString(),
+        )
+        if inserted:
+            await enqueue(session, repo.outbox, envelope)
+    return inserted

@@ -1,0 +1,88 @@
+"""Grade a workspace for an execution and build its Grade message (shell around the pure scorer)."""
+
+from __future__ import annotations
+
+import urllib.parse
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gyre.errors import InvalidArgument
+from gyre.evaluator.v1 import evaluator_pb2 as pb
+from services.evaluator.grading import Graded, Grader
+from services.evaluator.scoring import ERRORED, FAILED, PASSED, SKIPPED, Scored, not_assessable
+from services.evaluator.taskset import load_task
+
+OUTCOMES = {
+    PASSED: pb.CHECK_OUTCOME_PASSED,
+    FAILED: pb.CHECK_OUTCOME_FAILED,
+    ERRORED: pb.CHECK_OUTCOME_ERRORED,
+    SKIPPED: pb.CHECK_OUTCOME_SKIPPED,
+}
+
+
+def workspace_path(uri: str) -> Path:
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme != "file" or not parts.path:
+        raise InvalidArgument("workspace_uri", f"must be a file:// URI of a folder, got {uri!r}")
+    return Path(urllib.parse.unquote(parts.path))
+
+
+def grade_message(
+    *, execution_id: str, task_id: str, scored: Scored, partial: bool, grader: str, duration_s: float
+) -> pb.Grade:
+    grade = pb.Grade(
+        execution_id=execution_id,
+        task_id=task_id,
+        score=scored.score,
+        assessable=scored.assessable,
+        unassessable_reason=scored.reason[:4096],
+        partial=partial,
+        grader=grader,
+        duration_s=duration_s,
+        checks=[
+            pb.CheckResult(
+                name=c.name,
+                outcome=OUTCOMES[c.outcome],
+                weight=c.weight,
+                score=c.score,
+                detail=c.detail[:4096],
+            )
+            for c in scored.checks
+        ],
+    )
+    grade.graded_at.FromDatetime(datetime.now(UTC))
+    return grade
+
+
+async def grade_execution(
+    grader: Grader,
+    *,
+    tasks_dir: Path,
+    execution_id: str,
+    task_id: str,
+    family: str,
+    task: str,
+    workspace_uri: str,
+    partial: bool,
+) -> pb.Grade:
+    """Grade, turning a missing task definition into `not assessable` with the reason."""
+    try:
+        definition = load_task(task, bundled=tasks_dir)
+        if family and definition.family != family:
+            raise InvalidArgument("family", f"task {definition.name!r} is {definition.family}, not {family}")
+        graded = await grader.grade(definition, workspace_path(workspace_uri))
+    except InvalidArgument as exc:
+        graded = Graded(
+            scored=not_assessable(f"cannot grade: {exc}"),
+            grader=f"{family or 'unknown'}@0",
+            duration_s=0.0,
+            attempts=0,
+        )
+    return grade_message(
+        execution_id=execution_id,
+        task_id=task_id,
+        scored=graded.scored,
+        partial=partial,
+        grader=graded.grader,
+        duration_s=graded.duration_s,
+    )

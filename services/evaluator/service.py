@@ -1,0 +1,81 @@
+"""EvaluatorService gRPC methods (shell: validate -> grade in a sandbox -> maybe publish -> answer)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.db.outbox import OutboxRelay
+from gyre.errors import Conflict, InvalidArgument
+from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
+from gyre.ids import require_uuid
+from gyre.rpc import Context
+from services.evaluator import repo
+from services.evaluator.config import EvaluatorSettings
+from services.evaluator.consumer import publish_reward
+from services.evaluator.grading import Grader
+from services.evaluator.rewards import grade_execution, workspace_path
+from services.evaluator.taskset import load_task
+
+REQUEST_ID_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+
+
+class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        relay: OutboxRelay,
+        grader: Grader,
+        settings: EvaluatorSettings,
+    ):
+        self.sessions = sessions
+        self.relay = relay
+        self.grader = grader
+        self.settings = settings
+
+    async def GradeWorkspace(
+        self, request: evaluator_pb2.GradeWorkspaceRequest, context: Context
+    ) -> evaluator_pb2.GradeWorkspaceResponse:
+        rid = request.request_id
+        if not (1 <= len(rid) <= 128 and set(rid) <= REQUEST_ID_CHARS):
+            raise InvalidArgument("request_id", "is required: 1..128 characters of [A-Za-z0-9_.:-]")
+        require_uuid("execution.execution_id", request.execution.execution_id, what="an execution")
+        body = evaluator_pb2.GradeWorkspaceRequest()
+        body.CopyFrom(request)
+        body.request_id = ""
+        digest = hashlib.sha256(body.SerializeToString(deterministic=True)).digest()
+        async with self.sessions() as session:
+            first = await repo.load_request(session, rid)
+        if first is not None:
+            if first[0] != digest:
+                raise Conflict(f"request_id {rid!r} was already used for a different request")
+            return evaluator_pb2.GradeWorkspaceResponse.FromString(first[1])
+        task = load_task(request.task, bundled=self.settings.tasks_dir)  # bad input is an error here
+        if request.family and task.family != request.family:
+            raise InvalidArgument("family", f"task {task.name!r} is {task.family}, not {request.family}")
+        path = workspace_path(request.workspace_uri)
+        if not path.is_dir():
+            raise InvalidArgument("workspace_uri", f"{str(path)!r} is not a folder")
+        grade = await grade_execution(
+            self.grader,
+            tasks_dir=self.settings.tasks_dir,
+            execution_id=request.execution.execution_id,
+            task_id=request.execution.task_id,
+            family=request.family,
+            task=request.task,
+            workspace_uri=request.workspace_uri,
+            partial=request.partial,
+        )
+        published = False
+        if request.publish_reward:
+            published = await publish_reward(self.sessions, grade, request_id=rid, causation_id=rid)
+            if not published:
+                raise Conflict(f"execution {grade.execution_id} already has a reward")
+            self.relay.poke()
+        response = evaluator_pb2.GradeWorkspaceResponse(grade=grade, reward_published=published)
+        async with self.sessions() as session, session.begin():
+            await repo.claim_request(
+                session, request_id=rid, fingerprint=digest, response=response.SerializeToString()
+            )
+        return response

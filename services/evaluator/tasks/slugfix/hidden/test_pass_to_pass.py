@@ -1,0 +1,9 @@
+from slug import slugify
+
+
+def test_simple() -> None:
+    assert slugify("Hello World") == "hello-world"
+
+
+def test_digits() -> None:
+    assert slugify("Top 10") == "top-10"

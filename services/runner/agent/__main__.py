@@ -1,0 +1,51 @@
+"""`python -m services.runner.agent`: run the built-in agent on the task in $GYRE_PROMPT_FILE (shell).
+
+Environment: OPENAI_BASE_URL, OPENAI_API_KEY (set by the runner: the proxy and the execution
+token), GYRE_AGENT_MODEL, GYRE_AGENT_MAX_TURNS, GYRE_AGENT_CONTEXT_TOKENS, GYRE_AGENT_MAX_TOKENS,
+GYRE_AGENT_MAX_DEPTH. Exit code 0 when the agent finished, 3 when the model endpoint failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from services.runner.agent.client import ChatClient, ModelError
+from services.runner.agent.context import Budget
+from services.runner.agent.loop import AgentRun, report
+from services.runner.agent.tools import Workspace
+
+
+def main() -> int:
+    env = os.environ
+    try:
+        task = Path(env["GYRE_PROMPT_FILE"]).read_text()
+        client = ChatClient(
+            base_url=env["OPENAI_BASE_URL"],
+            api_key=env["OPENAI_API_KEY"],
+            model=env.get("GYRE_AGENT_MODEL", "gyre-policy"),
+            max_tokens=int(env.get("GYRE_AGENT_MAX_TOKENS", "1024")),
+        )
+        run = AgentRun(
+            client=client,
+            workspace=Workspace(Path.cwd()),
+            budget=Budget(context_tokens=int(env.get("GYRE_AGENT_CONTEXT_TOKENS", "24000"))),
+            max_turns=int(env.get("GYRE_AGENT_MAX_TURNS", "50")),
+            max_depth=int(env.get("GYRE_AGENT_MAX_DEPTH", "1")),
+        )
+    except (KeyError, ValueError, OSError) as exc:
+        print(f"gyre-agent: bad configuration: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        answer = run.run(task)
+    except ModelError as exc:
+        print(f"gyre-agent: {exc}", file=sys.stderr)
+        report(run, f"model failed: {exc}")
+        return 3
+    report(run, answer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""OpenAI Chat Completions over HTTP, with the proxy's agent headers (shell: network)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+ROLE_HEADER = "X-Gyre-Agent-Role"
+ID_HEADER = "X-Gyre-Agent-Id"
+
+
+class ModelError(Exception):
+    """The model endpoint failed for good (after retries) or answered something unusable."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatClient:
+    base_url: str
+    """e.g. `http://127.0.0.1:18080/v1`; `/chat/completions` is appended."""
+    api_key: str
+    model: str
+    max_tokens: int = 1024
+    timeout_s: float = 600.0
+    retries: int = 3
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        role: str,
+        agent_id: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """One completion; returns the assistant message (`content`, maybe `tool_calls`)."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
+        if tools:
+            body["tools"] = tools
+        request = urllib.request.Request(
+            self.base_url.rstrip("/") + "/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.api_key}",
+                ROLE_HEADER: role,
+                ID_HEADER: agent_id,
+            },
+            method="POST",
+        )
+        last = ""
+        for attempt in range(self.retries):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                    answer = json.loads(resp.read())
+                return dict(answer["choices"][0]["message"])
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read()[:500]!r}"
+                if exc.code < 500 and exc.code != 429:
+                    break  # a refused token or a bad request does not get better
+            except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            time.sleep(min(8.0, 0.5 * 2**attempt))
+        raise ModelError(f"chat completion failed: {last}")

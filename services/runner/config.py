@@ -1,0 +1,55 @@
+"""Runner settings, env prefix GYRE_RUNNER_ (shell)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gyre.sandbox.limits import SandboxLimits
+
+BUNDLED_TASKS = Path(__file__).resolve().parents[1] / "evaluator" / "tasks"
+
+
+class RunnerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GYRE_RUNNER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """gRPC port; 0 picks a free one."""
+    sandbox_root: Path = Path(".gyre/runner/sandboxes")
+    """Where sandboxes (and so the preserved workspaces) live; not under /tmp."""
+    sandbox_mode: str = "auto"
+    """`auto` (best the kernel allows, fallbacks logged), `strict` (refuse less), `rlimits` (fallback)."""
+    uid_base: int = 62000
+    """First uid handed to sandbox users (one per sandbox, up to 1000)."""
+    proxy_address: str = ""
+    """The proxy's gRPC address for RegisterExecutionToken; empty: tokens are not registered."""
+    proxy_base_url: str = "http://127.0.0.1:8080"
+    """The proxy's HTTP root (OpenAI at /v1, Anthropic at /v1/messages): the one place a sandbox may reach."""
+    tasks_dir: Path = BUNDLED_TASKS
+    """Where `task:<name>` templates are looked up."""
+    agent_model: str = "gyre-policy"
+    """Model name the harnesses ask for (the proxy routes it to the policy)."""
+    max_running: int = 8
+    keep_workspace_s: float = 900.0
+    """How long an ended execution's sandbox (its workspace) is kept for grading; all are
+    released when the runner stops, and leftovers of a crashed runner when it starts."""
+    token_grace_s: float = 600.0
+    """How long after the deadline a token still works (calls in flight)."""
+    start_wait_s: float = 60.0
+    """How long StartExecution waits for the harness process before answering `starting`."""
+    cpu_s: int = 3600
+    memory_mb: int = 2048
+    max_procs: int = 256
+    file_size_mb: int = 512
+    disk_mb: int = 1024
+
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            cpu_s=self.cpu_s,
+            memory_mb=self.memory_mb,
+            max_procs=self.max_procs,
+            file_size_mb=self.file_size_mb,
+            disk_mb=self.disk_mb,
+        )

@@ -1,0 +1,105 @@
+"""ExecutionScheduled from the scheduler starts an execution (shell: inbox + supervisor)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.consume import ConsumerSpec
+from gyre.db.inbox import claim_event
+from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.errors import InvalidArgument
+from gyre.events import DecodedEvent, new_event
+from gyre.ids import require_uuid
+from gyre.runner.v1 import events_pb2, runner_pb2
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from services.runner import repo
+from services.runner.codec import execution_ref
+from services.runner.executions import Launch, grading_task, validate_launch
+from services.runner.harness import HARNESSES, RESERVED_ENV
+from services.runner.supervisor import PRODUCER, Supervisor
+
+log = structlog.get_logger(__name__)
+SCHEDULED_CONSUMER = "runner-scheduled"
+
+
+class ScheduledEvents:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, supervisor: Supervisor
+    ):
+        self.sessions = sessions
+        self.relay = relay
+        self.supervisor = supervisor
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=SCHEDULED_CONSUMER,
+            producer="scheduler",
+            handlers={scheduler_events.ExecutionScheduled: self.on_execution_scheduled},
+        )
+
+    async def on_execution_scheduled(self, event: DecodedEvent) -> None:
+        p: scheduler_events.ExecutionScheduled = event.payload
+        require_uuid("execution.task_id", p.execution.task_id, what="a task")
+        require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
+        launch = Launch(
+            request_id=f"scheduled:{event.event_id}",
+            task_id=p.execution.task_id,
+            execution_id=p.execution.execution_id,
+            index_in_group=p.execution.index_in_group,
+            harness=p.harness,
+            prompt=p.prompt,
+            workspace_template=p.workspace_template,
+            timeout_s=p.timeout_s,
+            family=p.family,
+            task=grading_task(workspace_template=p.workspace_template, labels=dict(p.labels)),
+        )
+        problem = ""
+        try:
+            validate_launch(launch, harnesses=HARNESSES, reserved_env=RESERVED_ENV)
+        except InvalidArgument as exc:  # the execution ends as failed, so its group still completes
+            problem = str(exc)
+        async with self.sessions() as session, session.begin():
+            if not await claim_event(
+                session, repo.processed_messages, consumer=SCHEDULED_CONSUMER, event_id=event.event_id
+            ):
+                return
+            if not await repo.insert_execution(session, launch):
+                log.info("execution_already_known", execution_id=launch.execution_id)
+                return
+            if problem:
+                await self._fail_now(session, launch, problem, event.event_id)
+        if problem:
+            self.relay.poke()
+            log.warning("scheduled_execution_refused", execution_id=launch.execution_id, problem=problem)
+            return
+        self.supervisor.start(launch)
+
+    async def _fail_now(self, session: AsyncSession, launch: Launch, problem: str, causation: str) -> None:
+        kind = "harness_launch" if problem.startswith("harness") else "workspace"
+        await repo.update_execution(
+            session,
+            launch.execution_id,
+            state="failed",
+            ended_at=datetime.now(UTC),
+            failure_kind=kind,
+            failure_reason=problem,
+        )
+        failed = events_pb2.ExecutionFailed(
+            execution=execution_ref(launch),
+            failure=runner_pb2.ExecutionFailure(
+                kind=runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_LAUNCH
+                if kind == "harness_launch"
+                else runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE,
+                reason=f"bad scheduled execution: {problem}",
+            ),
+            family=launch.family,
+            task=launch.task,
+        )
+        await enqueue(
+            session,
+            repo.outbox,
+            new_event(failed, producer=PRODUCER, correlation_id=launch.task_id, causation_id=causation),
+        )

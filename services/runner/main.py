@@ -1,0 +1,56 @@
+"""Runner process wiring (shell, no logic)."""
+
+from __future__ import annotations
+
+import grpc
+
+from gyre.consume import Consumer
+from gyre.db.outbox import OutboxRelay
+from gyre.proxy.v1 import proxy_pb2_grpc
+from gyre.rpc import GrpcServer
+from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.runtime import ServiceHost, Worker, connect
+from gyre.sandbox.host import SandboxHost
+from gyre.settings import KernelSettings
+from services.runner import repo
+from services.runner.config import RunnerSettings
+from services.runner.consumer import ScheduledEvents
+from services.runner.service import RunnerServicer
+from services.runner.supervisor import Supervisor
+
+NAME = "runner"
+
+
+async def build(settings: RunnerSettings, kernel: KernelSettings) -> ServiceHost:
+    host, _ = await build_with_supervisor(settings, kernel)
+    return host
+
+
+async def build_with_supervisor(
+    settings: RunnerSettings, kernel: KernelSettings
+) -> tuple[ServiceHost, Supervisor]:
+    """The host and its supervisor (tests and benchmarks release sandboxes through it)."""
+    sandboxes = SandboxHost(settings.sandbox_root, mode=settings.sandbox_mode, uid_base=settings.uid_base)
+    sandboxes.sweep()  # a previous runner's sandboxes: recover() ends their executions as lost
+    conns = await connect(kernel, service=NAME)
+    relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
+    proxy = (
+        proxy_pb2_grpc.ProxyServiceStub(grpc.aio.insecure_channel(settings.proxy_address))
+        if settings.proxy_address
+        else None
+    )
+    supervisor = Supervisor(
+        sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy
+    )
+    await supervisor.recover()
+    scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())
+    server = GrpcServer(
+        service_names=[runner_pb2.DESCRIPTOR.services_by_name["RunnerService"].full_name],
+        host=settings.host,
+        port=settings.port,
+    )
+    runner_pb2_grpc.add_RunnerServiceServicer_to_server(
+        RunnerServicer(conns.sessions, supervisor, settings), server.server
+    )
+    workers: list[Worker] = [relay.run, scheduled.run, supervisor.run]
+    return ServiceHost(name=NAME, server=server, connections=conns, workers=workers), supervisor

@@ -1,0 +1,119 @@
+"""The runner's own tables and their queries (shell: SQLAlchemy 2 async)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gyre.db.tables import outbox_table, processed_messages_table
+from services.runner.executions import Launch
+
+SCHEMA = "runner"
+metadata = sa.MetaData(schema=SCHEMA)
+
+executions = sa.Table(
+    "executions",
+    metadata,
+    sa.Column("execution_id", sa.Uuid, primary_key=True),
+    sa.Column("task_id", sa.Uuid, nullable=False),
+    sa.Column("index_in_group", sa.Integer, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("harness", sa.Text, nullable=False),
+    sa.Column("family", sa.Text, nullable=False),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("timeout_s", sa.Float, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("workspace_uri", sa.Text, nullable=False, server_default=""),
+    sa.Column("started_at", sa.DateTime(timezone=True)),
+    sa.Column("deadline", sa.DateTime(timezone=True)),
+    sa.Column("ended_at", sa.DateTime(timezone=True)),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("failure_kind", sa.Text, nullable=False, server_default=""),
+    sa.Column("failure_reason", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+rpc_requests = sa.Table(
+    "rpc_requests",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("method", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
+    sa.Column("execution_id", sa.Uuid, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+outbox = outbox_table(metadata)
+processed_messages = processed_messages_table(metadata)
+
+
+async def claim_request(
+    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, execution_id: str
+) -> bool:
+    stmt = (
+        insert(rpc_requests)
+        .values(
+            request_id=request_id,
+            method=method,
+            fingerprint=fingerprint,
+            execution_id=uuid.UUID(execution_id),
+        )
+        .on_conflict_do_nothing()
+        .returning(rpc_requests.c.request_id)
+    )
+    return (await session.execute(stmt)).first() is not None
+
+
+async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, str] | None:
+    row = (
+        await session.execute(
+            sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.execution_id).where(
+                rpc_requests.c.request_id == request_id
+            )
+        )
+    ).first()
+    return None if row is None else (row.method, row.fingerprint, str(row.execution_id))
+
+
+async def insert_execution(session: AsyncSession, launch: Launch) -> bool:
+    """Record a new execution as starting; False when its id was already taken."""
+    stmt = (
+        insert(executions)
+        .values(
+            execution_id=uuid.UUID(launch.execution_id),
+            task_id=uuid.UUID(launch.task_id),
+            index_in_group=launch.index_in_group,
+            request_id=launch.request_id,
+            harness=launch.harness,
+            family=launch.family,
+            task=launch.task,
+            timeout_s=launch.timeout_s,
+            state="starting",
+        )
+        .on_conflict_do_nothing()
+        .returning(executions.c.execution_id)
+    )
+    return (await session.execute(stmt)).first() is not None
+
+
+async def load_execution(session: AsyncSession, execution_id: str, *, for_update: bool = False) -> Any | None:
+    stmt = sa.select(executions).where(executions.c.execution_id == uuid.UUID(execution_id))
+    if for_update:
+        stmt = stmt.with_for_update()
+    return (await session.execute(stmt)).first()
+
+
+async def update_execution(session: AsyncSession, execution_id: str, **values: Any) -> None:
+    await session.execute(
+        sa.update(executions).where(executions.c.execution_id == uuid.UUID(execution_id)).values(**values)
+    )
+
+
+async def unfinished(session: AsyncSession) -> list[Any]:
+    """Executions a previous runner process left starting or running."""
+    stmt = sa.select(executions).where(executions.c.state.in_(("starting", "running")))
+    return list((await session.execute(stmt)).all())

@@ -1,0 +1,354 @@
+"""Runs each execution's harness in its sandbox from start to end event (shell).
+
+One asyncio task per execution: sandbox, workspace, token (registered with the proxy), launch,
+`ExecutionStarted`, wait with the deadline, exactly one end event, token revoked. State changes
+and their events commit in one transaction (outbox). Tokens never leave this process except to
+the proxy and the harness's environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.errors import GyreError
+from gyre.events import new_event
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.runner.v1 import events_pb2, runner_pb2
+from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
+from services.runner import repo
+from services.runner.codec import FAILURE_VALUES, execution_ref
+from services.runner.config import RunnerSettings
+from services.runner.executions import Launch
+from services.runner.harness import HarnessInput, plan_launch
+from services.runner.workspace import WorkspaceError, fill
+
+log = structlog.get_logger(__name__)
+PRODUCER = "runner"
+REAP_EVERY_S = 5.0
+
+
+class LaunchFailed(Exception):
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason[:4096]
+
+
+@dataclass(slots=True)
+class Running:
+    launch: Launch
+    task: asyncio.Task[None]
+    started: asyncio.Future[None]
+    box: Sandbox | None = None
+    cancel: tuple[str, str] | None = None
+    """(reason, request_id) once CancelExecution asked."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        relay: OutboxRelay,
+        host: SandboxHost,
+        settings: RunnerSettings,
+        proxy: proxy_pb2_grpc.ProxyServiceStub | None,
+    ):
+        self.sessions = sessions
+        self.relay = relay
+        self.host = host
+        self.settings = settings
+        self.proxy: Any = proxy  # grpc.aio stub: its calls are awaitable at run time
+        self.forward = _forward(settings.proxy_base_url)
+        self.running: dict[str, Running] = {}
+        self.ended: dict[str, tuple[Sandbox, float]] = {}
+        self.slots = asyncio.Semaphore(settings.max_running)
+
+    def start(self, launch: Launch) -> Running:
+        """Run an execution already recorded as `starting`."""
+        loop = asyncio.get_running_loop()
+        run = Running(launch=launch, task=None, started=loop.create_future())  # type: ignore[arg-type]
+        run.task = asyncio.create_task(self._guarded(run))
+        self.running[launch.execution_id] = run
+        return run
+
+    async def _guarded(self, run: Running) -> None:
+        eid = run.launch.execution_id
+        structlog.contextvars.bind_contextvars(execution_id=eid)
+        try:
+            async with self.slots:
+                await self._run(run)
+        except LaunchFailed as exc:
+            await self._end_failed(run, exc.kind, exc.reason)
+        except Exception as exc:  # a runner bug must still end the execution, never leave it running
+            log.exception("execution_crashed")
+            await self._end_failed(run, "runner_lost", f"runner error: {type(exc).__name__}: {exc}")
+        finally:
+            if not run.started.done():
+                run.started.set_result(None)
+            self.running.pop(eid, None)
+            if run.box is not None:
+                self.ended[eid] = (run.box, time.monotonic())
+
+    async def _run(self, run: Running) -> None:
+        launch = run.launch
+        try:
+            run.box = box = await self.host.create(launch.execution_id, self.settings.limits())
+        except (OSError, subprocess.SubprocessError, GyreError) as exc:
+            raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
+        try:
+            await asyncio.to_thread(
+                fill, launch.workspace_template, box.work, tasks_dir=self.settings.tasks_dir
+            )
+            prompt_file = box.home / "prompt.md"
+            prompt_file.write_text(launch.prompt)
+            await asyncio.to_thread(box.own_files)
+        except WorkspaceError as exc:
+            raise LaunchFailed("workspace", str(exc)) from exc
+        except OSError as exc:
+            raise LaunchFailed("workspace", f"workspace could not be filled: {exc}") from exc
+        if run.cancel is not None:
+            await self._end(run, "cancelled", _cancelled(run, box))
+            return
+        token = secrets.token_urlsafe(32)
+        now = datetime.now(UTC)
+        deadline = now + timedelta(seconds=launch.timeout_s)
+        await self._register(
+            launch, token, expires_at=deadline + timedelta(seconds=self.settings.token_grace_s)
+        )
+        plan = plan_launch(
+            launch.harness,
+            HarnessInput(
+                base_url=box.base_url(self.forward) + self.forward_path,
+                token=token,
+                prompt_file=str(prompt_file),
+                python=sys.executable,
+                model=self.settings.agent_model,
+                extra_env=dict(launch.harness_env),
+            ),
+        )
+        del token
+        try:
+            await box.launch(plan.argv, env=plan.env, forward=self.forward)
+        except OSError as exc:
+            await self._revoke(launch, cancel_in_flight=True)
+            raise LaunchFailed("harness_launch", f"harness process could not start: {exc}") from exc
+        started = events_pb2.ExecutionStarted(
+            execution=execution_ref(launch),
+            harness=launch.harness,
+            workspace_uri=box.work.as_uri(),
+            request_id=launch.request_id,
+        )
+        started.started_at.FromDatetime(now)
+        started.deadline.FromDatetime(deadline)
+        await self._commit(
+            launch,
+            started,
+            state="running",
+            workspace_uri=box.work.as_uri(),
+            started_at=now,
+            deadline=deadline,
+        )
+        run.started.set_result(None)
+        log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
+        outcome = await box.wait(timeout_s=launch.timeout_s)
+        await self._revoke(launch, cancel_in_flight=bool(outcome.killed))
+        await self._finish(run, box, outcome)
+
+    @property
+    def forward_path(self) -> str:
+        return urllib.parse.urlsplit(self.settings.proxy_base_url).path.rstrip("/")
+
+    async def _finish(self, run: Running, box: Sandbox, outcome: Outcome) -> None:
+        launch = run.launch
+        uri = box.work.as_uri()
+        setup = _tail(box.path / "log" / "sandbox.log")
+        if "gyre-sandbox: setup failed" in setup:
+            kind = "harness_launch" if "No such file" in setup or "Errno 2" in setup else "sandbox"
+            raise LaunchFailed(kind, setup)
+        if outcome.killed == "cancelled":
+            await self._end(run, "cancelled", _cancelled(run, box))
+        elif outcome.killed not in ("", "deadline", "disk_quota"):
+            raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
+        elif outcome.killed == "deadline":
+            event: Any = events_pb2.ExecutionTimedOut(
+                execution=execution_ref(launch),
+                workspace_uri=uri,
+                timeout_s=launch.timeout_s,
+                family=launch.family,
+                task=launch.task,
+            )
+            await self._end(run, "timed_out", event)
+        else:
+            code = outcome.exit_code if outcome.exit_code is not None else 137  # disk quota: killed
+            event = events_pb2.ExecutionFinished(
+                execution=execution_ref(launch),
+                exit_code=code,
+                workspace_uri=uri,
+                duration_s=outcome.duration_s,
+                family=launch.family,
+                task=launch.task,
+            )
+            await self._end(run, "finished", event, exit_code=code)
+
+    async def _end(self, run: Running, state: str, event: Any, **values: Any) -> None:
+        await self._commit(run.launch, event, state=state, ended_at=datetime.now(UTC), **values)
+        log.info("execution_ended", state=state)
+
+    async def _end_failed(self, run: Running, kind: str, reason: str) -> None:
+        launch = run.launch
+        uri = run.box.work.as_uri() if run.box is not None else ""
+        event = events_pb2.ExecutionFailed(
+            execution=execution_ref(launch),
+            failure=runner_pb2.ExecutionFailure(kind=FAILURE_VALUES[kind], reason=reason[:4096]),
+            workspace_uri=uri,
+            family=launch.family,
+            task=launch.task,
+        )
+        await self._commit(
+            launch,
+            event,
+            state="failed",
+            ended_at=datetime.now(UTC),
+            failure_kind=kind,
+            failure_reason=reason[:4096],
+            workspace_uri=uri,
+        )
+        log.warning("execution_failed", kind=kind, reason=reason[:300])
+
+    async def _commit(self, launch: Launch, payload: Any, **values: Any) -> None:
+        envelope = new_event(
+            payload, producer=PRODUCER, correlation_id=launch.task_id, causation_id=launch.request_id
+        )
+        async with self.sessions() as session, session.begin():
+            await repo.update_execution(session, launch.execution_id, **values)
+            await enqueue(session, repo.outbox, envelope)
+        self.relay.poke()
+
+    async def _register(self, launch: Launch, token: str, *, expires_at: datetime) -> None:
+        if self.proxy is None:
+            return
+        request = proxy_pb2.RegisterExecutionTokenRequest(
+            request_id=f"register:{launch.execution_id}", token=token, execution=execution_ref(launch)
+        )
+        request.expires_at.FromDatetime(expires_at)
+        try:
+            await self.proxy.RegisterExecutionToken(request, timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            raise LaunchFailed(
+                "proxy", f"proxy refused the execution token: {exc.code().name}: {exc.details()}"
+            ) from exc
+
+    async def _revoke(self, launch: Launch, *, cancel_in_flight: bool) -> None:
+        if self.proxy is None:
+            return
+        request = proxy_pb2.RevokeExecutionTokenRequest(
+            request_id=f"revoke:{launch.execution_id}",
+            execution_id=launch.execution_id,
+            cancel_in_flight=cancel_in_flight,
+        )
+        try:
+            await self.proxy.RevokeExecutionToken(request, timeout=30)
+        except grpc.aio.AioRpcError as exc:  # the token expires on its own; say so and go on
+            log.warning("token_revoke_failed", code=exc.code().name, details=exc.details())
+
+    async def cancel(self, execution_id: str, *, reason: str, request_id: str) -> None:
+        """Kill a running execution; it ends as cancelled with its workspace kept."""
+        run = self.running.get(execution_id)
+        if run is None:
+            return
+        run.cancel = (reason, request_id)
+        if run.box is not None and run.box.proc is not None:
+            await run.box.kill("cancelled")
+        await asyncio.wait({run.task}, timeout=30)
+
+    async def wait_started(self, execution_id: str) -> None:
+        run = self.running.get(execution_id)
+        if run is not None:
+            await asyncio.wait({run.started}, timeout=self.settings.start_wait_s)
+
+    async def recover(self) -> int:
+        """Executions a previous process left unfinished end as failed: runner lost."""
+        async with self.sessions() as session:
+            rows = await repo.unfinished(session)
+        for row in rows:
+            launch = Launch(
+                request_id=row.request_id,
+                task_id=str(row.task_id),
+                execution_id=str(row.execution_id),
+                index_in_group=row.index_in_group,
+                harness=row.harness,
+                prompt="-",
+                workspace_template="",
+                timeout_s=row.timeout_s,
+                family=row.family,
+                task=row.task,
+            )
+            run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
+            await self._end_failed(run, "runner_lost", "the runner restarted while the execution ran")
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Worker: release sandboxes `keep_workspace_s` after their end (the evaluator has copied
+        them by then); on shutdown kill what still runs (it ends as failed: runner lost) and
+        release every ended sandbox."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY_S)
+            cutoff = time.monotonic() - self.settings.keep_workspace_s
+            for eid, (_, ended_at) in list(self.ended.items()):
+                if ended_at < cutoff:
+                    await self.release(eid)
+        for run in list(self.running.values()):
+            if run.box is not None:
+                await run.box.kill("runner stopped")
+        if self.running:
+            await asyncio.wait({r.task for r in self.running.values()}, timeout=30)
+        for eid in list(self.ended):
+            await self.release(eid)
+
+    async def release(self, execution_id: str) -> None:
+        """Drop an ended execution's sandbox (its workspace too): after grading, or in tests."""
+        entry = self.ended.pop(execution_id, None)
+        if entry is not None:
+            await entry[0].release()
+
+
+def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
+    reason, request_id = run.cancel or ("", "")
+    return events_pb2.ExecutionCancelled(
+        execution=execution_ref(run.launch),
+        reason=reason,
+        workspace_uri=box.work.as_uri(),
+        request_id=request_id,
+        family=run.launch.family,
+        task=run.launch.task,
+    )
+
+
+def _forward(base_url: str) -> Forward:
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise GyreError(f"GYRE_RUNNER_PROXY_BASE_URL must be http://host:port[/path], got {base_url!r}")
+    return Forward(host=parts.hostname, port=parts.port or 80)
+
+
+def _tail(path: Any, limit: int = 2000) -> str:
+    try:
+        return str(path.read_text(errors="replace"))[-limit:]
+    except OSError:
+        return ""

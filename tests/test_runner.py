@@ -1,0 +1,247 @@
+"""The runner on real NATS and Postgres: the built-in agent in a sandbox, against a scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import nats
+import pytest
+import pytest_asyncio
+
+from bench.scripted_model import ScriptedModel
+from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.events import stream_name
+from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from gyre.settings import KernelSettings
+from services.runner.config import RunnerSettings
+from services.runner.main import build_with_supervisor
+from services.runner.supervisor import Supervisor
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.main import build as build_scheduler
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = {
+    "main": [
+        {"tool": "write_file", "args": {"path": "hello.py", "content": "print('hello')\n"}},
+        {"tool": "delegate", "args": {"task": "write a test for hello.py"}},
+        {"tool": "shell", "args": {"command": "python hello.py > out.txt"}},
+        {"tool": "shell", "args": {"command": "sleep 30"}},
+        {"final": "all done"},
+    ],
+    "sub": [
+        {
+            "tool": "write_file",
+            "args": {"path": "test_hello.py", "content": "def test_ok():\n    assert True\n"},
+        },
+        {"final": "test written"},
+    ],
+    "summary": [{"final": "summary: wrote hello.py"}],
+}
+
+
+@dataclass
+class Runner:
+    stub: runner_pb2_grpc.RunnerServiceStub
+    scheduler: scheduler_pb2_grpc.SchedulerServiceStub
+    supervisor: Supervisor
+    model: ScriptedModel
+    kernel: KernelSettings
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
+    model = ScriptedModel(script=SCRIPT)
+    url = model.start()
+    settings = RunnerSettings(
+        sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
+        proxy_base_url=url,
+        memory_mb=1024,
+        max_procs=64,
+        disk_mb=64,
+        file_size_mb=16,
+        cpu_s=60,
+    )
+    host, supervisor = await build_with_supervisor(settings, kernel)
+    scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
+    await host.start()
+    await scheduler.start()
+    channels = [grpc.aio.insecure_channel(host.address), grpc.aio.insecure_channel(scheduler.address)]
+    yield Runner(
+        stub=runner_pb2_grpc.RunnerServiceStub(channels[0]),
+        scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[1]),
+        supervisor=supervisor,
+        model=model,
+        kernel=kernel,
+    )
+    for ch in channels:
+        await ch.close()
+    await host.stop()
+    if not os.environ.get("GYRE_KEEP_SANDBOXES"):
+        supervisor.host.sweep()
+        settings.sandbox_root.rmdir()
+    await scheduler.stop()
+    model.stop()
+
+
+def start_request(**change: object) -> runner_pb2.StartExecutionRequest:
+    fields: dict[str, object] = {
+        "request_id": f"start-{uuid.uuid4().hex[:8]}",
+        "execution": ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4())),
+        "harness": "gyre-agent",
+        "prompt": "Write hello.py.",
+        "timeout_s": 60.0,
+        "family": "terminal",
+        "harness_env": {"GYRE_AGENT_CONTEXT_TOKENS": "150"},
+    }
+    fields.update(change)
+    return runner_pb2.StartExecutionRequest(**fields)  # type: ignore[arg-type]
+
+
+def in_workspace(ex: runner_pb2.Execution, name: str) -> Path:
+    return Path(ex.workspace_uri.removeprefix("file://"), name)
+
+
+async def wait_ended(r: Runner, execution_id: str, *, within_s: float = 60) -> runner_pb2.Execution:
+    for _ in range(int(within_s * 5)):  # bounded
+        try:
+            ex = (
+                await r.stub.GetExecution(runner_pb2.GetExecutionRequest(execution_id=execution_id))
+            ).execution
+        except grpc.aio.AioRpcError as err:  # a scheduled execution the runner has not consumed yet
+            assert err.code() == grpc.StatusCode.NOT_FOUND, err
+            await asyncio.sleep(0.2)
+            continue
+        if ex.state not in (runner_pb2.EXECUTION_STATE_STARTING, runner_pb2.EXECUTION_STATE_RUNNING):
+            return ex
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"execution {execution_id} never ended")
+
+
+async def runner_events(kernel: KernelSettings) -> list[envelope_pb2.Envelope]:
+    nc = await nats.connect(kernel.nats_url)
+    js = nc.jetstream()
+    stream = stream_name("runner", prefix=kernel.bus_prefix)
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        msg = await js.get_msg(stream, seq)
+        env = envelope_pb2.Envelope()
+        env.ParseFromString(msg.data or b"")
+        out.append(env)
+    await nc.close()
+    return out
+
+
+async def test_the_agent_runs_in_its_sandbox_and_times_out_with_its_workspace_kept(runner: Runner) -> None:
+    request = start_request(timeout_s=8.0)
+    started = (await runner.stub.StartExecution(request)).execution
+    assert started.state == runner_pb2.EXECUTION_STATE_RUNNING
+    assert started.workspace_uri.startswith("file://")
+    ended = await wait_ended(runner, request.execution.execution_id)
+    assert ended.state == runner_pb2.EXECUTION_STATE_TIMED_OUT  # the script sleeps past the deadline
+    work = Path(started.workspace_uri.removeprefix("file://"))
+    assert (work / "hello.py").read_text() == "print('hello')\n"
+    assert (work / "test_hello.py").exists(), "the sub-agent's file"
+    assert (work / "out.txt").read_text() == "hello\n"
+    calls = [s for s in runner.model.seen if s.token and s.agent_id]
+    roles = {(s.role, s.agent_id) for s in calls}
+    assert {("main", "main"), ("sub", "sub-1"), ("summary", "main")} <= roles, roles
+    tokens = {s.token for s in calls}
+    assert len(tokens) == 1 and len(tokens.pop()) >= 32
+    # a repeated request returns the first answer
+    again = (await runner.stub.StartExecution(request)).execution
+    assert again.state == runner_pb2.EXECUTION_STATE_TIMED_OUT
+
+
+async def test_tokens_never_travel_on_the_bus(runner: Runner) -> None:
+    tokens = {s.token for s in runner.model.seen if s.token}
+    assert tokens
+    events = await runner_events(runner.kernel)
+    names = {e.event_type.rsplit(".", 1)[1] for e in events}
+    assert {"ExecutionStarted", "ExecutionTimedOut"} <= names
+    for env in events:
+        raw = env.SerializeToString()
+        assert not any(t.encode() in raw for t in tokens)
+
+
+async def test_cancel_kills_the_harness_and_keeps_the_workspace(runner: Runner) -> None:
+    request = start_request(prompt="Sleep.", harness_env={})
+    await runner.stub.StartExecution(request)
+    eid = request.execution.execution_id
+    for _ in range(100):  # wait for the agent to reach its sleep (bounded: 20 s)
+        if (Path(runner.supervisor.running[eid].box.work) / "out.txt").exists():  # type: ignore[union-attr]
+            break
+        await asyncio.sleep(0.2)
+    cancel = runner_pb2.CancelExecutionRequest(request_id=f"c-{eid[:8]}", execution_id=eid, reason="test")
+    ex = (await runner.stub.CancelExecution(cancel)).execution
+    assert ex.state == runner_pb2.EXECUTION_STATE_CANCELLED
+    assert in_workspace(ex, "hello.py").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"harness": "bash"}, "harness"),
+        ({"prompt": " "}, "prompt"),
+        ({"timeout_s": 0.0}, "timeout_s"),
+        ({"workspace_template": "/nonexistent/template"}, "workspace_template"),
+        ({"workspace_template": "task:no-such-task"}, "workspace_template"),
+        ({"harness_env": {"OPENAI_API_KEY": "x"}}, "harness_env['OPENAI_API_KEY']"),
+        ({"execution": ids_pb2.ExecutionRef(task_id="t", execution_id="e")}, "execution.task_id"),
+    ],
+)
+async def test_bad_requests_name_the_field(runner: Runner, change: dict[str, object], field: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await runner.stub.StartExecution(start_request(**change))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith(f"{field}:"), err.value.details()
+
+
+async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
+    runner: Runner, tmp_path: Path
+) -> None:
+    template = REPO / ".gyre" / f"template-{uuid.uuid4().hex[:6]}"
+    template.mkdir(parents=True)
+    (template / "README.md").write_text("template\n")
+    spec = scheduler_pb2.TaskSpec(
+        name="hello",
+        family="terminal",
+        prompt="Write hello.py.",
+        group_size=2,
+        timeout_s=5.0,
+        harness="gyre-agent",
+        workspace_template=str(template),
+    )
+    bad = scheduler_pb2.TaskSpec(
+        name="gone",
+        family="terminal",
+        prompt="x",
+        group_size=1,
+        timeout_s=5.0,
+        harness="gyre-agent",
+        workspace_template=str(template / "missing"),
+    )
+    submitted = await runner.scheduler.SubmitTasks(
+        scheduler_pb2.SubmitTasksRequest(request_id=f"sub-{uuid.uuid4().hex[:8]}", tasks=[spec, bad])
+    )
+    good_ids = [e.execution_id for e in submitted.tasks[0].executions]
+    bad_id = submitted.tasks[1].executions[0].execution_id
+    for eid in good_ids:
+        ex = await wait_ended(runner, eid)
+        assert ex.state == runner_pb2.EXECUTION_STATE_TIMED_OUT
+        assert in_workspace(ex, "README.md").read_text() == "template\n"
+    failed = await wait_ended(runner, bad_id)
+    assert failed.state == runner_pb2.EXECUTION_STATE_FAILED
+    assert failed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE
+    assert "missing" in failed.failure.reason
+    shutil.rmtree(template)
