@@ -63,6 +63,8 @@ class Rig:
     engines: list[tuple[GrpcServer, ScriptedEngine]]
     scripter: Scripter
     bus: Bus
+    kernel: KernelSettings
+    settings: ProxySettings
 
     @property
     def http_url(self) -> str:
@@ -89,6 +91,15 @@ class Rig:
             if len(found) >= at_least or asyncio.get_running_loop().time() > deadline:
                 return found
             await asyncio.sleep(0.1)
+
+    async def restart_proxy(self) -> None:
+        """Stop the proxy process state and build a new one on the same database (new ports)."""
+        await self.channel.close(None)
+        await self.proxy.host.stop(grace_s=1)
+        self.proxy = await build_proxy(self.settings, self.kernel)
+        await self.proxy.host.start()
+        self.channel = grpc.aio.insecure_channel(self.proxy.host.address)
+        self.stub = proxy_pb2_grpc.ProxyServiceStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close(None)
@@ -138,10 +149,10 @@ async def start_rig(
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     await _forget_routes(kernel)
     scripter = Scripter(tokenizer=tokenizer)
-    proxy = await build_proxy(
-        ProxySettings(model_dir=model_dir, model_name="tiny", context_window_tokens=context_window_tokens),
-        kernel,
+    settings = ProxySettings(
+        model_dir=model_dir, model_name="tiny", context_window_tokens=context_window_tokens
     )
+    proxy = await build_proxy(settings, kernel)
     await proxy.host.start()
     channel = grpc.aio.insecure_channel(proxy.host.address)
     stub = proxy_pb2_grpc.ProxyServiceStub(channel)
@@ -160,7 +171,16 @@ async def start_rig(
             )
         )
     bus = await Bus.connect(BusConfig(url=kernel.nats_url or "", prefix=kernel.bus_prefix), name="proxy-test")
-    return Rig(proxy=proxy, stub=stub, channel=channel, engines=engines, scripter=scripter, bus=bus)
+    return Rig(
+        proxy=proxy,
+        stub=stub,
+        channel=channel,
+        engines=engines,
+        scripter=scripter,
+        bus=bus,
+        kernel=kernel,
+        settings=settings,
+    )
 
 
 async def _forget_routes(kernel: KernelSettings) -> None:

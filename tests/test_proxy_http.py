@@ -103,8 +103,11 @@ async def test_openai_sdk_chat_with_a_tool_loop_is_recorded_token_in_token_out(r
     assert prompt_two in engine_prompts
 
 
-async def test_output_ids_are_reused_even_where_retokenising_would_differ(rig: Rig) -> None:
-    """The engine sampled ' Done' as single characters; the second prompt keeps those ids."""
+async def test_output_ids_are_reused_where_retokenising_would_differ_even_across_a_proxy_restart(
+    rig: Rig,
+) -> None:
+    """The engine sampled 'Done' as single characters; the second prompt keeps those ids, also
+    when the proxy restarted in between (the reusable outputs are kept in Postgres)."""
     token, execution_id = await rig.register_execution()
     tok = rig.scripter.tokenizer
     odd = [tok.convert_tokens_to_ids(c) for c in ["D", "o", "n", "e"]] + [
@@ -124,6 +127,9 @@ async def test_output_ids_are_reused_even_where_retokenising_would_differ(rig: R
         messages = [{"role": "user", "content": "hi"}]
         first = await client.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
         assert first.choices[0].message.content == "Done"
+        await rig.records(execution_id, at_least=1)  # written with its reusable output
+        await rig.restart_proxy()
+        client = oai(rig, token)
         messages += [{"role": "assistant", "content": "Done"}, {"role": "user", "content": "again"}]
         await client.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
     finally:

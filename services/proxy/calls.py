@@ -8,7 +8,7 @@ engine failure) the tokens generated so far are recorded once, as `LlmCallRecord
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -26,7 +26,7 @@ from services.proxy.generation import FR, Generation
 from services.proxy.model import ServedModel
 from services.proxy.outcome import CallOutcome, Finish, Usage
 from services.proxy.recorder import Recorder
-from services.proxy.render import OutputMemory, render_prompt, reusable_output
+from services.proxy.render import OutputMemory, ReusableOutput, render_prompt, reusable_output
 from services.proxy.router import Router
 from services.proxy.toolcalls import parse_output, visible_prefix
 
@@ -153,8 +153,16 @@ class CallRun:
 class Calls:
     """Per-execution memory, the in-flight registry and the path of one call."""
 
-    def __init__(self, *, model: ServedModel | None, router: Router, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        *,
+        model: ServedModel | None,
+        router: Router,
+        recorder: Recorder,
+        load_outputs: Callable[[str], Awaitable[list[ReusableOutput]]] | None = None,
+    ) -> None:
         self._model = model
+        self._load_outputs = load_outputs
         self.router = router
         self.recorder = recorder
         self.executions: dict[str, ExecutionState] = {}
@@ -171,14 +179,25 @@ class Calls:
     def state(self, execution_id: str) -> ExecutionState:
         return self.executions.setdefault(execution_id, ExecutionState())
 
-    def start(self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]) -> CallRun:
+    async def load_state(self, execution_id: str) -> ExecutionState:
+        """The execution's state; after a proxy restart its reusable outputs come from Postgres."""
+        state = self.executions.get(execution_id)
+        if state is None:
+            state = ExecutionState()
+            if self._load_outputs is not None:
+                for item in await self._load_outputs(execution_id):
+                    state.memory.remember(item)
+            state = self.executions.setdefault(execution_id, state)
+        return state
+
+    async def start(self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]) -> CallRun:
         agent = detect(
             system=request.system_text,
             first_user=request.first_user_text,
             last_user=request.last_user_text,
             headers=headers,
         )
-        state = self.state(execution_id)
+        state = await self.load_state(execution_id)
         prompt = render_prompt(
             self.model.tokenizer,
             request,
@@ -228,6 +247,7 @@ class Calls:
         state.runs.discard(run)
         gen = run.generation
         assert run.outcome is not None
+        item = None
         if run.outcome.finish != "cancelled" and gen.output_ids:
             returned = ChatMessage(
                 role="assistant", content=run.outcome.text, tool_calls=run.outcome.tool_calls
@@ -276,7 +296,7 @@ class Calls:
             record.output_policy_versions.extend(versions)
         record.started_at.FromDatetime(run.started_at)
         record.finished_at.FromDatetime(datetime.now(UTC))
-        self.recorder.record(record)
+        self.recorder.record(record, item)
 
     def revoke(self, execution_id: str, *, cancel_in_flight: bool) -> int:
         """Forget an execution; with `cancel_in_flight`, cut its running calls short."""

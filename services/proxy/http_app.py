@@ -99,7 +99,7 @@ async def _json_body(request: web.Request) -> Any:
 async def _start(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, CallRun]:
     execution_id = await _authenticate(request)
     chat = parse(await _json_body(request))
-    run = request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
+    run = await request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
     return chat, run
 
 
@@ -223,7 +223,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     prompt = render_prompt(
         calls.model.tokenizer,
         chat,
-        calls.state(execution_id).memory,
+        (await calls.load_state(execution_id)).memory,
         context_window_tokens=calls.model.context_window_tokens,
     )
     return web.json_response({"input_tokens": len(prompt.ids)})

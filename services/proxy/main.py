@@ -22,6 +22,7 @@ from services.proxy.generation import EnginePool
 from services.proxy.http_app import build_app
 from services.proxy.model import ServedModel, load_model
 from services.proxy.recorder import Recorder
+from services.proxy.render import ReusableOutput
 from services.proxy.router import Router
 from services.proxy.service import ProxyServicer
 
@@ -45,7 +46,11 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
     pool = EnginePool()
     router = Router(pool, routes)
     recorder = Recorder(conns.sessions, relay)
-    calls = Calls(model=model, router=router, recorder=recorder)
+    async def load_outputs(execution_id: str) -> list[ReusableOutput]:
+        async with conns.sessions() as session:
+            return await repo.load_outputs(session, execution_id)
+
+    calls = Calls(model=model, router=router, recorder=recorder, load_outputs=load_outputs)
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
     server = GrpcServer(
         service_names=[proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name],

@@ -16,6 +16,7 @@ from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.events import new_event
 from gyre.proxy.v1 import events_pb2, proxy_pb2
 from services.proxy import repo
+from services.proxy.render import ReusableOutput
 
 log = structlog.get_logger(__name__)
 PRODUCER = "proxy"
@@ -34,11 +35,12 @@ class Recorder:
         self.relay = relay
         self.batch = batch
         self.linger_s = linger_s
-        self._queue: asyncio.Queue[proxy_pb2.CallRecord] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[proxy_pb2.CallRecord, ReusableOutput | None]] = asyncio.Queue()
         self.recorded = 0
 
-    def record(self, call: proxy_pb2.CallRecord) -> None:
-        self._queue.put_nowait(call)
+    def record(self, call: proxy_pb2.CallRecord, output: ReusableOutput | None = None) -> None:
+        """Queue a call's record, and the reusable form of its output when there is one."""
+        self._queue.put_nowait((call, output))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not (stop.is_set() and self._queue.empty()):
@@ -54,7 +56,9 @@ class Recorder:
                 calls.append(self._queue.get_nowait())
             await self._write(calls)
 
-    async def _write(self, calls: list[proxy_pb2.CallRecord]) -> None:
+    async def _write(self, items: list[tuple[proxy_pb2.CallRecord, ReusableOutput | None]]) -> None:
+        calls = [call for call, _ in items]
+        outputs = [(call.execution_id, output) for call, output in items if output is not None]
         events = [
             new_event(
                 events_pb2.LlmCallRecorded(call=call),
@@ -68,6 +72,7 @@ class Recorder:
             try:
                 async with self.sessions() as session, session.begin():
                     await enqueue(session, repo.outbox, *events)
+                    await repo.save_outputs(session, outputs)
                 break
             except Exception as exc:  # Postgres away: keep the records, retry with backoff
                 log.warning("record_write_failed", error=repr(exc), attempt=attempt)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -9,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.tables import outbox_table, processed_messages_table
+from services.proxy.render import ReusableOutput
 from services.proxy.routing import Route
 
 SCHEMA = "proxy"
@@ -33,6 +37,17 @@ engine_routes = sa.Table(
     sa.Column("address", sa.Text, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+reusable_outputs = sa.Table(
+    "reusable_outputs",
+    metadata,
+    sa.Column("execution_id", sa.Text, primary_key=True),
+    sa.Column("segment_sha256", sa.LargeBinary, primary_key=True),
+    sa.Column("segment", sa.Text, nullable=False),
+    sa.Column("gen_prefix", sa.Text, nullable=False),
+    sa.Column("ids", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
 rpc_requests = sa.Table(
@@ -128,3 +143,40 @@ async def save_route(session: AsyncSession, route: Route) -> None:
 async def load_routes(session: AsyncSession) -> list[Route]:
     rows = (await session.execute(sa.select(engine_routes).order_by(engine_routes.c.cell_id))).all()
     return [Route(cell_id=r.cell_id, engine_id=r.engine_id, address=r.address, state=r.state) for r in rows]
+
+
+async def save_outputs(session: AsyncSession, items: Sequence[tuple[str, ReusableOutput]]) -> None:
+    """Keep (execution_id, output) pairs so a restarted proxy still reuses the engine's ids."""
+    if not items:
+        return
+    rows = [
+        {
+            "execution_id": execution_id,
+            "segment_sha256": hashlib.sha256(item.segment.encode()).digest(),
+            "segment": item.segment,
+            "gen_prefix": item.gen_prefix,
+            "ids": array("i", item.ids).tobytes(),
+        }
+        for execution_id, item in items
+    ]
+    await session.execute(insert(reusable_outputs).values(rows).on_conflict_do_nothing())
+
+
+async def load_outputs(session: AsyncSession, execution_id: str) -> list[ReusableOutput]:
+    rows = (
+        await session.execute(
+            sa.select(reusable_outputs.c.segment, reusable_outputs.c.gen_prefix, reusable_outputs.c.ids)
+            .where(reusable_outputs.c.execution_id == execution_id)
+            .order_by(reusable_outputs.c.created_at)
+        )
+    ).all()
+    out = []
+    for row in rows:
+        ids = array("i")
+        ids.frombytes(row.ids)
+        out.append(ReusableOutput(segment=row.segment, gen_prefix=row.gen_prefix, ids=tuple(ids)))
+    return out
+
+
+async def forget_outputs(session: AsyncSession, execution_id: str) -> None:
+    await session.execute(sa.delete(reusable_outputs).where(reusable_outputs.c.execution_id == execution_id))

@@ -136,6 +136,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
 
         async def act(session: AsyncSession) -> tuple[proxy_pb2.RevokeExecutionTokenResponse, list[Message]]:
             revoked = await repo.revoke_tokens(session, request.execution_id, now=datetime.now(UTC))
+            await repo.forget_outputs(session, request.execution_id)
             return proxy_pb2.RevokeExecutionTokenResponse(num_tokens_revoked=revoked), []
 
         answer = await self._idempotent(
