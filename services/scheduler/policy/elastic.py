@@ -1,0 +1,122 @@
+"""Gyre's elastic policy: the core cell always trains, satellites follow the work (pure).
+
+Each decision:
+1. **Stream** ready groups into the running step (due groups first, see `staleness`).
+2. **Size the rollout pool.** It needs ceil(demand / slots) cells, where demand is the executions
+   running plus those the staleness bound lets the queue release now. While training has work
+   the pool is further capped at the *balanced split*: the number of rollout cells at which the
+   observed rollout cost of a step's B groups and its training cost (plus the update) take
+   equally long (`balanced_rollout_cells`). While training has had no work for longer than a
+   switch round trip, every satellite may roll out.
+3. **Switch.** Surplus rollout cells are drained (their requests migrate to the fullest cells with
+   room, `migration.plan_drain`) and join the running step at its next microbatch boundary.
+   A shortfall pulls training satellites back to rollout at their next microbatch boundary.
+   A one-cell dead band around the real-valued split keeps noisy estimates from flapping cells.
+4. **Admit** as many groups as the staleness bound and the kept cells' free slots allow.
+
+The same function with `streaming=False` is the ablation's "elastic without streaming", with
+`batch_sync=True` burst mode, and with `standalone_rollout_cells=A, core_cell=False` the
+ablation's "Colocate + standalone rollout cells" (A cells always roll out, the others colocate).
+
+Worked example (8 cells, 4 slots, G=4, B=2, K=2; a group costs 16 rollout cell-s and 8 training
+cell-s, no overhead): the balanced split is 5.33 rollout cells, so 5 to 6 of the 7 satellites.
+    version 0, 7 rolling out, 20 running, g0 ready   -> assign (0,); 7 > 6: drain 1 cell (its
+                                                        requests migrate), it joins the step
+    queue empty, 4 running on 6 rollout cells, work  -> need 1 cell: drain 5
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.scheduler.policy.staleness import admissible_groups, assign_ready, assigned_tokens
+from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ElasticKnobs:
+    streaming: bool = True
+    batch_sync: bool = False
+    core_cell: bool = True  # one cell holds the optimizer and never leaves training
+    # Rollout cells kept while training has work; None: the balanced split.
+    standalone_rollout_cells: int | None = None
+
+
+GYRE = ElasticKnobs()
+
+
+def balanced_rollout_cells(
+    *, num_cells: int, groups_per_step: int, rollout_cell_s: float, training_cell_s: float, overhead_s: float
+) -> float:
+    """Real-valued number of rollout cells r at which rollout and training keep pace.
+
+    With n = num_cells - r training cells, B groups take B*a/r seconds to roll out and
+    overhead + B*b/n to train (a, b: cell-seconds per group). Solves B*a/r = overhead + B*b/n by
+    bisection on r in [1, num_cells - 1].
+
+    Example: 8 cells, B=2, a=16, b=8, overhead 0 -> 32/r = 16/(8-r) -> r = 5.33
+    """
+    lo, hi = 1.0, float(num_cells - 1)
+
+    def gap(r: float) -> float:  # decreasing in r: rollout gets faster, training slower
+        return groups_per_step * rollout_cell_s / r - (
+            overhead_s + groups_per_step * training_cell_s / (num_cells - r)
+        )
+
+    if gap(hi) >= 0:
+        return hi
+    if gap(lo) <= 0:
+        return lo
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if gap(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def decide(view: ClusterView, config: PolicyConfig, knobs: ElasticKnobs = GYRE) -> Decision:
+    assign = assign_ready(view, config, streaming=knobs.streaming)
+    has_work = view.step_untrained_tokens + assigned_tokens(view, assign) > 0
+    wants_cells = has_work or (view.in_overhead and bool(view.ready))
+    starved = (
+        not has_work
+        and not view.in_overhead
+        and view.training_starved_since_s is not None
+        and view.now_s - view.training_starved_since_s >= config.round_trip_s
+    )
+    slots = config.slots_per_cell
+    admissible = admissible_groups(view, config, batch_sync=knobs.batch_sync)
+    need = math.ceil((view.running + admissible * config.group_size) / slots)
+    # The next update lets the queue release B more groups; a cell freed now only to be called back
+    # then would pay a round trip and migrate its requests for nothing.
+    soon = admissible if knobs.batch_sync else min(view.queued_groups, admissible + config.groups_per_step)
+    need_soon = math.ceil((view.running + soon * config.group_size) / slots)
+    most = config.num_cells - (1 if knobs.core_cell else 0)
+    low, high = float(most), float(most)
+    if not starved:
+        if knobs.standalone_rollout_cells is not None:
+            low = high = float(knobs.standalone_rollout_cells)
+        elif view.rollout_cell_s_per_group is not None and view.training_cell_s_per_group is not None:
+            split = balanced_rollout_cells(
+                num_cells=config.num_cells,
+                groups_per_step=config.groups_per_step,
+                rollout_cell_s=view.rollout_cell_s_per_group,
+                training_cell_s=view.training_cell_s_per_group,
+                overhead_s=config.step_overhead_s,
+            )
+            low, high = math.floor(split), math.ceil(split)
+    keep_at_most = min(need_soon, int(high))
+    keep_at_least = min(need, int(low))
+    current = view.rollout_cells + view.switching_to_rollout
+    to_training = to_rollout = 0
+    if current > keep_at_most and wants_cells:
+        to_training = min(current - keep_at_most, view.rollout_cells)
+    elif current < keep_at_least:
+        satellites = view.training_cells - (1 if knobs.core_cell else 0)
+        to_rollout = max(0, min(keep_at_least - current, satellites))
+    free = (view.rollout_cells - to_training) * slots - view.running
+    admit = min(admissible, max(0, free) // config.group_size)
+    return Decision(assign=assign, admit=admit, to_training=to_training, to_rollout=to_rollout)
