@@ -25,8 +25,9 @@ def decide(view: ClusterView, config: PolicyConfig) -> Decision:
         step=view.version,
         places=config.groups_per_step - view.step_groups,
         ready=view.ready,
-        due_running=sum(n for _, n in view.running_groups),
+        running=view.running_groups,
         max_staleness=0,
+        groups_per_step=config.groups_per_step,
         streaming=False,
     )
     if assign or view.step_untrained_tokens > 0:

@@ -6,9 +6,10 @@ Two rules together guarantee that every group is trained at most K versions afte
 1. **Admission cap.** At version v at most (v + K + 1) * B groups may have been admitted in all.
    A group admitted at version v is *due* by step v + K. Every group due by step k was admitted at
    a version <= k - K, so there are at most (k + 1) * B of them: exactly what steps 0..k consume.
-2. **Due groups first.** Step k takes ready groups oldest version first, and keeps one place per
-   admitted-but-unready group that is due by k, so a due group is never crowded out; if one is
-   still running the step waits for it (the cost of the bound, measured as idle training).
+2. **Earliest deadline first, never overbooked.** Step k takes ready groups oldest version first,
+   and takes a group due later only if every group due by each earlier step still fits in the
+   places left (`groups_for_step`); a due group still running makes its step wait (the cost of
+   the bound, measured as idle training). With rule 1 this is always feasible.
 """
 
 from __future__ import annotations
@@ -54,28 +55,25 @@ def admissible_groups(view: ClusterView, config: PolicyConfig, *, batch_sync: bo
     return max(0, n)
 
 
-def due_unready(view: ClusterView, config: PolicyConfig) -> int:
-    """Admitted groups still running that step `view.version` must include (due by it)."""
-    step = view.version
-    return sum(n for version, n in view.running_groups if version + config.max_staleness <= step)
-
-
 def groups_for_step(
     *,
     step: int,
     places: int,
     ready: Sequence[ReadyGroup],
-    due_running: int,
+    running: Sequence[tuple[int, int]],
     max_staleness: int,
+    groups_per_step: int,
     streaming: bool,
 ) -> tuple[int, ...]:
     """Ready groups that join step `step`, which has `places` places left.
 
-    Streaming takes groups as they become ready; otherwise the step waits until it can take all
-    its places at once (one globally shuffled batch). Either way, places are kept for due groups
-    that are still running.
+    Earliest deadline first, with a feasibility check: a group due later than this step is taken
+    only if, for every step j before its deadline, the groups due by j (ready or still running)
+    still fit in the places of steps `step`..j. So no group is ever crowded past its deadline, and
+    a step waits for a due group that is still running. Streaming takes groups as they become
+    ready; otherwise the step takes all its places at once (one globally shuffled batch) or none.
 
-    Example (K=1, step 3, 3 places; one group admitted at version 2 is still running):
+    Example (K=1, B=3, step 3 with 3 places; one group admitted at version 2 is still running):
         ready: g7 (v2, due by 3), g8 (v3), g9 (v3)
         streaming     -> (7, 8): g7 is due; g8 fits in the 2 places left beside the kept one;
                          g9 would take the place kept for the running due group
@@ -84,18 +82,25 @@ def groups_for_step(
     if places <= 0:
         return ()
     ordered = sorted(ready, key=lambda g: (g.version, g.group_id))
-    if not streaming:
-        if due_running > 0 or len(ordered) < places:
-            return ()
-        return tuple(g.group_id for g in ordered[:places])
+    horizon = range(step, step + max_staleness + 1)
+    due_counts: dict[int, int] = {}
+    for version, n in [(g.version, 1) for g in ordered] + list(running):
+        due_counts[version + max_staleness] = due_counts.get(version + max_staleness, 0) + n
+    demand = {j: sum(n for d, n in due_counts.items() if d <= j) for j in horizon}
+    capacity = {j: places + (j - step) * groups_per_step for j in horizon}
     taken: list[int] = []
     for group in ordered:
-        left = places - len(taken)
-        if left == 0:
+        if len(taken) == places:
             break
-        is_due = group.version + max_staleness <= step
-        if is_due or left > due_running:
+        due = group.version + max_staleness
+        if all(demand[j] <= capacity[j] - 1 for j in horizon if j < due):
             taken.append(group.group_id)
+            for j in horizon:
+                capacity[j] -= 1
+                if j >= due:
+                    demand[j] -= 1
+    if not streaming and len(taken) < places:
+        return ()
     return tuple(taken)
 
 
@@ -107,8 +112,9 @@ def assign_ready(view: ClusterView, config: PolicyConfig, *, streaming: bool) ->
         step=view.version,
         places=config.groups_per_step - view.step_groups,
         ready=view.ready,
-        due_running=due_unready(view, config),
+        running=view.running_groups,
         max_staleness=config.max_staleness,
+        groups_per_step=config.groups_per_step,
         streaming=streaming,
     )
 

@@ -15,7 +15,14 @@ d_i and tokens t_i, and groups g ready no earlier than D_g = max of their d_i:
 - **last group**: a group is ready no earlier than D_g, its tokens then need t_g / (r*C) at least
   and its step's update O after that:  wall >= max_g (D_g + t_g / (r*C) + O).
 
-lower_bound_s is the largest of the three. What it leaves out, so what no schedule can avoid
+- **staleness chain**: a group trained in step k was admitted at version >= k - K, so after
+  update k-K-1 was published; it is ready D_g later, and update k ends O after its step's last
+  group. So pub(k) >= pub(k-K-1) + M_k + O, with M_k the largest D_g of step k's groups. Summed
+  along each of the K+1 chains of steps k = rho, rho+K+1, ...: wall >= (sum_k M_k + S*O) / (K+1).
+  Whatever the grouping into steps, the j-th largest M_k is at least the (j*B+1)-th largest D_g
+  (the top j*B+1 groups span at least j+1 steps), so sum_k M_k >= sum_j D_desc[j*B].
+
+lower_bound_s is the largest of the four. What it leaves out, so what no schedule can avoid
 but the bound does not charge: switch costs, staleness waits, the rollout tail that cannot be
 filled when the queue runs dry, and idle training cells during updates.
 """
@@ -36,6 +43,10 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
     return {
         "work": (rollout + training + overhead) / c,
         "training_window": min(ready) + overhead + training / c,
+        "staleness_chain": (
+            sum(sorted(ready, reverse=True)[j * w.groups_per_step] for j in range(w.steps)) + overhead
+        )
+        / (w.max_staleness + 1),
         "last_group": max(
             d + t / (r * c) + w.step_overhead_s for d, t in zip(ready, group_tokens, strict=True)
         ),
