@@ -214,6 +214,20 @@ def test_gyre_never_moves_the_core_cell_and_pulls_idle_satellites_back_to_rollou
     assert decision.to_rollout == 2 and decision.admit == 0  # admit once they have switched
 
 
+def test_gyre_never_shrinks_the_pool_below_one_group_while_the_queue_waits() -> None:
+    # Groups of 6 need 2 cells of 4 slots. The balanced split (1 rollout cell: training is
+    # expensive) would leave a pool that can never admit; nothing runs, so no later event would
+    # wake the policy to grow it (a 3-cell random workload stalled exactly like this).
+    config = replace(CONFIG, num_cells=3, group_size=6)
+    stuck = replace(
+        EMPTY, version=2, rollout_cells=1, training_cells=2, groups_admitted=2, queued_groups=4,
+        training_starved_since_s=100.0, rollout_cell_s_per_group=1.0, training_cell_s_per_group=50.0,
+    )  # fmt: skip
+    assert elastic.decide(stuck, config) == Decision(to_rollout=1)
+    grown = replace(stuck, rollout_cells=2, training_cells=1)
+    assert elastic.decide(grown, config) == Decision(admit=1)
+
+
 def test_colocate_with_standalone_rollout_cells_keeps_only_those_while_training() -> None:
     knobs = ElasticKnobs(streaming=False, core_cell=False, standalone_rollout_cells=2)
     view = replace(

@@ -108,8 +108,11 @@ def decide(view: ClusterView, config: PolicyConfig, knobs: ElasticKnobs = GYRE) 
                 overhead_s=config.step_overhead_s,
             )
             low, high = math.floor(split), math.ceil(split)
-    keep_at_most = min(need_soon, int(high))
-    keep_at_least = min(need, int(low))
+    # A pool that cannot hold one group never admits again: with nothing running, no event
+    # would ever wake the policy to grow it (small cells, large groups).
+    one_group = math.ceil(config.group_size / slots) if admissible else 0
+    keep_at_most = max(min(need_soon, int(high)), one_group)
+    keep_at_least = max(min(need, int(low)), one_group)
     current = view.rollout_cells + view.switching_to_rollout
     to_training = to_rollout = 0
     if current > keep_at_most and wants_cells:
