@@ -150,3 +150,16 @@ def test_cli_prints_every_mode_and_draws_the_plot(tmp_path: Path, capsys: pytest
     assert main([str(workload), "--ablation", "--json"]) == 0
     ablation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(ablation["variants"]) == set(ABLATION)
+    assert all(v["paper_h"] is None for v in ablation["variants"].values())  # not the paper's run
+
+
+def test_ablation_shows_the_papers_figures_only_beside_the_12_step_workload() -> None:
+    from services.scheduler.sim.report import ablation
+    from services.scheduler.sim.workload import load_workload
+
+    w = load_workload(
+        Path(__file__).resolve().parents[1] / "bench" / "workloads" / "paper-ablation-12step.yaml"
+    )
+    variants = ablation(w, draw_executions(w))["variants"]
+    assert variants["async"]["paper_h"] == 25.08 and variants["gyre"]["paper_h"] == 16.12
+    assert variants["elastic_no_streaming"]["paper_h"] is None  # the paper gives no figure for it
