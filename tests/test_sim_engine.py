@@ -100,6 +100,14 @@ def test_every_execution_is_run_and_trained_exactly_once(
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
+def test_executions_start_in_queue_order(runs: dict[str, Result], mode: str) -> None:
+    # The task queue is FIFO (the lower bound's model relies on it): execution i never starts
+    # before execution i - 1, even when a group's executions wait for slots.
+    starts = [intervals[0][1] for intervals in runs[mode].hosting]
+    assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_staleness_bound_is_respected(runs: dict[str, Result], mode: str) -> None:
     assert max(runs[mode].staleness) <= SMALL["max_staleness"]
 

@@ -9,7 +9,12 @@ import pytest
 from services.scheduler.policy import burst, colocate, elastic, fixed_split
 from services.scheduler.policy.elastic import ElasticKnobs, balanced_rollout_cells
 from services.scheduler.policy.migration import Move, max_freeable, plan_drain
-from services.scheduler.policy.staleness import admissible_groups, admission_cap, groups_for_step
+from services.scheduler.policy.staleness import (
+    admissible_groups,
+    admission_cap,
+    groups_for_step,
+    groups_to_admit,
+)
 from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig, ReadyGroup
 
 # 8 cells of 4 slots, groups of 4, steps of 2 groups, staleness bound 1.
@@ -216,16 +221,28 @@ def test_gyre_never_moves_the_core_cell_and_pulls_idle_satellites_back_to_rollou
 
 def test_gyre_never_shrinks_the_pool_below_one_group_while_the_queue_waits() -> None:
     # Groups of 6 need 2 cells of 4 slots. The balanced split (1 rollout cell: training is
-    # expensive) would leave a pool that can never admit; nothing runs, so no later event would
-    # wake the policy to grow it (a 3-cell random workload stalled exactly like this).
+    # expensive) would leave a pool where every group waits for slots; before executions could
+    # start one by one, such a pool never admitted again and a 3-cell random workload stalled.
     config = replace(CONFIG, num_cells=3, group_size=6)
     stuck = replace(
         EMPTY, version=2, rollout_cells=1, training_cells=2, groups_admitted=2, queued_groups=4,
         training_starved_since_s=100.0, rollout_cell_s_per_group=1.0, training_cell_s_per_group=50.0,
     )  # fmt: skip
-    assert elastic.decide(stuck, config) == Decision(to_rollout=1)
-    grown = replace(stuck, rollout_cells=2, training_cells=1)
+    # Grow the pool, and admit one group now: 4 of its executions start, 2 wait for a slot.
+    assert elastic.decide(stuck, config) == Decision(admit=1, to_rollout=1)
+    # The cell has switched; the 2 waiting executions took 2 of its slots, 2 slots are free.
+    grown = replace(
+        stuck, rollout_cells=2, training_cells=1, running=6, groups_admitted=3, queued_groups=3,
+        running_groups=((2, 1),),
+    )  # fmt: skip
     assert elastic.decide(grown, config) == Decision(admit=1)
+
+
+def test_admission_fills_every_free_slot_and_lets_at_most_a_group_wait() -> None:
+    assert groups_to_admit(admissible=5, free_slots=6, waiting=0, group_size=4) == 2  # 2 wait
+    assert groups_to_admit(admissible=5, free_slots=6, waiting=3, group_size=4) == 1
+    assert groups_to_admit(admissible=5, free_slots=2, waiting=2, group_size=4) == 0  # all taken
+    assert groups_to_admit(admissible=1, free_slots=16, waiting=0, group_size=4) == 1  # the cap
 
 
 def test_colocate_with_standalone_rollout_cells_keeps_only_those_while_training() -> None:

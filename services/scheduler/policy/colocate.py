@@ -14,7 +14,7 @@ Worked example (B=2, G=4, 2 cells of 4 slots, version 0):
 
 from __future__ import annotations
 
-from services.scheduler.policy.staleness import groups_for_step
+from services.scheduler.policy.staleness import groups_for_step, groups_to_admit
 from services.scheduler.policy.state import NOTHING, ClusterView, Decision, PolicyConfig
 
 
@@ -38,5 +38,10 @@ def decide(view: ClusterView, config: PolicyConfig) -> Decision:
         return NOTHING
     # Only this step's groups, at this version: colocate never trains on stale data.
     wanted = min((view.version + 1) * config.groups_per_step - view.groups_admitted, view.queued_groups)
-    free = view.rollout_cells * config.slots_per_cell - view.running
-    return Decision(admit=max(0, min(wanted, free // config.group_size)))
+    admit = groups_to_admit(
+        admissible=wanted,
+        free_slots=view.rollout_cells * config.slots_per_cell - view.running,
+        waiting=view.waiting,
+        group_size=config.group_size,
+    )
+    return Decision(admit=admit)

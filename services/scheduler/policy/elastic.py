@@ -12,7 +12,8 @@ Each decision:
    room, `migration.plan_drain`) and join the running step at its next microbatch boundary.
    A shortfall pulls training satellites back to rollout at their next microbatch boundary.
    A one-cell dead band around the real-valued split keeps noisy estimates from flapping cells.
-4. **Admit** as many groups as the staleness bound and the kept cells' free slots allow.
+4. **Admit** as many groups as the staleness bound allows and the kept cells' free slots can
+   start (`staleness.groups_to_admit`: every free slot gets an execution, at most G - 1 wait).
 
 The same function with `streaming=False` is the ablation's "elastic without streaming", with
 `batch_sync=True` burst mode, and with `standalone_rollout_cells=A, core_cell=False` the
@@ -30,7 +31,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.scheduler.policy.staleness import admissible_groups, assign_ready, assigned_tokens
+from services.scheduler.policy.staleness import (
+    admissible_groups,
+    assign_ready,
+    assigned_tokens,
+    groups_to_admit,
+)
 from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig
 
 
@@ -89,11 +95,12 @@ def decide(view: ClusterView, config: PolicyConfig, knobs: ElasticKnobs = GYRE) 
     )
     slots = config.slots_per_cell
     admissible = admissible_groups(view, config, batch_sync=knobs.batch_sync)
-    need = math.ceil((view.running + admissible * config.group_size) / slots)
+    in_pool = view.running + view.waiting
+    need = math.ceil((in_pool + admissible * config.group_size) / slots)
     # The next update lets the queue release B more groups; a cell freed now only to be called back
     # then would pay a round trip and migrate its requests for nothing.
     soon = admissible if knobs.batch_sync else min(view.queued_groups, admissible + config.groups_per_step)
-    need_soon = math.ceil((view.running + soon * config.group_size) / slots)
+    need_soon = math.ceil((in_pool + soon * config.group_size) / slots)
     most = config.num_cells - (1 if knobs.core_cell else 0)
     low, high = float(most), float(most)
     if not starved:
@@ -120,6 +127,10 @@ def decide(view: ClusterView, config: PolicyConfig, knobs: ElasticKnobs = GYRE) 
     elif current < keep_at_least:
         satellites = view.training_cells - (1 if knobs.core_cell else 0)
         to_rollout = max(0, min(keep_at_least - current, satellites))
-    free = (view.rollout_cells - to_training) * slots - view.running
-    admit = min(admissible, max(0, free) // config.group_size)
+    admit = groups_to_admit(
+        admissible=admissible,
+        free_slots=(view.rollout_cells - to_training) * slots - view.running,
+        waiting=view.waiting,
+        group_size=config.group_size,
+    )
     return Decision(assign=assign, admit=admit, to_training=to_training, to_rollout=to_rollout)

@@ -15,12 +15,16 @@ Worked example (B=2, G=4, K=1, 1 rollout cell of 8 slots, version 0):
 
 from __future__ import annotations
 
-from services.scheduler.policy.staleness import admissible_groups, assign_ready
+from services.scheduler.policy.staleness import admissible_groups, assign_ready, groups_to_admit
 from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig
 
 
 def decide(view: ClusterView, config: PolicyConfig, *, streaming: bool, batch_sync: bool) -> Decision:
     assign = assign_ready(view, config, streaming=streaming)
-    free = view.rollout_cells * config.slots_per_cell - view.running
-    admit = min(admissible_groups(view, config, batch_sync=batch_sync), max(0, free) // config.group_size)
+    admit = groups_to_admit(
+        admissible=admissible_groups(view, config, batch_sync=batch_sync),
+        free_slots=view.rollout_cells * config.slots_per_cell - view.running,
+        waiting=view.waiting,
+        group_size=config.group_size,
+    )
     return Decision(assign=assign, admit=admit)

@@ -55,6 +55,21 @@ def admissible_groups(view: ClusterView, config: PolicyConfig, *, batch_sync: bo
     return max(0, n)
 
 
+def groups_to_admit(*, admissible: int, free_slots: int, waiting: int, group_size: int) -> int:
+    """How many of the `admissible` groups to admit into `free_slots`.
+
+    A group's executions start one by one as slots free up (its staleness counts from its
+    admission, the oldest version any of its tokens can come from), so a free slot never idles
+    while the queue may release work: admit until every free slot has an execution to take it.
+    At most G - 1 executions then wait, and only briefly.
+
+    Example (G=4): 6 free slots, none waiting -> 2 groups (4 start now, 2 as soon as slots free)
+                   6 free slots, 3 waiting    -> 1 group; 0 free slots -> 0
+    """
+    room = free_slots - waiting
+    return min(admissible, max(0, -(-room // group_size)))
+
+
 def groups_for_step(
     *,
     step: int,

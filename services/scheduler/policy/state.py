@@ -56,6 +56,8 @@ class ClusterView:
     switching_to_rollout: int
     switching_to_training: int
     running: int  # executions holding a slot
+    # Executions of admitted groups still waiting for a slot (they start in order as slots free).
+    waiting: int = 0
     groups_admitted: int
     queued_groups: int  # groups of the run not admitted yet
     # (admission version, groups) of admitted groups that are not ready yet, oldest first.

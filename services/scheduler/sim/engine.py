@@ -3,8 +3,10 @@ no wall clock, no randomness; the executions are drawn beforehand from the workl
 
 What is modelled, and how:
 - **Rollout.** A rollout cell serves at most `executions_per_cell` executions at full speed; an
-  execution holds a slot for its (timeout-capped) duration. New executions go to the fullest cell
-  with room, so the emptiest cells are cheap to free.
+  execution holds a slot for its (timeout-capped) duration. The task queue is FIFO: an admitted
+  group's executions start in admission order as slots free up (the group's staleness counts
+  from its admission). New executions go to the fullest cell with room, so the emptiest cells are
+  cheap to free.
 - **Migration.** Freeing a rollout cell moves its executions to other cells (`policy.migration`):
   each moved execution pauses `migrate_s` (its KV cache travels) and the freed cell spends
   `migrate_s` on the transfer before its `rollout_to_training_s` switch.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -125,6 +128,7 @@ class Simulation:
         self.group_left = [workload.group_size] * g_count
         self.group_version = [0] * g_count
         self.admitted = 0
+        self.waiting: deque[int] = deque()  # executions of admitted groups waiting for a slot
         self.running_by_version: dict[int, int] = {}
         self.ready: list[ReadyGroup] = []
         self.finished_duration = 0.0
@@ -187,6 +191,7 @@ class Simulation:
             switching_to_rollout=self.to_rollout,
             switching_to_training=self.to_training,
             running=self.serving_running,
+            waiting=len(self.waiting),
             groups_admitted=self.admitted,
             queued_groups=self.w.total_groups - self.admitted,
             running_groups=tuple(sorted((v, n) for v, n in self.running_by_version.items() if n)),
@@ -226,15 +231,20 @@ class Simulation:
 
     def _admit(self) -> None:
         assert self.admitted < self.w.total_groups, "policy admitted past the end of the queue"
-        assert self.serving * self.slots - self.serving_running >= self.w.group_size, "no room"
+        assert self.serving * self.slots - self.serving_running > len(self.waiting), "no free slot"
         group = self.admitted
         self.admitted += 1
         self.group_version[group] = self.version
         self.running_by_version[self.version] = self.running_by_version.get(self.version, 0) + 1
         g = self.w.group_size
-        for e in range(group * g, group * g + g):
-            cell = self._fullest_with_room()
-            self._host(e, cell)
+        self.waiting.extend(range(group * g, group * g + g))
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start waiting executions, in admission order, in the free slots."""
+        while self.waiting and self.serving * self.slots > self.serving_running:
+            e = self.waiting.popleft()
+            self._host(e, self._fullest_with_room())
             self.exec_end[e] = self.now + self.x.duration_s[e]
             self._at(self.exec_end[e], _EXEC_END, e)
 
@@ -285,6 +295,7 @@ class Simulation:
             self.finished_groups += 1
             self.running_by_version[self.group_version[group]] -= 1
             self.ready.append(ReadyGroup(group_id=group, version=self.group_version[group], tokens=tokens))
+        self._start_waiting()
 
     # -- role switches --------------------------------------------------------------------------
 
@@ -350,6 +361,7 @@ class Simulation:
             self.to_rollout -= 1
             self.serving += 1
             self.by_load[0].add(cell)
+            self._start_waiting()
         else:
             self.to_training -= 1
             self.training.add(cell)
