@@ -208,6 +208,26 @@ def test_gyre_frees_the_rollout_tail_when_the_queue_is_empty() -> None:
     assert elastic.decide(tail, CONFIG) == Decision(to_training=5)  # 4 executions fit on 1 cell
 
 
+def test_gyre_trains_on_idle_rollout_cells_until_a_distant_update_releases_more_groups() -> None:
+    # The staleness cap holds the queue (version 2, K=1: 8 groups admitted, none admissible); 5
+    # rollout cells hold 8 executions (2 cells' worth). The step trains 2 assigned groups.
+    config = replace(CONFIG, tokens_per_s_per_cell=1000.0)
+    capped = replace(
+        EMPTY, version=2, rollout_cells=5, training_cells=3, running=8, groups_admitted=8,
+        queued_groups=12, running_groups=((1, 1), (2, 1)), step_groups=2,
+        rollout_cell_s_per_group=16.0, training_cell_s_per_group=8.0,
+    )  # fmt: skip
+    # 300,000 untrained tokens on 3 cells: the next release is 100 s off, far more than the
+    # 12 s round trip plus 8 s switch-in: keep only the 2 cells the running executions need.
+    far = replace(capped, step_untrained_tokens=300_000)
+    assert elastic.next_release_s(far, config) == pytest.approx(100.0)
+    assert elastic.decide(far, config).to_training == 3
+    # 30,000 tokens: 10 s off; freeing cells now would call them back at once, so keep the 2
+    # groups the release brings in view (4 cells).
+    near = replace(capped, step_untrained_tokens=30_000)
+    assert elastic.decide(near, config).to_training == 1
+
+
 def test_gyre_never_moves_the_core_cell_and_pulls_idle_satellites_back_to_rollout() -> None:
     starved = replace(
         EMPTY, rollout_cells=0, training_cells=1, version=1, groups_admitted=2, queued_groups=18,

@@ -29,6 +29,7 @@ class PolicyConfig:
     step_overhead_s: float
     rollout_to_training_s: float
     training_to_rollout_s: float
+    tokens_per_s_per_cell: float | None = None  # training throughput of one cell, if known
 
     @property
     def round_trip_s(self) -> float:

@@ -476,4 +476,5 @@ def policy_config(w: Workload) -> PolicyConfig:
         step_overhead_s=w.step_overhead_s,
         rollout_to_training_s=w.rollout_to_training_s,
         training_to_rollout_s=w.training_to_rollout_s,
+        tokens_per_s_per_cell=w.tokens_per_s_per_cell,
     )
