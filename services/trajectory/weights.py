@@ -1,0 +1,129 @@
+"""Replay selected trajectories into loss-weighted samples, and group-relative advantages (pure).
+
+Weights (DESIGN section 4): the loss covers policy-generated positions only; a target position
+shared by several selected trajectories of an execution counts once (in the first sample, in
+selection order, that contains it); token losses average within an execution and then across
+the batch, so each counted target of execution `e` weighs `1 / (E * U_e)`, where `U_e` is the
+number of distinct selected targets of `e` and `E` the number of executions in the batch that
+have at least one (an execution with none adds nothing and does not dilute the others). The
+batch loss is then the plain sum `sum(token_weight * token_loss)`; the weights sum to 1.
+
+Advantage (`GRPO`, the default): `(r - mean_g) / (std_g + 1e-6)` over the rewards of every
+rewarded execution of the group (population standard deviation). It makes the advantage scale
+free across tasks of different reward ranges, which suits the [0, 1] partial-credit rewards; a
+group whose rewards are all equal yields 0 (no signal rather than noise). `MEAN_CENTERED` is
+`r - mean_g` (Dr. GRPO), for recipes that avoid favouring low-variance groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.trajectory.records import Float32Array, Int32Array, Int64Array
+from services.trajectory.tree import Chain, ExecutionTree, select_chains
+
+STD_EPS = 1e-6
+GRPO = "grpo"
+MEAN_CENTERED = "mean_centered"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What is known of an execution's result."""
+
+    reward: float | None = None
+    advantage: float = 0.0
+    task_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    """One selected trajectory, ready for the loss (every array has the length of token_ids)."""
+
+    execution_id: str
+    trajectory_id: str
+    agent_role: str
+    token_ids: Int32Array
+    loss_mask: np.ndarray  # bool
+    token_weight: Float32Array
+    old_logprobs: Float32Array
+    policy_versions: Int64Array
+    reward: float
+    advantage: float
+    task_id: str
+    has_reward: bool
+
+
+def trajectory_id(execution_id: str, chain: Chain) -> str:
+    return f"{execution_id}/{chain.index}"
+
+
+def replay_batch(
+    trees: Sequence[ExecutionTree],
+    *,
+    j_max: int,
+    role_rank: Sequence[str],
+    outcomes: Mapping[str, Outcome],
+) -> list[Sample]:
+    """Samples for a batch of executions: selection, dedupe of shared targets, 1/(E*U_e) weights.
+
+    Example (one execution, two selected chains sharing target 100):
+        main#0 tokens [1, 100, 2, 101]   main#1 tokens [1, 100, 3, 102]
+        U_e = 3 (100, 101, 102), E = 1
+        main#0 loss_mask [0, 1, 0, 1] weight [0, 1/3, 0, 1/3]
+        main#1 loss_mask [0, 0, 0, 1] weight [0, 0, 0, 1/3]
+    """
+    planned: list[tuple[ExecutionTree, Chain, np.ndarray, np.ndarray]] = []
+    unique_targets: dict[str, int] = {}
+    for tree in trees:
+        seen = np.zeros(tree.n, np.bool_)
+        for chain in select_chains(tree.chains, j_max=j_max, role_rank=role_rank):
+            positions = tree.path(tree.calls[chain.last_seq].end)
+            counted = tree.target[positions] & ~seen[positions]
+            seen[positions[counted]] = True
+            planned.append((tree, chain, positions, counted))
+        unique_targets[tree.execution_id] = int(seen.sum())
+    num_executions = sum(1 for u in unique_targets.values() if u > 0)
+    samples = []
+    for tree, chain, positions, counted in planned:
+        u = unique_targets[tree.execution_id]
+        weight = np.float32(1.0 / (num_executions * u)) if u else np.float32(0.0)
+        is_target = tree.target[positions]
+        outcome = outcomes.get(tree.execution_id, Outcome())
+        samples.append(
+            Sample(
+                execution_id=tree.execution_id,
+                trajectory_id=trajectory_id(tree.execution_id, chain),
+                agent_role=chain.agent_role,
+                token_ids=tree.tokens[positions],
+                loss_mask=counted,
+                token_weight=counted.astype(np.float32) * weight,
+                old_logprobs=np.where(is_target, tree.logprob[positions], np.float32(0.0)),
+                policy_versions=np.where(is_target, tree.version[positions], 0),
+                reward=outcome.reward or 0.0,
+                advantage=outcome.advantage,
+                task_id=outcome.task_id,
+                has_reward=outcome.reward is not None,
+            )
+        )
+    return samples
+
+
+def group_advantages(rewards: Mapping[str, float], *, estimator: str = GRPO) -> dict[str, float]:
+    """Advantage of every execution of one group from the group's rewards.
+
+    Example:
+        {"a": 1.0, "b": 0.0} -> GRPO {"a": 1.0, "b": -1.0} (mean 0.5, std 0.5)
+    """
+    if not rewards:
+        return {}
+    values = np.fromiter(rewards.values(), np.float64, len(rewards))
+    centered = values - values.mean()
+    if estimator == GRPO:
+        centered = centered / (values.std() + STD_EPS)
+    elif estimator != MEAN_CENTERED:
+        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    return {e: float(a) for e, a in zip(rewards, centered, strict=True)}
