@@ -33,7 +33,8 @@ from datetime import timedelta
 import structlog
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedModel, Qwen2Config
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+from transformers import PretrainedConfig, PreTrainedModel, Qwen2Config
 
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import (
@@ -99,15 +100,14 @@ class StepGradient:
     loss: float
 
 
-def make_group(store: dist.Store, *, epoch: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
+def make_group(store: Store, *, epoch: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
     """The process group of one epoch; on GPUs this is where ProcessGroupNCCL would be built."""
-    prefixed = dist.PrefixStore(f"pg/{epoch}/", store)
-    return dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))
+    prefixed = PrefixStore(f"pg/{epoch}/", store)
+    group: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))  # type: ignore[assignment]
+    return group
 
 
-def _wait_key(
-    store: dist.Store, key: str, *, deadline: float, also: Callable[[], bool] = lambda: False
-) -> bool:
+def _wait_key(store: Store, key: str, *, deadline: float, also: Callable[[], bool] = lambda: False) -> bool:
     """Poll until `key` exists (True) or `also()` holds (False); TimeoutError past the deadline."""
     while not store.check([key]):
         if also():
@@ -131,7 +131,7 @@ class DataParallelCore:
     def __init__(
         self,
         *,
-        model_config: Qwen2Config,
+        model_config: PretrainedConfig,
         loss_config: LossConfig,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -144,7 +144,7 @@ class DataParallelCore:
         self.timeout_s = timeout_s
         self.loss_config = loss_config
         self.packed = packed
-        self.store = dist.TCPStore(
+        self.store = TCPStore(
             host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
         )
         self.port = self.store.port
@@ -285,7 +285,7 @@ class DataParallelCore:
         n = len(microbatches)
         prefix = f"step/{version}/"
         for i, mb in enumerate(microbatches):
-            self.store.set(f"{prefix}mb/{i}", encode_microbatch(mb))
+            self.store.set(f"{prefix}mb/{i}", encode_microbatch(mb))  # type: ignore[arg-type]
         with self._lock:
             self.step_target = version
             self.done_in_step = 0
@@ -356,7 +356,7 @@ def run_satellite(
     Returns the number of microbatches it computed.
     """
     host, port = rendezvous_uri.removeprefix("tcp://").rsplit(":", 1)
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
     config = Qwen2Config.from_dict(json.loads(store.get("model/config")))
     loss_fields = json.loads(store.get("loss/config"))
     packed = bool(loss_fields.pop("packed"))

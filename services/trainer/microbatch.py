@@ -82,7 +82,7 @@ def microbatch_gradient(
     logprobs_K = packed_logprobs(model, sequences) if packed else flat_logprobs(model, sequences)
     targets = token_targets(samples)
     loss, stats = policy_loss(logprobs_K, targets, config)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     grad_P = torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params]
     )

@@ -39,15 +39,19 @@ def tiny_config(*, vocab_size: int = 512, hidden_size: int = 64, num_layers: int
 def build_model(config: Qwen2Config, *, seed: int) -> PreTrainedModel:
     """A freshly initialised model (SDPA attention, which takes a boolean 4-D mask as given)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
-    return model.float()
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        config, attn_implementation=ATTENTION
+    )
+    return model.float()  # type: ignore[no-any-return,no-untyped-call]
 
 
 def load_model(folder: Path) -> PreTrainedModel:
     """Load `config.json` + `model.safetensors` from a folder written by `weights.publish`."""
     config = AutoConfig.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, config=config, attn_implementation=ATTENTION)
-    return model.float()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        folder, config=config, attn_implementation=ATTENTION
+    )
+    return model.float()  # type: ignore[no-any-return,no-untyped-call]
 
 
 def _gather_logprobs(logits_KV: torch.Tensor, targets_K: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from services.trainer.dp import DataParallelCore
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
-from services.trainer.samples import StalenessAction, admit, validate_sample
+from services.trainer.samples import Sample, StalenessAction, admit, validate_sample
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +69,9 @@ class PolicyTrainer:
         self.version = version
         core.current_version = version
 
-    def step(self, samples: Sequence, *, after_microbatch: Callable[[int], None] | None = None) -> StepReport:
+    def step(
+        self, samples: Sequence[Sample], *, after_microbatch: Callable[[int], None] | None = None
+    ) -> StepReport:
         started = time.perf_counter()
         for i, s in enumerate(samples):
             validate_sample(s, field=f"samples[{i}]")
