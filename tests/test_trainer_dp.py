@@ -1,0 +1,60 @@
+"""Dynamic data parallelism: satellites (real processes, gloo on 127.0.0.1) join mid-step, the gradient does not change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from trainer_builders import tiny_model, tree_samples
+
+from services.trainer.dp import DataParallelCore
+from services.trainer.loss import LossConfig
+from services.trainer.microbatch import plan_microbatches
+
+
+@pytest.fixture
+def core() -> Iterator[DataParallelCore]:
+    model = tiny_model()
+    yield DataParallelCore(model_config=model.config, loss_config=LossConfig(), timeout_s=90)
+
+
+def start_satellite(core: DataParallelCore, cell_id: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.trainer.satellite", "--rendezvous", core.rendezvous_uri, "--cell-id", cell_id]
+    )
+
+
+def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataParallelCore) -> None:
+    model = tiny_model()
+    microbatches = plan_microbatches(tree_samples(model, num_executions=6), max_tokens=10_000)
+    alone = core.compute_step_gradient(model, microbatches, version=1)
+    assert alone.max_world_size == 1
+    satellites = [start_satellite(core, "cell-1"), start_satellite(core, "cell-2")]
+    try:
+
+        def join_at(i: int) -> None:  # cell-1 after the core's first microbatch, cell-2 after its second
+            if i in (0, 1):
+                assert core.request_join(f"cell-{i + 1}").admitted
+
+        joined = core.compute_step_gradient(model, microbatches, version=2, after_microbatch=join_at)
+        assert joined.max_world_size == 3
+        assert joined.num_targets == alone.num_targets
+        assert joined.loss == pytest.approx(alone.loss, abs=1e-6)
+        scale = float(alone.grad_P.abs().max())
+        assert float((joined.grad_P - alone.grad_P).abs().max()) / scale <= 1e-6
+        left = core.request_leave("cell-1").result(timeout=30)
+        assert core.members() == ("cell-0", "cell-2")
+        assert satellites[0].wait(timeout=30) == 0
+        again = core.compute_step_gradient(model, microbatches, version=3)  # core and cell-2 from the start
+        assert again.max_world_size == 2
+        assert float((again.grad_P - alone.grad_P).abs().max()) / scale <= 1e-6
+        assert left.num_micro_batches_completed >= 0
+        core.request_leave("cell-2").result(timeout=30)
+        assert satellites[1].wait(timeout=30) == 0
+    finally:
+        for p in satellites:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
