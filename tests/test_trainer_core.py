@@ -54,13 +54,16 @@ def test_microbatches_keep_executions_together_within_the_budget() -> None:
 
 def test_stale_samples_are_dropped_and_counted_or_refused() -> None:
     samples = tree_samples(tiny_model(), num_executions=1)
-    aged = [dataclasses.replace(s, policy_versions=tuple(v for v in (i,) * len(s.token_ids))) for i, s in enumerate(samples)]
+    aged = [
+        dataclasses.replace(s, policy_versions=tuple(v for v in (i,) * len(s.token_ids)))
+        for i, s in enumerate(samples)
+    ]
     kept = admit(aged, trainer_version=3, max_staleness_steps=2, action=StalenessAction.DROP)
     assert [s.trajectory_id for s in kept.kept] == ["exec-0/traj-1", "exec-0/traj-2"]
     assert kept.num_dropped == 1
     assert kept.staleness_max_steps == 3
     assert kept.staleness_mean_steps == pytest.approx((3 + 2 + 1) / 3)
-    with pytest.raises(StalenessExceeded, match="exec-0/traj-0 .* 3 versions stale"):
+    with pytest.raises(StalenessExceeded, match=r"exec-0/traj-0 .* 3 versions stale"):
         admit(aged, trainer_version=3, max_staleness_steps=2, action=StalenessAction.FAIL)
 
 

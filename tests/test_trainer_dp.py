@@ -1,4 +1,4 @@
-"""Dynamic data parallelism: satellites (real processes, gloo on 127.0.0.1) join mid-step, the gradient does not change."""
+"""Dynamic data parallelism: satellite processes (gloo on 127.0.0.1) join mid-step; the gradient holds."""
 
 from __future__ import annotations
 
@@ -22,7 +22,15 @@ def core() -> Iterator[DataParallelCore]:
 
 def start_satellite(core: DataParallelCore, cell_id: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.trainer.satellite", "--rendezvous", core.rendezvous_uri, "--cell-id", cell_id]
+        [
+            sys.executable,
+            "-m",
+            "services.trainer.satellite",
+            "--rendezvous",
+            core.rendezvous_uri,
+            "--cell-id",
+            cell_id,
+        ]
     )
 
 
