@@ -155,7 +155,7 @@ def bench_packing(reps: int) -> dict[str, float]:
 def bench_learning(steps: int, seed: int) -> dict[str, object]:
     """Verifiable task: after a 2-token prompt, each of 4 generated tokens earns 1/4 when it is below 256."""
     model = build_model(tiny_config(), seed=seed)
-    config = OptimConfig(learning_rate=3e-3, max_grad_norm=1.0, loss=LossConfig())
+    config = OptimConfig(learning_rate=1e-2, max_grad_norm=1.0, loss=LossConfig())
     core = DataParallelCore(model_config=model.config, loss_config=config.loss)
     trainer = PolicyTrainer(model, make_optimizer(model, config), config, core, version=0)
     rng = random.Random(seed)
