@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import sqlalchemy as sa
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -125,8 +126,13 @@ def from_row(r: Any) -> StoredCall:
 async def raw_connection(session: AsyncSession) -> Any:
     """The asyncpg connection under a session, inside its transaction (for COPY and bytea reads)."""
     conn = await session.connection()
+    # SQLAlchemy's asyncpg adapter opens its transaction lazily, at the first statement it runs
+    # itself: run one, or the raw statements below would each commit on their own.
+    await conn.execute(sa.text("SELECT 1"))
     raw = await conn.get_raw_connection()
-    return raw.driver_connection
+    pg = raw.driver_connection
+    assert pg is not None and (pg.is_in_transaction() or not session.in_transaction())
+    return pg
 
 
 class CallLog:

@@ -50,9 +50,11 @@ async def publish_if_ready(session: AsyncSession, task_id: str, *, causation_id:
 class TaskEvents:
     """Learns task groups from the scheduler, so rewards can later complete them."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], poke: Callable[[], None]) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], poke: Callable[[], None] = lambda: None
+    ) -> None:
         self.sessions = sessions
-        self.poke = poke
+        self.poke = poke  # wakes the outbox relay after a commit that enqueued GroupReady
 
     def spec(self) -> ConsumerSpec:
         return ConsumerSpec(
@@ -88,9 +90,11 @@ class TaskEvents:
 class RewardEvents:
     """Stores rewards and completes groups."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], poke: Callable[[], None]) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], poke: Callable[[], None] = lambda: None
+    ) -> None:
         self.sessions = sessions
-        self.poke = poke
+        self.poke = poke  # wakes the outbox relay after a commit that enqueued GroupReady
 
     def spec(self) -> ConsumerSpec:
         return ConsumerSpec(
