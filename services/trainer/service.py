@@ -15,10 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
-from gyre.ids import new_uuid7
+from gyre.ids import new_uuid7, validate_request_id
 from gyre.rpc import Context
 from gyre.trainer.v1 import events_pb2, trainer_pb2, trainer_pb2_grpc
-from services.scheduler.tasks import validate_request_id
 from services.trainer import repo
 from services.trainer.core_cell import CoreCell, path_from_uri
 from services.trainer.loop import PRODUCER, StepLoop, version_proto
