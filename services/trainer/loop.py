@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from datetime import UTC, datetime
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gyre.common.v1 import ids_pb2
+from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import Unavailable
 from gyre.events import new_event
@@ -25,7 +26,7 @@ from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, sa
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import CoreCell
 from services.trainer.source import TrajectorySamples
-from services.trainer.weights import publish
+from services.trainer.weights import PublishedWeights, publish
 
 log = structlog.get_logger(__name__)
 PRODUCER = "trainer"
@@ -33,6 +34,35 @@ PRODUCER = "trainer"
 
 def version_proto(v: int) -> ids_pb2.PolicyVersion:
     return ids_pb2.PolicyVersion(steps=v)
+
+
+def weights_published(weights: PublishedWeights, *, event_id: str | None = None) -> envelope_pb2.Envelope:
+    return new_event(
+        events_pb2.WeightsPublished(
+            version=version_proto(weights.version),
+            source_uri=weights.source_uri,
+            sha256=weights.sha256,
+            size_bytes=weights.size_bytes,
+        ),
+        producer=PRODUCER,
+        correlation_id=f"step-{weights.version}",
+        event_id=event_id,
+    )
+
+
+async def announce_initial_weights(
+    sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, weights: PublishedWeights
+) -> None:
+    """`WeightsPublished` for version 0, so engines can start from the trainer's initial weights.
+
+    The event id follows from the file's hash: restarting before the first step announces the
+    same weights again under the same id, which the outbox (unique event ids) keeps once.
+    """
+    event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"gyre-trainer:weights:v0:{weights.sha256}"))
+    async with sessions() as session, session.begin():
+        if not await repo.outbox_has(session, event_id):
+            await enqueue(session, repo.outbox, weights_published(weights, event_id=event_id))
+    relay.poke()
 
 
 class StepLoop:
@@ -125,16 +155,7 @@ class StepLoop:
                 producer=PRODUCER,
                 correlation_id=f"step-{version}",
             ),
-            new_event(
-                events_pb2.WeightsPublished(
-                    version=version_proto(version),
-                    source_uri=weights.source_uri,
-                    sha256=weights.sha256,
-                    size_bytes=weights.size_bytes,
-                ),
-                producer=PRODUCER,
-                correlation_id=f"step-{version}",
-            ),
+            weights_published(weights),
         ]
         async with self.sessions() as session, session.begin():
             await repo.record_step(

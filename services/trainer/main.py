@@ -16,7 +16,7 @@ from services.trainer import repo
 from services.trainer.config import TrainerSettings
 from services.trainer.consumer import GroupEvents
 from services.trainer.core_cell import open_core_cell
-from services.trainer.loop import StepLoop
+from services.trainer.loop import StepLoop, announce_initial_weights
 from services.trainer.service import TrainerServicer
 from services.trainer.source import TrajectorySamples
 
@@ -28,13 +28,15 @@ async def build(settings: TrainerSettings, kernel: KernelSettings) -> ServiceHos
     conns = await connect(kernel, service=NAME)
     async with conns.sessions() as session:
         last = await repo.last_step(session)
-    cell, _ = await asyncio.to_thread(
+    cell, initial = await asyncio.to_thread(
         open_core_cell,
         settings,
         version=last.version if last else 0,
         checkpoint_uri=last.checkpoint_uri if last else None,
     )
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
+    if initial is not None:
+        await announce_initial_weights(conns.sessions, relay, initial)
     source = TrajectorySamples(settings.trajectory_address, j_max=settings.j_max)
     loop = StepLoop(settings=settings, sessions=conns.sessions, relay=relay, cell=cell, source=source)
     groups = Consumer(conns.bus, GroupEvents(conns.sessions, on_queued=loop.poke).spec())

@@ -183,3 +183,8 @@ async def load_request(session: AsyncSession, request_id: str) -> tuple[str, byt
     )
     row = (await session.execute(stmt)).first()
     return None if row is None else (row.method, row.fingerprint, row.response)
+
+
+async def outbox_has(session: AsyncSession, event_id: str) -> bool:
+    stmt = sa.select(outbox.c.event_id).where(outbox.c.event_id == uuid.UUID(event_id))
+    return (await session.execute(stmt)).first() is not None
