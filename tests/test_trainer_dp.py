@@ -66,3 +66,33 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def test_a_killed_satellite_costs_an_attempt_not_the_step_nor_its_exactness() -> None:
+    model = tiny_model()
+    core = DataParallelCore(
+        model_config=model.config, loss_config=LossConfig(), timeout_s=60, dead_after_s=1.0
+    )
+    microbatches = plan_microbatches(tree_samples(model, num_executions=6), max_tokens=10_000)
+    alone = core.compute_step_gradient(model, microbatches, version=1)
+    satellite = start_satellite(core, "cell-1")
+    try:
+        assert core.request_join("cell-1").admitted
+
+        def kill_after_first(i: int) -> None:  # the core's first microbatch of the epoch with cell-1
+            if core.members() == ("cell-0", "cell-1") and satellite.poll() is None:
+                satellite.kill()
+
+        gradient = core.compute_step_gradient(
+            model, microbatches, version=2, after_microbatch=kill_after_first
+        )
+        assert satellite.wait(timeout=10) != 0
+        assert (gradient.attempts, gradient.lost_cells, gradient.max_world_size) == (2, ("cell-1",), 1)
+        assert core.members() == ("cell-0",) and core.lost == ["cell-1"]
+        assert gradient.num_targets == alone.num_targets
+        scale = float(alone.grad_P.abs().max())
+        assert float((gradient.grad_P - alone.grad_P).abs().max()) / scale <= 1e-6
+    finally:
+        if satellite.poll() is None:
+            satellite.kill()
+            satellite.wait(timeout=10)

@@ -46,6 +46,10 @@ class TrainerSettings(BaseSettings):
     staleness_action: StalenessAction = StalenessAction.DROP
     keep_checkpoints: int = 3
     dp_timeout_s: float = 120.0
+    satellite_dead_after_s: float = 5.0
+    """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
+    step_attempts: int = 3
+    """Attempts of one step before it fails (each lost satellite costs one)."""
 
     def optim(self) -> OptimConfig:
         return OptimConfig(

@@ -66,6 +66,8 @@ def open_core_cell(
         port=settings.dp_port,
         cell_id=settings.cell_id,
         timeout_s=settings.dp_timeout_s,
+        dead_after_s=settings.satellite_dead_after_s,
+        max_attempts=settings.step_attempts,
     )
     trainer = PolicyTrainer(model, optimizer, optim, core, version=version)
     published = None

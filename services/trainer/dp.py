@@ -15,13 +15,24 @@ per-microbatch gradients; each microbatch is computed exactly once (the counter)
 weights, and the sums are taken in float64, so the partition only changes rounding far below
 float32 resolution.
 
+A satellite that dies (its heartbeat, `alive/<cell>` ticked by a thread of its own, stops for
+`dead_after_s`) takes its unreduced partial sum with it. Redoing only "its" microbatches would
+need to know which were in that sum; instead the core aborts the epoch (`end` with `abort`:
+survivors skip the reduction), drops the dead member and computes the step again as a new
+*attempt* (fresh counters) from the same weights and microbatches, so the gradient stays exact.
+After `max_attempts` the step fails with StepFailed and the step loop retries it later (its
+groups stay queued). Not covered: a member dying inside a collective makes the collective raise
+on the core (then the same retry) but may also crash other satellites, which then count as lost.
+
 Store keys: `model/config`, `loss/config`; `epoch/latest`; `epoch/<k>` (JSON plan);
-`epoch/<k>/end` (JSON {"next": k+1}); `step/<v>/mb/<i>`, `step/<v>/next`, `step/<v>/done`;
-`count/<cell>`; `released/<cell>`.
+`epoch/<k>/end` (JSON {"next": k+1, "abort"?}); `step/<v>/mb/<i>`; per attempt a:
+`step/<v>/<a>/next`, `step/<v>/<a>/done`, `step/<v>/<a>/targets/<cell>`, `step/<v>/<a>/loss/<cell>`;
+`count/<cell>`; `released/<cell>`; `alive/<cell>`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -49,6 +60,7 @@ from services.trainer.samples import Sample
 
 log = structlog.get_logger(__name__)
 POLL_S = 0.002
+HEARTBEAT_S = 0.2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +71,13 @@ class EpochPlan:
     members: tuple[str, ...]
     """Cell ids; the index is the rank, the core is rank 0."""
     num_microbatches: int
+    attempt: int = 0
+    """Attempt of the step: a member lost mid-step makes the core redo the step as a new attempt."""
+
+    @property
+    def counters(self) -> str:
+        """Store prefix of this attempt's counters (`next`, `done`) and per-member reports."""
+        return f"step/{self.version}/{self.attempt}/"
 
     def encode(self) -> str:
         return json.dumps({**asdict(self), "members": list(self.members)})
@@ -71,6 +90,7 @@ class EpochPlan:
             version=d["version"],
             members=tuple(d["members"]),
             num_microbatches=d["num_microbatches"],
+            attempt=d.get("attempt", 0),
         )
 
 
@@ -90,6 +110,16 @@ class LeaveResult:
     target_version: int
 
 
+class StepFailed(RuntimeError):
+    """A step could not be computed: members kept dying (each loss costs one attempt)."""
+
+
+class _MembersLost(Exception):
+    def __init__(self, cells: Sequence[str]) -> None:
+        super().__init__(", ".join(cells))
+        self.cells = tuple(cells)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepGradient:
     grad_P: torch.Tensor
@@ -98,6 +128,8 @@ class StepGradient:
     max_world_size: int
     num_targets: int
     loss: float
+    attempts: int = 1
+    lost_cells: tuple[str, ...] = ()
 
 
 def make_group(store: Store, *, epoch: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
@@ -138,9 +170,17 @@ class DataParallelCore:
         cell_id: str = "cell-0",
         timeout_s: float = 60.0,
         packed: bool = True,
+        dead_after_s: float = 5.0,
+        max_attempts: int = 3,
     ) -> None:
         self.host = host
         self.cell_id = cell_id
+        self.dead_after_s = dead_after_s
+        self.max_attempts = max_attempts
+        self._heard: dict[str, tuple[int, float]] = {}
+        """Per satellite: its last heartbeat count and when the core saw it change."""
+        self.lost: list[str] = []
+        """Satellites declared dead, oldest first (the service reports them as LEAVE_REASON_LOST)."""
         self.timeout_s = timeout_s
         self.loss_config = loss_config
         self.packed = packed
@@ -245,29 +285,92 @@ class DataParallelCore:
             return bool(self._m.pending_joins or self._m.pending_leaves)
 
     def _open_epoch(
-        self, model: PreTrainedModel, *, version: int, num_microbatches: int
+        self, model: PreTrainedModel, *, version: int, attempt: int, num_microbatches: int
     ) -> tuple[EpochPlan, dist.ProcessGroup | None]:
+        dead = self._dead_members(self.members())  # died between steps: not worth a group that cannot form
+        if dead:
+            self._drop(dead)
         with self._lock:
             self._apply_leaves_locked()
-            self._m.members.extend(c for c in self._m.pending_joins if c not in self._m.members)
+            joining = [c for c in self._m.pending_joins if c not in self._m.members]
+            self._m.members.extend(joining)
             self._m.pending_joins.clear()
             plan = EpochPlan(
                 epoch=self._next_epoch,
                 version=version,
                 members=tuple(self._m.members),
                 num_microbatches=num_microbatches,
+                attempt=attempt,
             )
             self._next_epoch += 1
+        now = time.monotonic()
+        for cell in joining:  # a newcomer's heartbeat clock starts now
+            self._heard[cell] = (int(self.store.add(f"alive/{cell}", 0)), now)
         self.store.set(f"epoch/{plan.epoch}", plan.encode())
         self.store.set("epoch/latest", str(plan.epoch))
         if len(plan.members) == 1:
             return plan, None
-        group = make_group(
-            self.store, epoch=plan.epoch, rank=0, size=len(plan.members), timeout_s=self.timeout_s
+        try:
+            group = make_group(
+                self.store, epoch=plan.epoch, rank=0, size=len(plan.members), timeout_s=self.timeout_s
+            )
+            group.broadcast(parameters_vector(model).clone(), 0).wait()
+        except RuntimeError:
+            self._abort_epoch(plan)
+            raise _MembersLost(self._wait_for_dead(plan.members)) from None
+        log.info(
+            "dp_epoch_opened", epoch=plan.epoch, version=version, attempt=attempt, members=list(plan.members)
         )
-        group.broadcast(parameters_vector(model).clone(), 0).wait()
-        log.info("dp_epoch_opened", epoch=plan.epoch, version=version, members=list(plan.members))
         return plan, group
+
+    def _dead_members(self, members: Sequence[str]) -> list[str]:
+        """Satellites whose heartbeat counter has not moved for `dead_after_s`."""
+        now = time.monotonic()
+        dead = []
+        for cell in members:
+            if cell == self.cell_id:
+                continue
+            count = int(self.store.add(f"alive/{cell}", 0))
+            last = self._heard.get(cell)
+            if last is None or last[0] != count:
+                self._heard[cell] = (count, now)
+            elif now - last[1] > self.dead_after_s:
+                dead.append(cell)
+        return dead
+
+    def _wait_for_dead(self, members: Sequence[str]) -> list[str]:
+        """After a failed collective: the members whose heartbeat stops within `dead_after_s`."""
+        deadline = time.monotonic() + 2 * self.dead_after_s
+        while time.monotonic() < deadline:
+            dead = self._dead_members(members)
+            if dead:
+                return dead
+            time.sleep(0.05)
+        raise StepFailed(f"a collective of members {list(members)} failed, yet every member is alive")
+
+    def _drop(self, cells: Sequence[str]) -> None:
+        with self._lock:
+            for cell in cells:
+                if cell in self._m.members:
+                    self._m.members.remove(cell)
+                future = self._m.pending_leaves.pop(cell, None)
+                if future is not None:  # it asked to leave, then died: it is out all the same
+                    future.set_result(
+                        LeaveResult(
+                            num_micro_batches_completed=int(self.store.add(f"count/{cell}", 0)),
+                            num_micro_batches_reassigned=0,
+                            target_version=self.step_target or self.current_version + 1,
+                        )
+                    )
+                self._heard.pop(cell, None)
+                self.lost.append(cell)
+        for cell in cells:
+            self.store.set(f"released/{cell}", "1")  # should it come back, it stops instead of rejoining
+        log.warning("dp_members_lost", cells=list(cells))
+
+    def _abort_epoch(self, plan: EpochPlan) -> None:
+        """Survivors see `abort`: they skip the reduction and wait for the next epoch (a new attempt)."""
+        self.store.set(f"epoch/{plan.epoch}/end", json.dumps({"next": plan.epoch + 1, "abort": True}))
 
     def compute_step_gradient(
         self,
@@ -279,73 +382,118 @@ class DataParallelCore:
     ) -> StepGradient:
         """Sum of every microbatch's gradient for the step producing `version`, members joining as they ask.
 
+        A satellite that dies (heartbeat silent for `dead_after_s`) takes its partial sum with it,
+        and nothing says which of its microbatches that sum held once others were reduced; so the
+        attempt is dropped whole and the step is computed again by the survivors, from the same
+        weights and microbatches: the gradient stays exact. After `max_attempts`: StepFailed.
+
         `after_microbatch(i)` runs on the core after it finishes microbatch i (tests and the
         benchmark use it to make satellites join at chosen points).
         """
-        n = len(microbatches)
-        prefix = f"step/{version}/"
         for i, mb in enumerate(microbatches):
-            self.store.set(f"{prefix}mb/{i}", encode_microbatch(mb))  # type: ignore[arg-type]
+            self.store.set(f"step/{version}/mb/{i}", encode_microbatch(mb))  # type: ignore[arg-type]
         with self._lock:
             self.step_target = version
             self.done_in_step = 0
+        lost: list[str] = []
+        try:
+            for attempt in range(self.max_attempts):
+                try:
+                    result = self._attempt(
+                        model, microbatches, version=version, attempt=attempt, hook=after_microbatch
+                    )
+                except _MembersLost as exc:
+                    lost.extend(exc.cells)
+                    self._drop(exc.cells)
+                    log.warning(
+                        "dp_step_attempt_dropped", version=version, attempt=attempt, lost=list(exc.cells)
+                    )
+                    continue
+                return dataclasses.replace(result, attempts=attempt + 1, lost_cells=tuple(lost))
+            raise StepFailed(
+                f"step {version}: {self.max_attempts} attempts lost members ({', '.join(lost)}); giving up"
+            )
+        finally:
+            with self._lock:
+                self.step_target = None
+                self.current_version = version
+                self._apply_leaves_locked()
+
+    def _attempt(
+        self,
+        model: PreTrainedModel,
+        microbatches: Sequence[Sequence[Sample]],
+        *,
+        version: int,
+        attempt: int,
+        hook: Callable[[int], None] | None,
+    ) -> StepGradient:
+        n = len(microbatches)
         total_P = torch.zeros_like(parameters_vector(model), dtype=torch.float64)
         max_world = 1
         participants: set[str] = set()
         num_targets = 0
         loss = 0.0
-        try:
+        counters = ""
+        while True:
+            plan, group = self._open_epoch(model, version=version, attempt=attempt, num_microbatches=n)
+            counters = plan.counters
+            max_world = max(max_world, len(plan.members))
+            participants.update(plan.members[1:])
+            acc_P = torch.zeros_like(total_P)
+            finished = False
+            next_check = 0.0
             while True:
-                plan, group = self._open_epoch(model, version=version, num_microbatches=n)
-                max_world = max(max_world, len(plan.members))
-                participants.update(plan.members[1:])
-                acc_P = torch.zeros_like(total_P)
-                finished = False
-                while True:
-                    work_left = int(self.store.add(f"{prefix}next", 0)) < n
-                    if work_left and self._has_pending():
-                        break
-                    i = int(self.store.add(f"{prefix}next", 1)) - 1 if work_left else n
-                    if i < n:
-                        result = microbatch_gradient(
-                            model, microbatches[i], self.loss_config, packed=self.packed
-                        )
-                        acc_P += result.grad_P
-                        num_targets += result.num_targets
-                        loss += result.stats.loss
-                        self.store.add(f"count/{self.cell_id}", 1)
-                        with self._lock:
-                            self.done_in_step = int(self.store.add(f"{prefix}done", 1))
-                        if after_microbatch is not None:
-                            after_microbatch(i)
-                        continue
-                    if int(self.store.add(f"{prefix}done", 0)) >= n:
-                        finished = True
-                        break
-                    time.sleep(POLL_S)
-                self.store.set(f"epoch/{plan.epoch}/end", json.dumps({"next": plan.epoch + 1}))
-                if group is not None:
-                    group.allreduce([acc_P]).wait()
-                total_P += acc_P
-                if finished:
+                if time.monotonic() >= next_check:  # a few store reads per member, ten times a second
+                    next_check = time.monotonic() + 0.1
+                    dead = self._dead_members(plan.members)
+                    if dead:
+                        self._abort_epoch(plan)
+                        raise _MembersLost(dead)
+                work_left = int(self.store.add(f"{counters}next", 0)) < n
+                if work_left and self._has_pending():
                     break
-        finally:
-            with self._lock:
-                self.done_in_step = int(self.store.add(f"{prefix}done", 0))
-                self.step_target = None
-                self.current_version = version
-                self._apply_leaves_locked()
+                i = int(self.store.add(f"{counters}next", 1)) - 1 if work_left else n
+                if i < n:
+                    result = microbatch_gradient(model, microbatches[i], self.loss_config, packed=self.packed)
+                    acc_P += result.grad_P
+                    num_targets += result.num_targets
+                    loss += result.stats.loss
+                    self.store.add(f"count/{self.cell_id}", 1)
+                    with self._lock:
+                        self.done_in_step = int(self.store.add(f"{counters}done", 1))
+                    if hook is not None:
+                        hook(i)
+                    continue
+                if int(self.store.add(f"{counters}done", 0)) >= n:
+                    finished = True
+                    break
+                time.sleep(POLL_S)
+            self.store.set(f"epoch/{plan.epoch}/end", json.dumps({"next": plan.epoch + 1}))
+            if group is not None:
+                try:
+                    group.allreduce([acc_P]).wait()
+                except RuntimeError:  # a member died between its last microbatch and the reduction
+                    raise _MembersLost(self._wait_for_dead(plan.members)) from None
+            total_P += acc_P
+            if finished:
+                break
         # Targets and loss counted on the core only cover its own microbatches; members report theirs.
         for cell in sorted(participants):
-            num_targets += int(self.store.add(f"targets/{version}/{cell}", 0))
-            loss += (
-                float(self.store.get(f"loss/{version}/{cell}"))
-                if self.store.check([f"loss/{version}/{cell}"])
-                else 0.0
-            )
+            num_targets += int(self.store.add(f"{counters}targets/{cell}", 0))
+            key = f"{counters}loss/{cell}"
+            loss += float(self.store.get(key)) if self.store.check([key]) else 0.0
         return StepGradient(
             grad_P=total_P, num_microbatches=n, max_world_size=max_world, num_targets=num_targets, loss=loss
         )
+
+
+def _heartbeat(rendezvous: tuple[str, int], cell_id: str, stop: threading.Event, *, timeout_s: float) -> None:
+    """Tick `alive/<cell>` every HEARTBEAT_S on a connection of its own, even while a collective blocks."""
+    store = TCPStore(rendezvous[0], rendezvous[1], is_master=False, timeout=timedelta(seconds=timeout_s))
+    while not stop.is_set():
+        store.add(f"alive/{cell_id}", 1)
+        stop.wait(HEARTBEAT_S)
 
 
 def run_satellite(
@@ -356,7 +504,25 @@ def run_satellite(
     Returns the number of microbatches it computed.
     """
     host, port = rendezvous_uri.removeprefix("tcp://").rsplit(":", 1)
-    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_heartbeat,
+        args=((host, int(port)), cell_id, stop),
+        kwargs={"timeout_s": timeout_s},
+        daemon=True,
+    )
+    beat.start()
+    try:
+        return _satellite_loop(
+            host, int(port), cell_id=cell_id, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s
+        )
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+
+
+def _satellite_loop(host: str, port: int, *, cell_id: str, timeout_s: float, idle_timeout_s: float) -> int:
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
     config = Qwen2Config.from_dict(json.loads(store.get("model/config")))
     loss_fields = json.loads(store.get("loss/config"))
     packed = bool(loss_fields.pop("packed"))
@@ -391,29 +557,31 @@ def run_satellite(
         weights_P = torch.empty_like(parameters_vector(model))
         group.broadcast(weights_P, 0).wait()
         load_parameters_vector(model, weights_P)
-        prefix = f"step/{plan.version}/"
+        counters = plan.counters
         acc_P = torch.zeros_like(weights_P, dtype=torch.float64)
         end_key = f"epoch/{epoch}/end"
         while not store.check([end_key]):
-            if int(store.add(f"{prefix}next", 0)) >= plan.num_microbatches:
+            if int(store.add(f"{counters}next", 0)) >= plan.num_microbatches:
                 time.sleep(POLL_S)
                 continue
-            i = int(store.add(f"{prefix}next", 1)) - 1
+            i = int(store.add(f"{counters}next", 1)) - 1
             if i >= plan.num_microbatches:
                 continue
             result = microbatch_gradient(
-                model, decode_microbatch(store.get(f"{prefix}mb/{i}")), loss_config, packed=packed
+                model, decode_microbatch(store.get(f"step/{plan.version}/mb/{i}")), loss_config, packed=packed
             )
             acc_P += result.grad_P
             computed += 1
-            store.add(f"targets/{plan.version}/{cell_id}", result.num_targets)
-            key = f"loss/{plan.version}/{cell_id}"
+            store.add(f"{counters}targets/{cell_id}", result.num_targets)
+            key = f"{counters}loss/{cell_id}"
             prev = float(store.get(key)) if store.check([key]) else 0.0
             store.set(key, repr(prev + result.stats.loss))
             store.add(f"count/{cell_id}", 1)
-            store.add(f"{prefix}done", 1)
-        group.allreduce([acc_P]).wait()
-        epoch = int(json.loads(store.get(end_key))["next"])
+            store.add(f"{counters}done", 1)
+        end = json.loads(store.get(end_key))
+        if not end.get("abort"):  # aborted: a member died, the step is redone as a new attempt
+            group.allreduce([acc_P]).wait()
+        epoch = int(end["next"])
         # Between steps the next epoch may be far off; a release ends the wait.
         if not _wait_key(
             store, f"epoch/{epoch}", deadline=time.monotonic() + idle_timeout_s, also=is_released

@@ -25,6 +25,7 @@ from services.trainer import repo
 from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, save_checkpoint
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import CoreCell
+from services.trainer.dp import StepFailed
 from services.trainer.source import TrajectorySamples
 from services.trainer.weights import PublishedWeights, publish
 
@@ -115,7 +116,10 @@ class StepLoop:
             try:
                 await self.train(groups)
                 backoff_s = 0.5
-            except Unavailable as exc:  # the trajectory service is away: the groups stay queued
+            except (
+                Unavailable,
+                StepFailed,
+            ) as exc:  # trajectory service away, members dying: groups stay queued
                 log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
@@ -156,6 +160,18 @@ class StepLoop:
                 correlation_id=f"step-{version}",
             ),
             weights_published(weights),
+            *(
+                new_event(
+                    events_pb2.SatelliteLeft(
+                        cell_id=cell,
+                        reason=events_pb2.LEAVE_REASON_LOST,
+                        target_version=version_proto(version),
+                    ),
+                    producer=PRODUCER,
+                    correlation_id=f"step-{version}",
+                )
+                for cell in report.lost_cells
+            ),
         ]
         async with self.sessions() as session, session.begin():
             await repo.record_step(
@@ -182,5 +198,7 @@ class StepLoop:
             staleness_max=report.staleness_max_steps,
             loss=report.loss,
             dp_world=report.max_dp_world_size,
+            attempts=report.attempts,
+            lost=list(report.lost_cells),
             duration_s=round(report.duration_s, 3),
         )

@@ -44,6 +44,9 @@ class StepReport:
     grad_norm: float
     max_dp_world_size: int
     duration_s: float
+    attempts: int = 1
+    """More than 1: a satellite died mid-step and the step was computed again without it."""
+    lost_cells: tuple[str, ...] = ()
 
 
 def make_optimizer(model: PreTrainedModel, config: OptimConfig) -> torch.optim.Optimizer:
@@ -109,4 +112,6 @@ class PolicyTrainer:
             grad_norm=grad_norm,
             max_dp_world_size=gradient.max_world_size,
             duration_s=time.perf_counter() - started,
+            attempts=gradient.attempts,
+            lost_cells=gradient.lost_cells,
         )
