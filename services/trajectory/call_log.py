@@ -19,7 +19,8 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.errors import InvalidArgument
-from services.trajectory.codec import pack_arrays, unpack_arrays
+from services.trajectory.codec import Into, pack_arrays, unpack_arrays, unpack_into
+from services.trajectory.layout import CallShapes, ChainHead, TokenBuffers, TreeShape, call_shapes
 from services.trajectory.projection import StoredCall, fold_stored, place_record
 from services.trajectory.records import CallMeta, CallRecord
 from services.trajectory.tree import ExecutionTree
@@ -46,6 +47,15 @@ CALL_COLUMNS = (
     "finish_reason",
     "started_at",
     "finished_at",
+)
+SHAPE_COLUMNS = (
+    "execution_id",
+    "seq",
+    "chain_index",
+    "num_new_prompt",
+    "num_new_output",
+    "prompt_attach",
+    "output_attach",
 )
 
 
@@ -203,6 +213,7 @@ class CallLog:
         }
         before = {e: (len(t.calls), t.n) for e, t in trees.items()}
         rows: list[tuple[Any, ...]] = []
+        shapes: list[tuple[Any, ...]] = []
         for i in wanted:
             record = records[i]
             tree = trees[record.execution_id]
@@ -216,11 +227,26 @@ class CallLog:
                 )
                 continue
             try:
-                rows.append(to_row(place_record(tree, record)))
+                stored = place_record(tree, record)
             except InvalidArgument as exc:
                 result.rejected[i] = exc
+                continue
+            rows.append(to_row(stored))
+            placed = tree.calls[stored.seq]
+            shapes.append(
+                (
+                    tree.execution_id,
+                    placed.seq,
+                    placed.chain,
+                    len(stored.new_prompt_ids),
+                    len(stored.new_output_ids),
+                    placed.prompt_attach,
+                    placed.output_attach,
+                )
+            )
         if rows:
             await pg.copy_records_to_table("calls", schema_name=S, records=rows, columns=CALL_COLUMNS)
+            await pg.copy_records_to_table("tree_calls", schema_name=S, records=shapes, columns=SHAPE_COLUMNS)
         for execution_id, tree in trees.items():
             n_calls, n_tokens = before[execution_id]
             if len(tree.calls) == n_calls:
@@ -267,6 +293,13 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
         fold_stored(tree, row)
     await pg.execute(f"DELETE FROM {S}.trajectories WHERE execution_id = $1", execution_id)
     await upsert_trajectories(pg, tree, range(len(tree.chains)))
+    await pg.execute(f"DELETE FROM {S}.tree_calls WHERE execution_id = $1", execution_id)
+    await pg.copy_records_to_table(
+        "tree_calls",
+        schema_name=S,
+        records=shape_rows(execution_id, call_shapes(tree)),
+        columns=SHAPE_COLUMNS,
+    )
     await pg.execute(
         f"INSERT INTO {S}.executions (execution_id, num_calls, num_unique_tokens, num_flat_tokens) "
         "VALUES ($1, $2, $3, $4) ON CONFLICT (execution_id) DO UPDATE SET num_calls = excluded.num_calls, "
@@ -277,3 +310,101 @@ async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
         tree.num_flat_tokens,
     )
     return tree
+
+
+def shape_rows(execution_id: str, shapes: CallShapes) -> list[tuple[Any, ...]]:
+    columns = (
+        shapes.chain.tolist(),
+        shapes.num_new_prompt.tolist(),
+        shapes.num_new_output.tolist(),
+        shapes.prompt_attach.tolist(),
+        shapes.output_attach.tolist(),
+    )
+    return [(execution_id, seq, *row) for seq, row in enumerate(zip(*columns, strict=True))]
+
+
+async def load_chain_heads(pg: Any, execution_ids: Sequence[str]) -> dict[str, list[ChainHead]]:
+    """The trajectories projection of each execution, by chain index."""
+    heads: dict[str, list[ChainHead]] = {e: [] for e in execution_ids}
+    for r in await pg.fetch(
+        f"SELECT execution_id, chain_index, agent_role, agent_id, first_seq, last_seq FROM {S}.trajectories "
+        "WHERE execution_id = ANY($1) ORDER BY execution_id, chain_index",
+        list(execution_ids),
+    ):
+        heads[r["execution_id"]].append(
+            ChainHead(
+                index=r["chain_index"],
+                agent_role=r["agent_role"],
+                agent_id=r["agent_id"],
+                first_seq=r["first_seq"],
+                last_seq=r["last_seq"],
+            )
+        )
+    return heads
+
+
+async def load_call_shapes(pg: Any, execution_ids: Sequence[str]) -> dict[str, CallShapes]:
+    """The tree_calls projection of each execution (empty when it has no rows)."""
+    rows = await pg.fetch(
+        f"SELECT {', '.join(SHAPE_COLUMNS)} FROM {S}.tree_calls WHERE execution_id = ANY($1) "
+        "ORDER BY execution_id, seq",
+        list(execution_ids),
+    )
+    by_execution: dict[str, list[Any]] = {e: [] for e in execution_ids}
+    for r in rows:
+        by_execution[r[0]].append(r)
+    return {e: _shapes(rs) for e, rs in by_execution.items()}
+
+
+def _shapes(rows: Sequence[Any]) -> CallShapes:
+    table = np.array([tuple(r)[1:] for r in rows], np.int64).reshape(len(rows), len(SHAPE_COLUMNS) - 1)
+    seq, chain, new_prompt, new_output, prompt_attach, output_attach = table.T
+    # A gap in seq (rows missing) keeps only the rows before it; `covers` then decides.
+    gap = np.flatnonzero(seq != np.arange(len(seq)))
+    k = int(gap[0]) if gap.size else len(seq)
+    return CallShapes(
+        num_new_prompt=new_prompt[:k],
+        num_new_output=new_output[:k],
+        prompt_attach=prompt_attach[:k],
+        output_attach=output_attach[:k],
+        chain=chain[:k],
+    )
+
+
+async def load_payloads(pg: Any, wanted: Sequence[tuple[str, int]]) -> list[Any]:
+    """The log rows (counts and blob) of the given (execution_id, seq) pairs, for `fill_from_row`."""
+    return list(
+        await pg.fetch(
+            "SELECT execution_id, seq, num_new_prompt, num_output, num_shared_output, policy_version, "
+            f"uniform_versions, payload FROM {S}.calls WHERE (execution_id, seq) IN "
+            "(SELECT * FROM unnest($1::text[], $2::int[]))",
+            [e for e, _ in wanted],
+            [s for _, s in wanted],
+        )
+    )
+
+
+def fill_from_row(buffers: TokenBuffers, shape: TreeShape, r: Any) -> None:
+    """Decode a log row's new tokens straight into the buffer where `tree_shape` put them.
+
+    The same placement as `layout.fill_call` (as `fold_stored` appends), without temporaries.
+    """
+    seq, n_prompt, n_out, k = r["seq"], r["num_new_prompt"], r["num_output"], r["num_shared_output"]
+    if n_prompt != shape.num_new_prompt[seq] or n_out - k != shape.num_new_output[seq]:
+        raise ValueError(f"call {seq}: its log row disagrees with its tree_calls row")
+    start = shape.call_start[seq]
+    mid = start + n_prompt
+    stop = mid + n_out - k
+    layout: list[tuple[Any, int]] = [(np.int32, n_prompt), (np.int32, n_out - k), (np.float32, n_out)]
+    into: list[Into | None] = [
+        (buffers.tokens[start:mid], 0),
+        (buffers.tokens[mid:stop], 0),
+        (buffers.logprob[mid:stop], k),
+    ]
+    if r["uniform_versions"]:
+        buffers.version[mid:stop] = r["policy_version"]
+    else:
+        layout.append((np.int64, n_out))
+        into.append((buffers.version[mid:stop], k))
+    unpack_into(r["payload"], layout, into)
+    buffers.target[mid:stop] = True

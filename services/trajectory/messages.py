@@ -138,7 +138,7 @@ def tree_to_proto(
                 num_prompt_tokens=c.prompt_len,
                 num_output_tokens=c.output_len,
                 num_shared_prompt_tokens=c.num_shared_prompt,
-                trajectory_id=trajectory_id(tree.execution_id, tree.chains[c.chain]),
+                trajectory_id=trajectory_id(tree.execution_id, c.chain),
             )
         )
     ends = [tree.calls[c.last_seq].end for c in tree.chains]
@@ -148,10 +148,10 @@ def tree_to_proto(
         for other, other_end in zip(tree.chains[: chain.index], ends, strict=False):
             common = common_depth(tree, end, other_end)
             if common > shared:
-                shared, shared_with = common, trajectory_id(tree.execution_id, other)
+                shared, shared_with = common, trajectory_id(tree.execution_id, other.index)
         out.trajectories.append(
             trajectory_pb2.TrajectorySummary(
-                trajectory_id=trajectory_id(tree.execution_id, chain),
+                trajectory_id=trajectory_id(tree.execution_id, chain.index),
                 agent_role=chain.agent_role,
                 agent_id=chain.agent_id,
                 call_ids=[tree.calls[s].call_id for s in chain.call_seqs],

@@ -114,7 +114,7 @@ def place_record(tree: ExecutionTree, record: CallRecord) -> StoredCall:
         policy_version=record.policy_version,
         meta=record.meta,
     )
-    _add_placed(tree, stored, prompt_end=prompt_end, end=end)
+    _add_placed(tree, stored, prompt_attach=pos, prompt_end=prompt_end, output_attach=out_pos, end=end)
     return stored
 
 
@@ -124,12 +124,14 @@ def fold_stored(tree: ExecutionTree, stored: StoredCall) -> None:
     pos = ROOT
     if stored.num_shared_prompt:
         pos = tree.ancestor_at(tree.calls[stored.prompt_parent].end, stored.num_shared_prompt - 1)
+    prompt_attach = pos
     if len(stored.new_prompt_ids):
         pos = tree.append_segment(pos, stored.new_prompt_ids, owner=stored.seq)
     prompt_end = pos
     if stored.output_parent != SELF:
         depth = stored.prompt_len + stored.num_shared_output - 1
         pos = tree.ancestor_at(tree.calls[stored.output_parent].end, depth)
+    output_attach = pos
     if len(stored.new_output_ids):
         k = stored.num_shared_output
         pos = tree.append_segment(
@@ -139,10 +141,20 @@ def fold_stored(tree: ExecutionTree, stored: StoredCall) -> None:
             logprobs=stored.output_logprobs[k:],
             versions=stored.output_versions[k:],
         )
-    _add_placed(tree, stored, prompt_end=prompt_end, end=pos)
+    _add_placed(
+        tree, stored, prompt_attach=prompt_attach, prompt_end=prompt_end, output_attach=output_attach, end=pos
+    )
 
 
-def _add_placed(tree: ExecutionTree, stored: StoredCall, *, prompt_end: int, end: int) -> None:
+def _add_placed(
+    tree: ExecutionTree,
+    stored: StoredCall,
+    *,
+    prompt_attach: int,
+    prompt_end: int,
+    output_attach: int,
+    end: int,
+) -> None:
     chain = tree.chain_for(
         agent_role=stored.agent_role,
         agent_id=stored.agent_id,
@@ -160,6 +172,8 @@ def _add_placed(tree: ExecutionTree, stored: StoredCall, *, prompt_end: int, end
             prompt_end=prompt_end,
             end=end,
             num_shared_prompt=stored.num_shared_prompt,
+            prompt_attach=prompt_attach,
+            output_attach=output_attach,
             chain=chain,
         )
     )

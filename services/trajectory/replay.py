@@ -1,17 +1,50 @@
-"""Load executions and replay them into samples; shared by StreamSamples and the CLI (shell)."""
+"""Load executions and replay them into samples; shared by StreamSamples and the CLI (shell).
+
+Replay reads projections, not a folded tree: the trajectories rows pick the chains, the
+tree_calls rows lay out the segments (layout.py), and only the calls owning a segment on a
+selected path have their token blobs read and decompressed. An execution whose tree_calls rows
+are missing (stored before that projection existed) is folded from the call log instead.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.errors import Conflict, NotFound
 from gyre.ids import require_uuid
 from services.trajectory import repo
-from services.trajectory.call_log import CallLog, raw_connection
+from services.trajectory.call_log import (
+    CallLog,
+    fill_from_row,
+    load_call_shapes,
+    load_chain_heads,
+    load_payloads,
+    raw_connection,
+)
+from services.trajectory.layout import (
+    SelectedPath,
+    TreeShape,
+    calls_on_paths,
+    covers,
+    empty_buffers,
+    select_paths,
+    tree_shape,
+)
 from services.trajectory.tree import ExecutionTree
-from services.trajectory.weights import Outcome, Sample, group_advantages, replay_batch
+from services.trajectory.weights import (
+    ExecutionReplay,
+    Outcome,
+    Sample,
+    assemble_samples,
+    group_advantages,
+    tree_replay,
+)
+
+DECODE_THREADS = 2
 
 
 async def resolve_executions(
@@ -74,6 +107,49 @@ async def load_samples(
     ids = await resolve_executions(session, execution_ids, task_ids)
     if not ids:
         raise NotFound("no executions named: give execution_ids or task_ids")
-    trees = await load_trees(session, calls, ids)
+    replays = await load_replays(session, calls, ids, j_max=j_max, role_rank=role_rank)
     outcomes = await outcomes_for(session, ids, estimator)
-    return replay_batch(trees, j_max=j_max, role_rank=role_rank, outcomes=outcomes)
+    return assemble_samples(replays, outcomes=outcomes)
+
+
+async def load_replays(
+    session: AsyncSession,
+    calls: CallLog,
+    execution_ids: Sequence[str],
+    *,
+    j_max: int,
+    role_rank: Sequence[str],
+) -> list[ExecutionReplay]:
+    """Each execution's selected paths, with the tokens on them loaded (and nothing else)."""
+    pg = await raw_connection(session)
+    # Chains first: the shapes and blobs read after them cover at least every call they name.
+    heads = await load_chain_heads(pg, execution_ids)
+    missing = [e for e in execution_ids if not heads[e]]
+    if missing:
+        raise NotFound(f"no recorded calls for execution {', '.join(missing)}")
+    shapes = await load_call_shapes(pg, execution_ids)
+    plans: dict[str, tuple[TreeShape, list[SelectedPath]]] = {}
+    folded: dict[str, ExecutionReplay] = {}
+    for e in execution_ids:
+        if not covers(shapes[e], heads[e]):
+            (tree,) = await load_trees(session, calls, [e])
+            folded[e] = tree_replay(tree, j_max=j_max, role_rank=role_rank)
+            continue
+        shape = tree_shape(shapes[e])
+        plans[e] = (shape, select_paths(shape, heads[e], j_max=j_max, role_rank=role_rank))
+    wanted = [(e, seq) for e, (shape, paths) in plans.items() for seq in calls_on_paths(shape, paths)]
+    buffers = {e: empty_buffers(shape.n) for e, (shape, _) in plans.items()}
+    rows = await load_payloads(pg, wanted)
+
+    def fill(part: Sequence[Any]) -> None:
+        for row in part:
+            e = row["execution_id"]
+            fill_from_row(buffers[e], plans[e][0], row)
+
+    # zstd and numpy's copies release the GIL, and each call writes its own buffer range: two
+    # threads decode in parallel where the machine has a core to spare.
+    await asyncio.gather(*(asyncio.to_thread(fill, rows[i::DECODE_THREADS]) for i in range(DECODE_THREADS)))
+    return [
+        folded[e] if e in folded else ExecutionReplay(execution_id=e, buffers=buffers[e], paths=plans[e][1])
+        for e in execution_ids
+    ]

@@ -89,7 +89,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
         return trajectory_pb2.GetCallResponse(
             call=record_to_proto(record),
             seq=stored.seq,
-            trajectory_id=trajectory_id(tree.execution_id, chain),
+            trajectory_id=trajectory_id(tree.execution_id, chain.index),
         )
 
     async def GetExecutionTree(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -46,6 +47,10 @@ class PlacedCall:
     """Buffer position of the last output token (the prompt's end when the output is empty)."""
     num_shared_prompt: int
     """Leading prompt tokens that were already in the tree."""
+    prompt_attach: int
+    """Position the call's new prompt tokens hang below (its prompt's end when none are new)."""
+    output_attach: int
+    """Position the call's new output tokens hang below (its end when none are new)."""
     chain: int
     """Index of the trajectory the call belongs to."""
 
@@ -119,16 +124,25 @@ class ExecutionTree:
         owner = self.seg_anc[seg][bisect.bisect_right(depths, depth) - 1]
         return self.seg_start[owner] + depth - self.seg_depth[owner]
 
+    def path_spans(self, pos: int) -> list[tuple[int, int]]:
+        """The path from the root down to `pos` as buffer ranges [start, stop), root first.
+
+        Each ancestor segment is used up to where the next one branches off; the last up to `pos`.
+        """
+        if pos == ROOT:
+            return []
+        anc = self.seg_anc[self.seg_of(pos)]
+        stops = [self.seg_parent[s] + 1 for s in anc[1:]]
+        stops.append(pos + 1)
+        return [(self.seg_start[s], stop) for s, stop in zip(anc, stops, strict=True)]
+
     def path(self, pos: int) -> Int64Array:
         """Buffer positions from the root down to `pos`, inclusive."""
-        if pos == ROOT:
+        spans = self.path_spans(pos)
+        if not spans:
             return np.zeros(0, np.int64)
-        seg = self.seg_of(pos)
-        anc = self.seg_anc[seg]
-        starts = np.fromiter((self.seg_start[s] for s in anc), np.int64, len(anc))
-        # Each ancestor is used up to where the next one branches off; the last up to `pos`.
-        ends = np.fromiter((self.seg_parent[s] + 1 for s in anc[1:]), np.int64, len(anc) - 1)
-        lengths = np.append(ends, pos + 1) - starts
+        starts = np.fromiter((a for a, _ in spans), np.int64, len(spans))
+        lengths = np.fromiter((b for _, b in spans), np.int64, len(spans)) - starts
         total = int(lengths.sum())
         # arange per range without a Python loop: offsets restart at each range's start.
         shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
@@ -258,7 +272,19 @@ class ExecutionTree:
         return int(self.target[: self.n].sum())
 
 
-def select_chains(chains: Sequence[Chain], *, j_max: int, role_rank: Sequence[str]) -> list[Chain]:
+class RankedChain(Protocol):
+    """What selection needs of a chain (a tree's `Chain`, or a stored `ChainHead`)."""
+
+    @property
+    def agent_role(self) -> str: ...
+    @property
+    def first_seq(self) -> int: ...
+
+
+C = TypeVar("C", bound=RankedChain)
+
+
+def select_chains(chains: Sequence[C], *, j_max: int, role_rank: Sequence[str]) -> list[C]:
     """Keep at most j_max chains, best role first; ties go to the chain whose first call came first.
 
     Roles missing from `role_rank` are never selected (`role_rank=["main"]` keeps main only).

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.trajectory.layout import SelectedPath, Span, TokenBuffers
 from services.trajectory.records import Float32Array, Int32Array, Int64Array
-from services.trajectory.tree import Chain, ExecutionTree, select_chains
+from services.trajectory.tree import ExecutionTree, select_chains
 
 STD_EPS = 1e-6
 GRPO = "grpo"
@@ -57,8 +58,36 @@ class Sample:
     has_reward: bool
 
 
-def trajectory_id(execution_id: str, chain: Chain) -> str:
-    return f"{execution_id}/{chain.index}"
+def trajectory_id(execution_id: str, chain_index: int) -> str:
+    return f"{execution_id}/{chain_index}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionReplay:
+    """One execution's selected paths (in selection order) over its flat token buffer."""
+
+    execution_id: str
+    buffers: TokenBuffers
+    paths: Sequence[SelectedPath]
+
+
+def tree_replay(tree: ExecutionTree, *, j_max: int, role_rank: Sequence[str]) -> ExecutionReplay:
+    """Select a folded tree's chains; the buffer is the tree's own (no copy)."""
+    n = tree.n
+    return ExecutionReplay(
+        execution_id=tree.execution_id,
+        buffers=TokenBuffers(
+            tokens=tree.tokens[:n], target=tree.target[:n], logprob=tree.logprob[:n], version=tree.version[:n]
+        ),
+        paths=[
+            SelectedPath(
+                chain_index=c.index,
+                agent_role=c.agent_role,
+                spans=tree.path_spans(tree.calls[c.last_seq].end),
+            )
+            for c in select_chains(tree.chains, j_max=j_max, role_rank=role_rank)
+        ],
+    )
 
 
 def replay_batch(
@@ -76,33 +105,53 @@ def replay_batch(
         main#0 loss_mask [0, 1, 0, 1] weight [0, 1/3, 0, 1/3]
         main#1 loss_mask [0, 0, 0, 1] weight [0, 0, 0, 1/3]
     """
-    planned: list[tuple[ExecutionTree, Chain, np.ndarray, np.ndarray]] = []
+    replays = [tree_replay(t, j_max=j_max, role_rank=role_rank) for t in trees]
+    return assemble_samples(replays, outcomes=outcomes)
+
+
+def _gather(arr: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
+    # Paths are a few hundred contiguous ranges: slicing and one concatenate copy at memory
+    # speed, where a gather by position array would index every token.
+    if not spans:
+        return arr[:0].copy()
+    return np.concatenate([arr[a:b] for a, b in spans])
+
+
+def assemble_samples(replays: Sequence[ExecutionReplay], *, outcomes: Mapping[str, Outcome]) -> list[Sample]:
+    """The samples of selected paths: loss mask, each shared target once, 1/(E*U_e) weights."""
+    planned: list[tuple[ExecutionReplay, SelectedPath, np.ndarray]] = []
     unique_targets: dict[str, int] = {}
-    for tree in trees:
-        seen = np.zeros(tree.n, np.bool_)
-        for chain in select_chains(tree.chains, j_max=j_max, role_rank=role_rank):
-            positions = tree.path(tree.calls[chain.last_seq].end)
-            counted = tree.target[positions] & ~seen[positions]
-            seen[positions[counted]] = True
-            planned.append((tree, chain, positions, counted))
-        unique_targets[tree.execution_id] = int(seen.sum())
+    for replay in replays:
+        target = replay.buffers.target
+        seen = np.zeros(len(target), np.bool_)
+        unique = 0
+        for path in replay.paths:
+            parts = []
+            for a, b in path.spans:
+                parts.append(target[a:b] & ~seen[a:b])
+                seen[a:b] = True
+            counted = np.concatenate(parts) if parts else np.zeros(0, np.bool_)
+            unique += int(np.count_nonzero(counted))
+            planned.append((replay, path, counted))
+        unique_targets[replay.execution_id] = unique
     num_executions = sum(1 for u in unique_targets.values() if u > 0)
     samples = []
-    for tree, chain, positions, counted in planned:
-        u = unique_targets[tree.execution_id]
+    for replay, path, counted in planned:
+        u = unique_targets[replay.execution_id]
         weight = np.float32(1.0 / (num_executions * u)) if u else np.float32(0.0)
-        is_target = tree.target[positions]
-        outcome = outcomes.get(tree.execution_id, Outcome())
+        outcome = outcomes.get(replay.execution_id, Outcome())
+        buf = replay.buffers
         samples.append(
             Sample(
-                execution_id=tree.execution_id,
-                trajectory_id=trajectory_id(tree.execution_id, chain),
-                agent_role=chain.agent_role,
-                token_ids=tree.tokens[positions],
+                execution_id=replay.execution_id,
+                trajectory_id=trajectory_id(replay.execution_id, path.chain_index),
+                agent_role=path.agent_role,
+                token_ids=_gather(buf.tokens, path.spans),
                 loss_mask=counted,
                 token_weight=counted.astype(np.float32) * weight,
-                old_logprobs=np.where(is_target, tree.logprob[positions], np.float32(0.0)),
-                policy_versions=np.where(is_target, tree.version[positions], 0),
+                # Context positions hold 0 in both buffers (see TokenBuffers).
+                old_logprobs=_gather(buf.logprob, path.spans),
+                policy_versions=_gather(buf.version, path.spans),
                 reward=outcome.reward or 0.0,
                 advantage=outcome.advantage,
                 task_id=outcome.task_id,
