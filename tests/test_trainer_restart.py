@@ -66,7 +66,7 @@ async def test_killed_trainer_resumes_from_its_last_step_without_retraining_or_s
         state_dir, log = tmp_path / "trainer", tmp_path / "trainer.log"
         process = await asyncio.to_thread(start_trainer, kernel, state_dir, trajectory.address, log)
         try:
-            groups = [await submit_group(bus, index=i) for i in range(2)]
+            groups = [await submit_group(bus, trajectory.address, index=i) for i in range(2)]
 
             async def first_step_committed() -> bool:
                 assert process.poll() is None, log.read_text()[-3000:]
@@ -81,7 +81,7 @@ async def test_killed_trainer_resumes_from_its_last_step_without_retraining_or_s
             before = await committed_steps(conn)
             assert 1 <= len(before) <= 2
             # More groups become ready while the trainer is down: they wait in its durable consumer.
-            groups += [await submit_group(bus, index=i) for i in range(2, NUM_GROUPS)]
+            groups += [await submit_group(bus, trajectory.address, index=i) for i in range(2, NUM_GROUPS)]
             process = await asyncio.to_thread(start_trainer, kernel, state_dir, trajectory.address, log)
 
             async def all_steps_committed() -> bool:

@@ -60,7 +60,7 @@ async def test_group_ready_to_step_events_and_the_grpc_methods(
             async def steps_done(n: int) -> bool:
                 return len(await events_on_bus(kernel, "trainer", events_pb2.StepCompleted)) >= n
 
-            first = await submit_group(bus, index=0)
+            first = await submit_group(bus, trajectory.address, index=0)
             await eventually(lambda: steps_done(1), timeout_s=30, what="step 1")
             [step] = await events_on_bus(kernel, "trainer", events_pb2.StepCompleted)
             assert (step.version.steps, list(step.task_ids)) == (1, [first])
@@ -81,7 +81,7 @@ async def test_group_ready_to_step_events_and_the_grpc_methods(
                 )
 
             await eventually(joined, timeout_s=40, what="JoinStep from the satellite")
-            second = await submit_group(bus, index=1)
+            second = await submit_group(bus, trajectory.address, index=1)
             await eventually(lambda: steps_done(2), timeout_s=60, what="step 2")
             steps = await events_on_bus(kernel, "trainer", events_pb2.StepCompleted)
             assert (steps[1].version.steps, list(steps[1].task_ids)) == (2, [second])

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import asyncpg
+import grpc
 import nats
 from google.protobuf import message
 
@@ -29,6 +30,7 @@ from gyre.proxy.v1 import proxy_pb2
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings
+from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 
 M = TypeVar("M", bound=message.Message)
 
@@ -65,10 +67,13 @@ async def connect_bus(kernel: KernelSettings) -> Bus:
     return await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
 
 
-async def submit_group(bus: Bus, *, index: int) -> str:
+async def submit_group(bus: Bus, trajectory_address: str, *, index: int) -> str:
     """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
 
-    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt.
+    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt. Rewards
+    are sent once the trajectory service knows the group and its calls: its task and reward
+    consumers can otherwise race (each commits without seeing the other's row, and the group is
+    never marked ready), and a group ready before its calls are stored cannot be replayed yet.
     """
     task_id = str(uuid.uuid4())
     executions = [str(uuid.uuid4()) for _ in range(2)]
@@ -97,6 +102,20 @@ async def submit_group(bus: Bus, *, index: int) -> str:
         )
         call.full_prompt.prompt_ids.extend([1, 2, 3 + index % 50])
         await publish(proxy_events.LlmCallRecorded(call=call), "proxy")
+    async with grpc.aio.insecure_channel(trajectory_address) as channel:
+        stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
+
+        async def known() -> bool:
+            try:
+                await stub.GetGroup(trajectory_pb2.GetGroupRequest(task_id=task_id))
+                for e in executions:
+                    await stub.GetExecutionTree(trajectory_pb2.GetExecutionTreeRequest(execution_id=e))
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.NOT_FOUND, err
+                return False
+            return True
+
+        await eventually(known, timeout_s=30, what=f"group {task_id} and its calls in the trajectory service")
     for k, execution_id in enumerate(executions):
         grade = evaluator_pb2.Grade(
             execution_id=execution_id, task_id=task_id, score=1.0 - k, assessable=True
