@@ -42,9 +42,12 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
     satellites = [start_satellite(core, "cell-1"), start_satellite(core, "cell-2")]
     try:
 
+        by_core = [0]
+
         def join_at(i: int) -> None:  # cell-1 after the core's first microbatch, cell-2 after its second
-            if i in (0, 1):
-                assert core.request_join(f"cell-{i + 1}").admitted
+            by_core[0] += 1  # counted, not by index: a satellite may take microbatch 1 before the core
+            if by_core[0] in (1, 2):
+                assert core.request_join(f"cell-{by_core[0]}").admitted
 
         joined = core.compute_step_gradient(model, microbatches, version=2, after_microbatch=join_at)
         assert joined.max_world_size == 3
