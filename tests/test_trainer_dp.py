@@ -41,7 +41,6 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
     assert alone.max_world_size == 1
     satellites = [start_satellite(core, "cell-1"), start_satellite(core, "cell-2")]
     try:
-
         by_core = [0]
 
         def join_at(i: int) -> None:  # cell-1 after the core's first microbatch, cell-2 after its second
