@@ -1,0 +1,90 @@
+"""Benchmark of the scheduling modes on the reference workloads, and the simulator's speed at
+1,024 cells (shell).
+
+    python -m bench.sim --json
+
+Runs every mode on bench/workloads/*.yaml (verbatim copies of ../shared/workloads) and a
+synthetic 1,024-cell case, and prints one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from services.scheduler.sim.bound import lower_bound_s
+from services.scheduler.sim.modes import simulate
+from services.scheduler.sim.report import ablation, compare, run_modes
+from services.scheduler.sim.workload import draw_executions, load_workload, parse_workload
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+# 1,024 cells, 32,768 executions of ~40 min, 8 per cell, proportioned so the staleness bound does
+# not starve the pool; made up to time the simulator, not to support a claim.
+SCALE: dict[str, Any] = {
+    "name": "synthetic-1024",
+    "seed": 1024,
+    "cells": 1024,
+    "steps": 8,
+    "groups_per_step": 512,
+    "group_size": 8,
+    "max_staleness": 2,
+    "async_rollout_cells": 640,
+    "execution": {
+        "duration_s": {"dist": "lognormal", "median": 2400, "sigma": 0.6},
+        "timeout_s": 7200,
+        "tokens": {"dist": "lognormal", "median": 200000, "sigma": 0.5},
+    },
+    "rollout": {"executions_per_cell": 8},
+    "training": {"tokens_per_s_per_cell": 2000, "step_overhead_s": 120},
+    "switch": {"rollout_to_training_s": 8.52, "training_to_rollout_s": 3.46},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    ns = parser.parse_args()
+    out: dict[str, Any] = {"workloads": {}}
+    for path in sorted(WORKLOADS.glob("*.yaml")):
+        w = load_workload(path)
+        x = draw_executions(w)
+        started = time.perf_counter()
+        report = compare(w, x, run_modes(w, x))
+        figures: dict[str, Any] = {
+            "lower_bound_s": report["lower_bound_s"],
+            "wall_s": {name: m["wall_s"] for name, m in report["modes"].items()},
+            "async_best_rollout_cells": report["modes"]["async_best"]["rollout_cells"],
+            "gyre_over_lower_bound": report["gyre_over_lower_bound"],
+            "speedup_of_gyre": report["speedup_of_gyre"],
+            "gyre_is_fastest": report["gyre_is_fastest"],
+            "gyre_staleness_mean": report["modes"]["gyre"]["staleness_mean"],
+            "simulated_in_s": round(time.perf_counter() - started, 2),
+        }
+        if w.name == "paper-ablation-12step":
+            figures["ablation_h"] = {k: v["wall_h"] for k, v in ablation(w, x)["variants"].items()}
+        out["workloads"][w.name] = figures
+        if not ns.json:
+            print(w.name, json.dumps(figures, indent=1))
+    w = parse_workload(SCALE, base_dir=WORKLOADS)
+    started = time.perf_counter()
+    x = draw_executions(w)
+    result = simulate("gyre", w, x)
+    elapsed = time.perf_counter() - started
+    out["scale"] = {
+        "cells": w.cells,
+        "executions": w.total_executions,
+        "gyre_wall_s": round(result.wall_s, 1),
+        "gyre_over_lower_bound": round(result.wall_s / lower_bound_s(w, x), 4),
+        "num_switches": result.num_switches,
+        "migrations": result.migrations,
+        "simulated_in_s": round(elapsed, 2),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Trace-driven cluster simulator for the scheduling policies (`gyre sim`)."""

@@ -1,0 +1,130 @@
+"""A lower bound on the wall time of *any* schedule of a workload's executions (pure).
+
+The model every term assumes (the simulator's, and any other schedule's under it): a cell does one
+thing at a time; a rollout cell runs at most E executions; an execution runs for its drawn
+(timeout-capped) duration d_i once started; training is perfectly divisible across cells at r
+tokens/s each; step j trains with the weights of version j, so only in [P_j, P_{j+1} - O], where
+P_j is the time version j is published (P_0 = 0) and O the update; the run ends at P_S or later.
+Role switches, migrations and microbatch rounding cost nothing unless a term says so. Notation:
+C cells, S steps, B groups per step, K max staleness; group g is ready no earlier than D_g (the
+max of its d_i) after admission; R = sum(d_i) / E rollout cell-seconds, W = sum(t_i) / r training
+cell-seconds, w_g = group g's training cell-seconds.
+
+- **work**: every cell-second is spent on at most one thing: R, W, the S updates (O on the cell
+  doing each), or nothing. During the *last* update nothing else can run (every execution has
+  finished, since its group was trained before that update, and no step is left to train), so
+  C - 1 cells are idle for O:  wall >= (R + W + S*O + (C-1)*O) / C.
+- **training window**: no training happens before the first group is ready (min_g D_g) nor
+  during any of the S updates, and W needs W / C seconds on all cells:
+  wall >= min_g D_g + S*O + W / C.
+- **last group**: a group is ready no earlier than D_g, its tokens then need w_g / C at least
+  and its step's update O after that:  wall >= max_g (D_g + w_g / C + O).
+- **staleness chain**: a group trained in step k was admitted at version >= k - K, so after
+  update k-K-1 was published; it is ready D_g later, and update k ends O after its step's last
+  group. So P_{k+1} >= P_{k-K} + M_k + O, with M_k the largest D_g of step k's groups. Summed
+  along each of the K+1 chains of steps k = rho, rho+K+1, ...: wall >= (sum_k M_k + S*O) / (K+1).
+  Whatever the grouping into steps, the j-th largest M_k is at least the (j*B+1)-th largest D_g
+  (the top j*B+1 groups span at least j+1 steps), so sum_k M_k >= sum_j D_desc[j*B].
+- **update gaps**: let n_j be the number of cells that train in step j, and w0 = min(O,
+  rollout_to_training_s, min_g D_g). For each pair (cell c, step j it trains in) take the
+  interval from the end of c's previous training (or time 0) to c's first training in step j.
+  These intervals are disjoint per cell, and c trains in none of them. Unless c performs an
+  update inside it (each update lies inside at most one such interval: it falls between c's
+  trainings of two steps), c wastes at least w0 there: if c trained before, the interval spans at
+  least O (the steps' training windows are O apart), so c either stays in the training role with
+  nothing to do for >= O or leaves it and comes back, paying rollout_to_training_s; if c never
+  trained before, it either held the training role idle since 0 (>= min_g D_g, nothing trains
+  earlier) or switched in (rollout_to_training_s). Adding this waste to the work term:
+      (A)  C * wall >= R + W + S*O + (C-1)*O + w0 * (sum_j n_j - S).
+  Step j's training needs W_j / n_j inside its window, so
+      (B)  wall >= min_g D_g + sum_j (W_j / n_j + O),       1 <= n_j <= C.
+  A schedule chooses n_j and which groups form each step, trading (A) against (B); for every
+  lam in [0, 1], wall >= lam*(A)/C + (1-lam)*(B), minimised over all choices. That minimum
+  separates by step into h(W_j) = min over real n in [1, C] of lam*w0*n/C + (1-lam)*W_j/n (a
+  minimum of affine nondecreasing functions, so concave and nondecreasing), summed over steps.
+  A sum of a concave function over the step totals is smallest for the grouping whose step
+  totals majorise every other's: the groups sorted by cost and cut into consecutive runs of B
+  (any grouping's k largest steps hold at most the k*B largest groups). The term is the largest
+  of these bounds over a grid of lam (each lam alone is a valid bound).
+
+lower_bound_s is the largest of the five. What it still leaves out, so what no schedule can
+avoid but the bound does not charge: the non-clairvoyant rollout tail (the task queue is FIFO, but
+the bound may group groups as a clairvoyant schedule would), slot fragmentation (a group starts
+only when G slots are free), staleness waits beyond the chain, and migration pauses.
+"""
+
+from __future__ import annotations
+
+import math
+
+from services.scheduler.sim.workload import Executions, Workload
+
+LAMBDA_GRID = 200
+
+
+def update_gaps(
+    *,
+    cells: int,
+    rollout_s: float,
+    step_training_s: list[float],
+    overhead_s: float,
+    first_ready_s: float,
+    rollout_to_training_s: float,
+) -> float:
+    """The update-gaps term: max over lam of lam*(A)/C + (1-lam)*(B), minimised over n_j and steps.
+
+    `step_training_s` are the per-step training cell-seconds of the most spread grouping (groups
+    sorted by cost, cut into runs of B).
+
+    Example: 4 cells, two steps of 80 training cell-s, 400 rollout cell-s, O = 4, first group
+    ready at 10 s, switch-in 8 s, so w0 = 4. With n cells per step, (A)/C = 145 + 2(n - 1) and
+    (B) = 18 + 160/n; they meet at n = 1.255: 145.51 s, above the work term's 145 s.
+    """
+    c, s, o = cells, len(step_training_s), overhead_s
+    w0 = max(0.0, min(o, rollout_to_training_s, first_ready_s))
+    training = sum(step_training_s)
+    best = 0.0
+    for i in range(LAMBDA_GRID + 1):
+        lam = i / LAMBDA_GRID
+        fixed = lam * (rollout_s + training + s * o + (c - 1) * o - w0 * s) / c + (1 - lam) * (
+            first_ready_s + s * o
+        )
+        per_step = 0.0
+        for w in step_training_s:
+            if lam * w0 > 0:
+                n = min(float(c), max(1.0, math.sqrt((1 - lam) * w * c / (lam * w0))))
+            else:
+                n = float(c)
+            per_step += lam * w0 * n / c + (1 - lam) * w / n
+        best = max(best, fixed + per_step)
+    return best
+
+
+def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
+    c, e, r = w.cells, w.executions_per_cell, w.tokens_per_s_per_cell
+    g, b = w.group_size, w.groups_per_step
+    rollout = sum(x.duration_s) / e
+    training = sum(x.tokens) / r
+    overhead = w.steps * w.step_overhead_s
+    ready = [max(x.duration_s[k * g : k * g + g]) for k in range(w.total_groups)]
+    group_training = [sum(x.tokens[k * g : k * g + g]) / r for k in range(w.total_groups)]
+    by_cost = sorted(group_training)
+    return {
+        "work": (rollout + training + overhead + (c - 1) * w.step_overhead_s) / c,
+        "training_window": min(ready) + overhead + training / c,
+        "staleness_chain": (sum(sorted(ready, reverse=True)[j * b] for j in range(w.steps)) + overhead)
+        / (w.max_staleness + 1),
+        "last_group": max(d + t / c + w.step_overhead_s for d, t in zip(ready, group_training, strict=True)),
+        "update_gaps": update_gaps(
+            cells=c,
+            rollout_s=rollout,
+            step_training_s=[sum(by_cost[j * b : j * b + b]) for j in range(w.steps)],
+            overhead_s=w.step_overhead_s,
+            first_ready_s=min(ready),
+            rollout_to_training_s=w.rollout_to_training_s,
+        ),
+    }
+
+
+def lower_bound_s(w: Workload, x: Executions) -> float:
+    return max(lower_bounds(w, x).values())

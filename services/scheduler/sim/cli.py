@@ -1,0 +1,78 @@
+"""`gyre sim WORKLOAD.yaml [--json] [--plot FILE.png] [--ablation]` (shell)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gyre.errors import GyreError
+from services.scheduler.sim.report import ablation, compare, run_modes
+from services.scheduler.sim.workload import draw_executions, load_workload
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gyre sim", description="Simulate the scheduling modes on a workload file, side by side."
+    )
+    parser.add_argument("workload", help="workload YAML (schema: ../shared/workloads/README.md)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw each mode's cell roles over time")
+    parser.add_argument("--ablation", action="store_true", help="run the paper's ablation variants instead")
+    return parser
+
+
+def _table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['workload']}: {report['cells']} cells, {report['steps']} steps, "
+        f"{report['executions']} executions; lower bound {report['lower_bound_s'] / 3600:.2f} h",
+        f"{'mode':16} {'wall h':>8} {'vs gyre':>8} {'rollout':>8} {'train':>8} {'idle':>8} {'switch':>8}"
+        f" {'stale':>6} {'switches':>9}",
+    ]
+    gyre = report["modes"]["gyre"]["wall_s"]
+    for name, m in report["modes"].items():
+        lines.append(
+            f"{name:16} {m['wall_h']:8.2f} {m['wall_s'] / gyre:8.2f} {m['rollout_busy']:8.3f}"
+            f" {m['training_busy']:8.3f} {m['idle']:8.3f} {m['switching']:8.3f}"
+            f" {m['staleness_mean']:6.2f} {m['num_switches']:9d}"
+        )
+    lines.append(f"gyre / lower bound = {report['gyre_over_lower_bound']:.3f}")
+    return "\n".join(lines)
+
+
+def _ablation_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['workload']} ablation",
+        f"{'variant':22} {'wall h':>8} {'vs vanilla':>11} {'paper h':>8}",
+    ]
+    for name, v in report["variants"].items():
+        paper = f"{v['paper_h']:8.2f}" if v["paper_h"] is not None else f"{'-':>8}"
+        lines.append(f"{name:22} {v['wall_h']:8.2f} {v['vs_vanilla_async_pct']:10.1f}% {paper}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        workload = load_workload(ns.workload)
+    except GyreError as exc:
+        print(f"gyre sim: {exc}", file=sys.stderr)
+        return 2
+    executions = draw_executions(workload)
+    if ns.ablation:
+        report = ablation(workload, executions)
+        print(json.dumps(report) if ns.json else _ablation_table(report))
+        return 0
+    runs = run_modes(workload, executions)
+    report = compare(workload, executions, runs)
+    if ns.plot:
+        from services.scheduler.sim.plot import plot_timelines
+
+        plot_timelines({n: r for n, (r, _) in runs.items()}, ns.plot, title=workload.name)
+    print(json.dumps(report) if ns.json else _table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

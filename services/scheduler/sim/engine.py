@@ -1,0 +1,480 @@
+"""Discrete-event simulation of a cluster on a virtual clock, driven by a policy function (pure:
+no wall clock, no randomness; the executions are drawn beforehand from the workload's seed).
+
+What is modelled, and how:
+- **Rollout.** A rollout cell serves at most `executions_per_cell` executions at full speed; an
+  execution holds a slot for its (timeout-capped) duration. The task queue is FIFO: an admitted
+  group's executions start in admission order as slots free up (the group's staleness counts
+  from its admission). New executions go to the fullest cell with room, so the emptiest cells are
+  cheap to free.
+- **Migration.** Freeing a rollout cell moves its executions to other cells (`policy.migration`):
+  each moved execution pauses `migrate_s` (its KV cache travels) and the freed cell spends
+  `migrate_s` on the transfer before its `rollout_to_training_s` switch.
+- **Training in microbatches.** A step trains the tokens of its groups in lockstep rounds of one
+  microbatch per training cell (`microbatch_tokens`); the last round of available tokens is split
+  evenly. Cells join or leave a step only between rounds: a satellite that finishes switching
+  waits for the running round, and one told to leave finishes its microbatch first.
+- **Weight publication.** After a step's B groups are trained, the optimizer update and weight
+  publication take `step_overhead_s`; no training happens meanwhile (the next step needs the new
+  weights); rollout goes on. The version then increments.
+- **Staleness.** Groups carry their admission version; the engine asserts the policy kept the
+  bound.
+
+Cell-time accounting (shares of cells x wall time): rollout_busy = sum of execution durations /
+slots (a half-full rollout cell is half idle); training_busy = tokens / rate plus one cell per
+update; switching = switch and transfer time plus the slot-time of paused executions; idle = the
+rest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.scheduler.policy.migration import plan_drain
+from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig, ReadyGroup
+from services.scheduler.sim.workload import Executions, Workload
+
+ROLLOUT, TRAINING, SWITCHING = "rollout", "training", "switching"
+Policy = Callable[[ClusterView], Decision]
+
+_EXEC_END, _SWITCH_END, _ROUND_END, _UPDATE_END = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    start_s: float
+    end_s: float
+    role: str
+
+
+@dataclass(slots=True, kw_only=True)
+class Result:
+    wall_s: float
+    num_cells: int
+    rollout_busy_s: float
+    training_busy_s: float
+    switching_s: float
+    num_switches: int
+    migrations: int
+    steps: int
+    executions: int
+    timeouts: int
+    staleness: list[int]  # one per consumed group
+    step_end_s: list[float]
+    timeline: list[list[Segment]]  # per cell, contiguous, in time order
+    # Only with trace=True: per execution (cell, start, end) hosting intervals; training rounds.
+    hosting: list[list[tuple[int, float, float]]] = field(default_factory=list)
+    rounds: list[tuple[float, float, tuple[int, ...]]] = field(default_factory=list)
+    trained_tokens: int = 0
+
+    def shares(self) -> dict[str, float]:
+        total = self.num_cells * self.wall_s
+        busy = {
+            "rollout_busy": self.rollout_busy_s / total,
+            "training_busy": self.training_busy_s / total,
+            "switching": self.switching_s / total,
+        }
+        return {**busy, "idle": 1.0 - sum(busy.values())}
+
+
+@dataclass(slots=True)
+class _Cell:
+    role: str
+    target: str = ""  # the role a switching cell will have
+    running: set[int] = field(default_factory=set)
+    leaving: bool = False
+    since_s: float = 0.0
+
+
+class Simulation:
+    """One run of one policy over one workload's executions."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        executions: Executions,
+        policy: Policy,
+        *,
+        initial_training: int,
+        core_cell: bool,
+        trace: bool = False,
+    ) -> None:
+        self.w, self.x, self.policy, self.trace = workload, executions, policy, trace
+        self.core_cell = core_cell  # cell 0 holds the optimizer and never leaves training
+        self.config = policy_config(workload)
+        self.slots = workload.executions_per_cell
+        self.now = 0.0
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        n = workload.cells
+        self.cells = [_Cell(TRAINING if i < initial_training else ROLLOUT) for i in range(n)]
+        self.timeline: list[list[Segment]] = [[] for _ in range(n)]
+        # Serving rollout cells by load, for best-fit placement.
+        self.by_load: list[set[int]] = [set() for _ in range(self.slots + 1)]
+        for i in range(initial_training, n):
+            self.by_load[0].add(i)
+        self.serving = n - initial_training
+        self.serving_running = 0
+        self.training = set(range(initial_training))
+        self.to_rollout = self.to_training = 0
+        # Executions and groups.
+        g_count = workload.total_groups
+        self.exec_end = [0.0] * workload.total_executions
+        self.exec_cell = [-1] * workload.total_executions
+        self.group_left = [workload.group_size] * g_count
+        self.group_version = [0] * g_count
+        self.admitted = 0
+        self.waiting: deque[int] = deque()  # executions of admitted groups waiting for a slot
+        self.running_by_version: dict[int, int] = {}
+        self.ready: list[ReadyGroup] = []
+        self.finished_duration = 0.0
+        self.finished_tokens = 0
+        self.finished_groups = 0
+        # Step.
+        self.version = 0
+        self.step_groups = 0
+        self.pending_tokens = 0
+        self.round_tokens = 0
+        self.round_members: tuple[int, ...] = ()
+        self.in_round = False
+        self.in_update = False
+        self.starved_since: float | None = 0.0
+        # Accounting.
+        self.rollout_busy = self.training_busy = self.switching = 0.0
+        self.num_switches = self.migrations = self.trained_tokens = 0
+        self.staleness: list[int] = []
+        self.step_end: list[float] = []
+        self.hosting: list[list[tuple[int, float, float]]] = (
+            [[] for _ in range(workload.total_executions)] if trace else []
+        )
+        self.rounds: list[tuple[float, float, tuple[int, ...]]] = []
+
+    # -- event plumbing -------------------------------------------------------------------------
+
+    def _at(self, time_s: float, kind: int, ref: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (time_s, self.seq, kind, ref))
+
+    def run(self) -> Result:
+        self._decide()
+        while self.version < self.w.steps:
+            if not self.heap:
+                raise RuntimeError(f"simulation stalled at t={self.now:.1f}s, version {self.version}")
+            time_s = self.heap[0][0]
+            self.now = time_s
+            while self.heap and self.heap[0][0] == time_s:
+                _, _, kind, ref = heapq.heappop(self.heap)
+                if kind == _EXEC_END:
+                    self._exec_end(ref, time_s)
+                elif kind == _SWITCH_END:
+                    self._switch_end(ref)
+                elif kind == _ROUND_END:
+                    self._round_end()
+                else:
+                    self._update_end()
+            if self.version < self.w.steps:
+                self._decide()
+        return self._result()
+
+    # -- policy ---------------------------------------------------------------------------------
+
+    def view(self) -> ClusterView:
+        return ClusterView(
+            now_s=self.now,
+            version=self.version,
+            rollout_cells=self.serving,
+            training_cells=len(self.training) - sum(1 for c in self.training if self.cells[c].leaving),
+            switching_to_rollout=self.to_rollout,
+            switching_to_training=self.to_training,
+            running=self.serving_running,
+            waiting=len(self.waiting),
+            groups_admitted=self.admitted,
+            queued_groups=self.w.total_groups - self.admitted,
+            running_groups=tuple(sorted((v, n) for v, n in self.running_by_version.items() if n)),
+            ready=tuple(self.ready),
+            step_groups=self.step_groups,
+            step_untrained_tokens=self.pending_tokens,
+            in_overhead=self.in_update,
+            training_starved_since_s=self.starved_since,
+            rollout_cell_s_per_group=(
+                self.finished_duration / self.slots / self.finished_groups if self.finished_groups else None
+            ),
+            training_cell_s_per_group=(
+                self.finished_tokens / self.w.tokens_per_s_per_cell / self.finished_groups
+                if self.finished_groups
+                else None
+            ),
+        )
+
+    def _decide(self) -> None:
+        for _ in range(4):
+            decision = self.policy(self.view())
+            if decision.is_noop:
+                return
+            self._apply(decision)
+
+    def _apply(self, d: Decision) -> None:
+        if d.assign:
+            self._assign(d.assign)
+        if d.to_training:
+            self._drain(d.to_training)
+        if d.to_rollout:
+            self._release(d.to_rollout)
+        for _ in range(d.admit):
+            self._admit()
+
+    # -- rollout --------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        assert self.admitted < self.w.total_groups, "policy admitted past the end of the queue"
+        assert self.serving * self.slots - self.serving_running > len(self.waiting), "no free slot"
+        group = self.admitted
+        self.admitted += 1
+        self.group_version[group] = self.version
+        self.running_by_version[self.version] = self.running_by_version.get(self.version, 0) + 1
+        g = self.w.group_size
+        self.waiting.extend(range(group * g, group * g + g))
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start waiting executions, in admission order, in the free slots."""
+        while self.waiting and self.serving * self.slots > self.serving_running:
+            e = self.waiting.popleft()
+            self._host(e, self._fullest_with_room())
+            self.exec_end[e] = self.now + self.x.duration_s[e]
+            self._at(self.exec_end[e], _EXEC_END, e)
+
+    def _fullest_with_room(self) -> int:
+        for load in range(self.slots - 1, -1, -1):
+            if self.by_load[load]:
+                return min(self.by_load[load])
+        raise AssertionError("no rollout slot free")
+
+    def _set_load(self, cell: int, old: int, new: int) -> None:
+        self.by_load[old].discard(cell)
+        self.by_load[new].add(cell)
+
+    def _host(self, e: int, cell: int) -> None:
+        c = self.cells[cell]
+        assert c.role == ROLLOUT and len(c.running) < self.slots
+        self._set_load(cell, len(c.running), len(c.running) + 1)
+        c.running.add(e)
+        self.exec_cell[e] = cell
+        self.serving_running += 1
+        if self.trace:
+            self.hosting[e].append((cell, self.now, math.inf))
+
+    def _unhost(self, e: int) -> int:
+        cell = self.exec_cell[e]
+        c = self.cells[cell]
+        self._set_load(cell, len(c.running), len(c.running) - 1)
+        c.running.discard(e)
+        self.serving_running -= 1
+        if self.trace:
+            host_cell, start, _ = self.hosting[e][-1]
+            self.hosting[e][-1] = (host_cell, start, self.now)
+        return cell
+
+    def _exec_end(self, e: int, time_s: float) -> None:
+        if self.exec_end[e] != time_s:
+            return  # superseded: the execution migrated and ends later
+        self._unhost(e)
+        self.rollout_busy += self.x.duration_s[e] / self.slots
+        group = e // self.w.group_size
+        self.group_left[group] -= 1
+        if self.group_left[group] == 0:
+            g = self.w.group_size
+            members = range(group * g, group * g + g)
+            tokens = sum(self.x.tokens[i] for i in members)
+            self.finished_duration += sum(self.x.duration_s[i] for i in members)
+            self.finished_tokens += tokens
+            self.finished_groups += 1
+            self.running_by_version[self.group_version[group]] -= 1
+            self.ready.append(ReadyGroup(group_id=group, version=self.group_version[group], tokens=tokens))
+        self._start_waiting()
+
+    # -- role switches --------------------------------------------------------------------------
+
+    def _drain(self, count: int) -> None:
+        # migration.max_freeable from counters, so an infeasible request costs O(1).
+        free_at_most = max(0, self.serving - math.ceil(self.serving_running / self.slots))
+        if min(count, free_at_most) <= 0:
+            return
+        loads = {i: len(c.running) for i, c in enumerate(self.cells) if c.role == ROLLOUT}
+        plan = plan_drain(loads=loads, slots_per_cell=self.slots, count=count)
+        for move in plan.moves:
+            source = self.cells[move.source]
+            for e in sorted(source.running)[: move.executions]:
+                self._unhost(e)
+                self._host(e, move.target)
+                self.exec_end[e] += self.w.migrate_s
+                self._at(self.exec_end[e], _EXEC_END, e)
+                self.migrations += 1
+                self.switching += self.w.migrate_s / self.slots
+        moved_from = {m.source for m in plan.moves}
+        for cell in plan.freed:
+            assert not self.cells[cell].running
+            transfer = self.w.migrate_s if cell in moved_from else 0.0
+            self._switch(cell, TRAINING, transfer + self.w.rollout_to_training_s)
+
+    def _release(self, count: int) -> None:
+        core = 0 if self.core_cell else -1
+        candidates = sorted(
+            (c for c in self.training if c != core and not self.cells[c].leaving), reverse=True
+        )
+        for cell in candidates[:count]:
+            if self.in_round and cell in self.round_members:
+                self.cells[cell].leaving = True
+                self.to_rollout += 1
+            else:
+                self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
+
+    def _switch(self, cell: int, role: str, duration_s: float) -> None:
+        c = self.cells[cell]
+        self._close(cell)
+        if c.role == ROLLOUT:
+            self.by_load[len(c.running)].discard(cell)
+            self.serving -= 1
+        elif c.role == TRAINING:
+            self.training.discard(cell)
+            if c.leaving:
+                c.leaving = False
+                self.to_rollout -= 1
+        c.role, c.target = SWITCHING, role
+        if role == ROLLOUT:
+            self.to_rollout += 1
+        else:
+            self.to_training += 1
+        self.num_switches += 1
+        self.switching += duration_s
+        self._at(self.now + duration_s, _SWITCH_END, cell)
+
+    def _switch_end(self, cell: int) -> None:
+        c = self.cells[cell]
+        self._close(cell)
+        c.role = c.target
+        if c.role == ROLLOUT:
+            self.to_rollout -= 1
+            self.serving += 1
+            self.by_load[0].add(cell)
+            self._start_waiting()
+        else:
+            self.to_training -= 1
+            self.training.add(cell)
+            self._maybe_start_round()
+
+    def _close(self, cell: int) -> None:
+        c = self.cells[cell]
+        if self.now > c.since_s:
+            self.timeline[cell].append(Segment(start_s=c.since_s, end_s=self.now, role=c.role))
+        c.since_s = self.now
+
+    # -- training -------------------------------------------------------------------------------
+
+    def _assign(self, group_ids: tuple[int, ...]) -> None:
+        wanted = set(group_ids)
+        taken = [g for g in self.ready if g.group_id in wanted]
+        assert len(taken) == len(wanted), "policy assigned a group that is not ready"
+        assert self.step_groups + len(taken) <= self.w.groups_per_step and not self.in_update
+        self.ready = [g for g in self.ready if g.group_id not in wanted]
+        for g in taken:
+            stale = self.version - g.version
+            assert stale <= self.w.max_staleness, f"group {g.group_id} staleness {stale}"
+            self.staleness.append(stale)
+            self.pending_tokens += g.tokens
+        self.step_groups += len(taken)
+        self._maybe_start_round()
+
+    def _maybe_start_round(self) -> None:
+        if self.in_round or self.in_update:
+            return
+        if self.pending_tokens == 0:
+            if self.step_groups == self.w.groups_per_step:
+                self._start_update()
+            return
+        members = tuple(sorted(c for c in self.training if not self.cells[c].leaving))
+        if not members:
+            return
+        rate = self.w.tokens_per_s_per_cell
+        tokens = min(self.pending_tokens, len(members) * self.w.microbatch_tokens)
+        self.pending_tokens -= tokens
+        self.round_tokens, self.round_members, self.in_round = tokens, members, True
+        self.starved_since = None
+        end = self.now + tokens / (len(members) * rate)
+        if self.trace:
+            self.rounds.append((self.now, end, members))
+        self._at(end, _ROUND_END, 0)
+
+    def _round_end(self) -> None:
+        self.in_round = False
+        self.training_busy += self.round_tokens / self.w.tokens_per_s_per_cell
+        self.trained_tokens += self.round_tokens
+        for cell in self.round_members:
+            if self.cells[cell].leaving:
+                self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
+        self.round_members = ()
+        self._maybe_start_round()
+        if not self.in_round and not self.in_update:
+            self.starved_since = self.now
+
+    def _start_update(self) -> None:
+        self.in_update = True
+        self.starved_since = None
+        self.training_busy += self.w.step_overhead_s
+        self._at(self.now + self.w.step_overhead_s, _UPDATE_END, 0)
+
+    def _update_end(self) -> None:
+        self.in_update = False
+        self.version += 1
+        self.step_groups = 0
+        self.step_end.append(self.now)
+        self.starved_since = self.now
+
+    # -- result ---------------------------------------------------------------------------------
+
+    def _result(self) -> Result:
+        for cell, c in enumerate(self.cells):
+            self._close(cell)
+            if c.role == SWITCHING:  # count only the part of a switch that happened
+                self.switching -= self._switch_remaining(cell)
+        return Result(
+            wall_s=self.now,
+            num_cells=self.w.cells,
+            rollout_busy_s=self.rollout_busy,
+            training_busy_s=self.training_busy,
+            switching_s=self.switching,
+            num_switches=self.num_switches,
+            migrations=self.migrations,
+            steps=self.version,
+            executions=sum(1 for g in self.group_left if g == 0) * self.w.group_size,
+            timeouts=sum(self.x.timed_out),
+            staleness=self.staleness,
+            step_end_s=self.step_end,
+            timeline=self.timeline,
+            hosting=self.hosting,
+            rounds=self.rounds,
+            trained_tokens=self.trained_tokens,
+        )
+
+    def _switch_remaining(self, cell: int) -> float:
+        ends = [t for t, _, kind, ref in self.heap if kind == _SWITCH_END and ref == cell]
+        return max(0.0, max(ends, default=self.now) - self.now)
+
+
+def policy_config(w: Workload) -> PolicyConfig:
+    return PolicyConfig(
+        num_cells=w.cells,
+        slots_per_cell=w.executions_per_cell,
+        groups_per_step=w.groups_per_step,
+        group_size=w.group_size,
+        max_staleness=w.max_staleness,
+        total_groups=w.total_groups,
+        step_overhead_s=w.step_overhead_s,
+        rollout_to_training_s=w.rollout_to_training_s,
+        training_to_rollout_s=w.training_to_rollout_s,
+        tokens_per_s_per_cell=w.tokens_per_s_per_cell,
+    )
