@@ -263,7 +263,10 @@ class Sandbox:
         env: Mapping[str, str],
         forward: Forward | None = None,
         cwd: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> None:
+        """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
+        the host holds) are inherited at the same numbers through unshare and pid 1."""
         if self.proc is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
         spec = {
@@ -287,6 +290,7 @@ class Sandbox:
             "expose": sorted({sys.base_prefix, sys.prefix, *self.host.expose}),
             "stage": str(self.path / "log" / "stage"),
             "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
+            "pass_fds": list(pass_fds),
         }
         init = [sys.executable, "-m", "gyre.sandbox.init"]
         cmd = (
@@ -302,6 +306,7 @@ class Sandbox:
                 stdout=setup_log,
                 stderr=setup_log,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
                 env={
                     "PATH": os.environ.get("PATH", os.defpath),
                     "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
