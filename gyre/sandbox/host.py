@@ -73,8 +73,11 @@ class SandboxHost:
         uid_base: int = 62000,
         uid_count: int = 1000,
         expose: tuple[str, ...] = (),
+        hide: tuple[str, ...] = (),
     ):
         self.expose = expose
+        self.hide = tuple(str(Path(h).resolve()) for h in hide)
+        """More folders covered by an empty one inside (e.g. the task set with its hidden tests)."""
         self.root = Path(root).resolve()
         if any(str(self.root).startswith(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
             raise InvalidArgument(
@@ -286,7 +289,7 @@ class Sandbox:
                 "listen_port": forward.listen_port,
             },
             "log_path": str(self.log_path),
-            "hide": list(HIDDEN),
+            "hide": [*HIDDEN, *self.host.hide],
             "expose": sorted({sys.base_prefix, sys.prefix, *self.host.expose}),
             "stage": str(self.path / "log" / "stage"),
             "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
