@@ -22,6 +22,7 @@ from gyre.runner.v1 import events_pb2 as runner_events_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
+from services.runner.config import BUNDLED_TASKS as BUNDLED
 from services.runner.config import RunnerSettings
 from services.runner.main import build_with_supervisor
 from services.runner.supervisor import Supervisor
@@ -55,6 +56,8 @@ SCRIPTS = {
     "crash": {"main": [{"tool": "write_file", "args": {"path": "half.py", "content": "x = 1\n"}},
                        {"tool": "shell", "args": {"command": "kill -SEGV $PPID"}}]},
     "quick": {"main": [{"final": "nothing to do"}]},
+    # A harness looking for the hidden tests of the bundled tasks finds an empty folder.
+    "peek": {"main": [{"tool": "shell", "args": {"command": f"ls -R {BUNDLED} > peek.txt 2>&1"}}]},
 }  # fmt: skip
 
 
@@ -199,10 +202,14 @@ async def test_cancel_kills_the_harness_and_keeps_the_workspace(runner: Runner) 
 
 async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_kept(runner: Runner) -> None:
     quick, crash = start_request(prompt="[script: quick]"), start_request(prompt="[script: crash]")
-    for request in (quick, crash):
+    peek = start_request(prompt="[script: peek]")
+    for request in (quick, crash, peek):
         await runner.stub.StartExecution(request)
     finished = await wait_ended(runner, quick.execution.execution_id)
     assert finished.state == runner_pb2.EXECUTION_STATE_FINISHED and finished.exit_code == 0
+    peeked = await wait_ended(runner, peek.execution.execution_id)
+    listing = in_workspace(peeked, "peek.txt").read_text()
+    assert "wordfreq" not in listing and "test_" not in listing, listing
     crashed = await wait_ended(runner, crash.execution.execution_id)
     assert crashed.state == runner_pb2.EXECUTION_STATE_FAILED
     assert crashed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED
