@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 
 from gyre.db.engine import async_url, make_engine
-from gyre.db.migrate import services_with_migrations, upgrade
+from gyre.db.migrate import migrations_dir, services_with_migrations, upgrade
 from gyre.errors import Unavailable
 from gyre.settings import KernelSettings, resolve_urls, stack_state_path
 
@@ -41,7 +42,7 @@ async def test_migrations_run_twice_and_concurrently_without_harm(kernel: Kernel
     assert kernel.database_url is not None
     url = kernel.database_url
     services = services_with_migrations()
-    assert services == ["evaluator", "runner", "scheduler", "trajectory"]
+    assert services == ["evaluator", "proxy", "runner", "scheduler", "trajectory"]
     # Side by side in separate processes, as `gyre up` starts services; then once more in this one.
     code = "import sys; from gyre.db.migrate import upgrade_all; upgrade_all(sys.argv[1])"
     procs = [await asyncio.create_subprocess_exec(sys.executable, "-c", code, url) for _ in range(3)]
@@ -55,7 +56,7 @@ async def test_migrations_run_twice_and_concurrently_without_harm(kernel: Kernel
                 version = (
                     await conn.execute(sa.text(f"SELECT version_num FROM {service}.alembic_version"))
                 ).scalar_one()
-                assert version == "0001"
+                assert version == ScriptDirectory(str(migrations_dir(service))).get_current_head()
                 tables = set(
                     (
                         await conn.execute(

@@ -269,6 +269,10 @@ def stop_postgres(data_dir: Path, *, timeout_s: float = 30.0) -> None:
     pg_ctl_args = ["-D", str(data_dir), "-m", "fast", "-w", "-t", wait_s, "stop"]
     log_path = data_dir / "postgres.log"
     account = _data_dir_owner(data_dir)
+    if account is not None:
+        # Something may have locked an ancestor down since the start (pytest resets its temporary
+        # root to 0700 whenever another session begins).
+        _grant_traverse(data_dir.parent)
     _run_pg(_postgres_bin_dir() / "pg_ctl", pg_ctl_args, account, deadline, log_path=log_path)
     if not wait_gone(postmaster.pid, _KILL_WAIT_S):
         raise failure(f"postgres (pid {postmaster.pid}) still runs after pg_ctl stop", log_path)

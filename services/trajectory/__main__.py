@@ -9,7 +9,10 @@ from services.trajectory.main import build
 sys.exit(
     launch(
         name="trajectory",
-        description="Gyre trajectory processor: consumes TaskSubmitted (more to come), serves GetGroup.",
+        description=(
+            "Gyre trajectory processor: consumes TaskSubmitted, LlmCallRecorded and RewardAssigned; "
+            "serves GetGroup, GetCall, GetExecutionTree and StreamSamples."
+        ),
         settings_cls=TrajectorySettings,
         build=build,
     )

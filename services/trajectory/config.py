@@ -11,3 +11,5 @@ class TrajectorySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 50055
     """gRPC port; 0 picks a free one."""
+    tree_cache_size: int = 32
+    """Execution trees kept in memory (a 1M-token tree is about 20 MB)."""

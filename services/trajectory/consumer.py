@@ -1,26 +1,60 @@
-"""Events the trajectory service applies: decode, apply in one transaction, ack after commit (shell)."""
+"""Events the trajectory service applies: decode, apply in one transaction, ack after commit (shell).
+
+- `TaskSubmitted` (scheduler): learn a task's group.
+- `RewardAssigned` (evaluator): store the execution's reward; when every execution of the group
+  has one, mark the group ready and publish `GroupReady` through the outbox. A grade with
+  `assessable = false` (nothing could be judged, e.g. the workspace is gone) still counts, with
+  its score (0 by the evaluator's contract): a failed rollout is signal for the group, and a group
+  that waited for it would never train. An execution that never gets a reward holds its group
+  back; the scheduler's deadlines and the evaluator's timeout grading are what end that.
+- `LlmCallRecorded` (proxy): see `CallEvents`, batched.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.consume import ConsumerSpec
 from gyre.db.inbox import claim_event
-from gyre.events import DecodedEvent
+from gyre.db.outbox import enqueue
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import DecodedEvent, new_event
 from gyre.ids import require_uuid
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.trajectory import repo
 
 log = structlog.get_logger(__name__)
 TASKS_CONSUMER = "trajectory-tasks"
+REWARDS_CONSUMER = "trajectory-rewards"
+
+
+async def publish_if_ready(session: AsyncSession, task_id: str, *, causation_id: str) -> bool:
+    members = await repo.mark_ready_if_complete(session, task_id)
+    if members is None:
+        return False
+    event = new_event(
+        trajectory_events.GroupReady(task_id=task_id, execution_ids=members),
+        producer="trajectory",
+        correlation_id=task_id,
+        causation_id=causation_id,
+    )
+    await enqueue(session, repo.outbox, event)
+    log.info("group_ready", task_id=task_id, group_size=len(members))
+    return True
 
 
 class TaskEvents:
     """Learns task groups from the scheduler, so rewards can later complete them."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], poke: Callable[[], None] = lambda: None
+    ) -> None:
         self.sessions = sessions
+        self.poke = poke  # wakes the outbox relay after a commit that enqueued GroupReady
 
     def spec(self) -> ConsumerSpec:
         return ConsumerSpec(
@@ -46,4 +80,49 @@ class TaskEvents:
                 family=task.spec.family,
                 members=[(e.execution_id, e.index_in_group) for e in task.executions],
             )
+            # Rewards may have arrived first (streams are not ordered with each other).
+            ready = await publish_if_ready(session, task.task_id, causation_id=event.event_id)
+        if ready:
+            self.poke()
         log.info("group_registered", task_id=task.task_id, group_size=len(task.executions))
+
+
+class RewardEvents:
+    """Stores rewards and completes groups."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], poke: Callable[[], None] = lambda: None
+    ) -> None:
+        self.sessions = sessions
+        self.poke = poke  # wakes the outbox relay after a commit that enqueued GroupReady
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=REWARDS_CONSUMER,
+            producer="evaluator",
+            handlers={evaluator_events.RewardAssigned: self.on_reward_assigned},
+        )
+
+    async def on_reward_assigned(self, event: DecodedEvent) -> None:
+        grade = event.payload.grade
+        require_uuid("grade.execution_id", grade.execution_id, what="an execution")
+        require_uuid("grade.task_id", grade.task_id, what="a task")
+        async with self.sessions() as session, session.begin():
+            if not await claim_event(
+                session, repo.processed_messages, consumer=REWARDS_CONSUMER, event_id=event.event_id
+            ):
+                log.info("event_already_processed")
+                return
+            fresh = await repo.record_reward(
+                session,
+                execution_id=grade.execution_id,
+                task_id=grade.task_id,
+                reward=grade.score if grade.assessable else 0.0,
+                assessable=grade.assessable,
+                partial=grade.partial,
+            )
+            if not fresh:
+                log.warning("reward_already_assigned", execution_id=grade.execution_id)
+            ready = await publish_if_ready(session, grade.task_id, causation_id=event.event_id)
+        if ready:
+            self.poke()

@@ -93,3 +93,109 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
         registered_at=row.registered_at,
         members=tuple(GroupMember(execution_id=str(e), index_in_group=i, reward=r) for e, i, r in members),
     )
+
+
+async def record_reward(
+    session: AsyncSession, *, execution_id: str, task_id: str, reward: float, assessable: bool, partial: bool
+) -> bool:
+    """Store an execution's reward (the first one wins); False when it already had one."""
+    inserted = (
+        await session.execute(
+            sa.text(
+                "INSERT INTO trajectory.rewards (execution_id, task_id, reward, assessable, partial) "
+                "VALUES (:e, :t, :r, :a, :p) ON CONFLICT DO NOTHING RETURNING execution_id"
+            ),
+            {"e": execution_id, "t": task_id, "r": reward, "a": assessable, "p": partial},
+        )
+    ).first()
+    if inserted is None:
+        return False
+    await session.execute(
+        sa.update(group_executions)
+        .where(group_executions.c.execution_id == uuid.UUID(execution_id))
+        .values(reward=reward)
+    )
+    return True
+
+
+async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[str] | None:
+    """Mark the group ready when every execution has a reward; its execution ids, once, else None."""
+    rows = (
+        await session.execute(
+            sa.text(
+                "SELECT ge.execution_id::text AS execution_id, r.reward IS NOT NULL AS rewarded "
+                "FROM trajectory.group_executions ge "
+                "LEFT JOIN trajectory.rewards r ON r.execution_id = ge.execution_id::text "
+                "WHERE ge.task_id = :t ORDER BY ge.index_in_group"
+            ),
+            {"t": uuid.UUID(task_id)},
+        )
+    ).all()
+    if not rows or not all(r.rewarded for r in rows):
+        return None
+    # Fill rewards that arrived before the group was known, so GetGroup shows them.
+    await session.execute(
+        sa.text(
+            "UPDATE trajectory.group_executions ge SET reward = r.reward FROM trajectory.rewards r "
+            "WHERE ge.task_id = :t AND r.execution_id = ge.execution_id::text AND ge.reward IS NULL"
+        ),
+        {"t": uuid.UUID(task_id)},
+    )
+    marked = (
+        await session.execute(
+            sa.update(groups)
+            .where(groups.c.task_id == uuid.UUID(task_id), groups.c.ready_at.is_(None))
+            .values(ready_at=sa.func.now())
+            .returning(groups.c.task_id)
+        )
+    ).first()
+    return [r.execution_id for r in rows] if marked is not None else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnownOutcome:
+    execution_id: str
+    task_id: str
+    """Empty when the execution belongs to no known group."""
+    reward: float | None
+    group_rewards: dict[str, float]
+    """Rewards of every rewarded execution of its group (itself included)."""
+
+
+async def load_outcomes(session: AsyncSession, execution_ids: list[str]) -> dict[str, KnownOutcome]:
+    rows = (
+        await session.execute(
+            sa.text(
+                "WITH wanted AS (SELECT unnest(CAST(:ids AS text[])) AS execution_id), "
+                "membership AS (SELECT w.execution_id, ge.task_id FROM wanted w "
+                "  LEFT JOIN trajectory.group_executions ge ON ge.execution_id::text = w.execution_id) "
+                "SELECT m.execution_id AS wanted, m.task_id::text AS task_id, "
+                "  ge.execution_id::text AS member, r.reward AS member_reward, own.reward AS own_reward "
+                "FROM membership m "
+                "LEFT JOIN trajectory.rewards own ON own.execution_id = m.execution_id "
+                "LEFT JOIN trajectory.group_executions ge ON ge.task_id = m.task_id "
+                "LEFT JOIN trajectory.rewards r ON r.execution_id = ge.execution_id::text"
+            ),
+            {"ids": execution_ids},
+        )
+    ).all()
+    outcomes: dict[str, KnownOutcome] = {}
+    for r in rows:
+        known = outcomes.get(r.wanted) or KnownOutcome(
+            execution_id=r.wanted, task_id=r.task_id or "", reward=r.own_reward, group_rewards={}
+        )
+        if r.member is not None and r.member_reward is not None:
+            known.group_rewards[r.member] = r.member_reward
+        outcomes[r.wanted] = known
+    return outcomes
+
+
+async def group_members(session: AsyncSession, task_id: str) -> tuple[bool, list[str]] | None:
+    """(ready, execution ids in group order) of a known group, else None."""
+    record = await load_group(session, task_id)
+    if record is None:
+        return None
+    ready = (
+        await session.execute(sa.select(groups.c.ready_at).where(groups.c.task_id == uuid.UUID(task_id)))
+    ).scalar_one() is not None
+    return ready, [m.execution_id for m in record.members]

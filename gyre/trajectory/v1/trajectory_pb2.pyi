@@ -8,6 +8,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from gyre.proxy.v1 import proxy_pb2 as _proxy_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -18,6 +20,30 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _AdvantageEstimator:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AdvantageEstimatorEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AdvantageEstimator.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ADVANTAGE_ESTIMATOR_UNSPECIFIED: _AdvantageEstimator.ValueType  # 0
+    """Unset: GRPO."""
+    ADVANTAGE_ESTIMATOR_GRPO: _AdvantageEstimator.ValueType  # 1
+    """(reward - group mean) / (group standard deviation + 1e-6), population deviation."""
+    ADVANTAGE_ESTIMATOR_MEAN_CENTERED: _AdvantageEstimator.ValueType  # 2
+    """reward - group mean, unscaled (Dr. GRPO: no bias towards low-variance groups)."""
+
+class AdvantageEstimator(_AdvantageEstimator, metaclass=_AdvantageEstimatorEnumTypeWrapper):
+    """AdvantageEstimator says how a group's rewards become per-execution advantages."""
+
+ADVANTAGE_ESTIMATOR_UNSPECIFIED: AdvantageEstimator.ValueType  # 0
+"""Unset: GRPO."""
+ADVANTAGE_ESTIMATOR_GRPO: AdvantageEstimator.ValueType  # 1
+"""(reward - group mean) / (group standard deviation + 1e-6), population deviation."""
+ADVANTAGE_ESTIMATOR_MEAN_CENTERED: AdvantageEstimator.ValueType  # 2
+"""reward - group mean, unscaled (Dr. GRPO: no bias towards low-variance groups)."""
+Global___AdvantageEstimator: _TypeAlias = AdvantageEstimator  # noqa: Y015
 
 @_typing.final
 class GroupExecution(_message.Message):
@@ -144,3 +170,417 @@ class GetGroupResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetGroupResponse: _TypeAlias = GetGroupResponse  # noqa: Y015
+
+@_typing.final
+class GetCallRequest(_message.Message):
+    """GetCallRequest names one recorded call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """`call_id` of the call, as recorded by the proxy."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCallRequest: _TypeAlias = GetCallRequest  # noqa: Y015
+
+@_typing.final
+class GetCallResponse(_message.Message):
+    """GetCallResponse carries the call as the engine saw and produced it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """Arrival order of the call within its execution, from 0."""
+    trajectory_id: _builtins.str
+    """`trajectory_id` of the trajectory the call belongs to."""
+    @_builtins.property
+    def call(self) -> _proxy_pb2.CallRecord:
+        """The call; `full_prompt` always holds the exact prompt ids, whatever form was recorded."""
+
+    def __init__(
+        self,
+        *,
+        call: _proxy_pb2.CallRecord | None = ...,
+        seq: _builtins.int = ...,
+        trajectory_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "seq", b"seq", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCallResponse: _TypeAlias = GetCallResponse  # noqa: Y015
+
+@_typing.final
+class GetExecutionTreeRequest(_message.Message):
+    """GetExecutionTreeRequest names an execution and the selection to report."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    J_MAX_FIELD_NUMBER: _builtins.int
+    ROLE_RANK_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    """The execution."""
+    j_max: _builtins.int
+    """Most trajectories to select; 0 means the default, 5."""
+    @_builtins.property
+    def role_rank(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Role ranking for selection, best first, each of `main`, `sub`, `summary`; empty means
+        `main`, `sub`, `summary`.
+        """
+
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        j_max: _builtins.int = ...,
+        role_rank: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "j_max", b"j_max", "role_rank", b"role_rank"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetExecutionTreeRequest: _TypeAlias = GetExecutionTreeRequest  # noqa: Y015
+
+@_typing.final
+class TreeCall(_message.Message):
+    """TreeCall is one call placed in the tree."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    AGENT_ROLE_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_SHARED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """Id of the call."""
+    seq: _builtins.int
+    """Arrival order within the execution, from 0."""
+    agent_role: _builtins.str
+    """`main`, `sub` or `summary`."""
+    agent_id: _builtins.str
+    """Which agent of the role."""
+    num_prompt_tokens: _builtins.int
+    """Number of prompt tokens."""
+    num_output_tokens: _builtins.int
+    """Number of output tokens."""
+    num_shared_prompt_tokens: _builtins.int
+    """Prompt tokens found already stored in the tree (shared with earlier calls)."""
+    trajectory_id: _builtins.str
+    """The trajectory the call belongs to."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        agent_role: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        num_prompt_tokens: _builtins.int = ...,
+        num_output_tokens: _builtins.int = ...,
+        num_shared_prompt_tokens: _builtins.int = ...,
+        trajectory_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_role", b"agent_role", "call_id", b"call_id", "num_output_tokens", b"num_output_tokens", "num_prompt_tokens", b"num_prompt_tokens", "num_shared_prompt_tokens", b"num_shared_prompt_tokens", "seq", b"seq", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TreeCall: _TypeAlias = TreeCall  # noqa: Y015
+
+@_typing.final
+class TrajectorySummary(_message.Message):
+    """TrajectorySummary is one trajectory (a maximal chain of calls of one agent) of an execution."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ROLE_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    CALL_IDS_FIELD_NUMBER: _builtins.int
+    NUM_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_TARGET_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_SHARED_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
+    SHARED_PREFIX_WITH_FIELD_NUMBER: _builtins.int
+    SELECTED_FIELD_NUMBER: _builtins.int
+    trajectory_id: _builtins.str
+    """`<execution_id>/<index>`, index in order of the chain's first call, from 0."""
+    agent_role: _builtins.str
+    """`main`, `sub` or `summary`."""
+    agent_id: _builtins.str
+    """Which agent of the role."""
+    num_tokens: _builtins.int
+    """Tokens of the sample it replays into: the last call's prompt + output."""
+    num_target_tokens: _builtins.int
+    """Policy-generated positions among them."""
+    num_shared_prefix_tokens: _builtins.int
+    """Leading tokens shared with an earlier trajectory of the execution (longest such prefix)."""
+    shared_prefix_with: _builtins.str
+    """The earlier trajectory that prefix is shared with; empty when none."""
+    selected: _builtins.bool
+    """Whether J_max selection keeps it."""
+    @_builtins.property
+    def call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The chain's calls in order."""
+
+    def __init__(
+        self,
+        *,
+        trajectory_id: _builtins.str = ...,
+        agent_role: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        call_ids: _abc.Iterable[_builtins.str] | None = ...,
+        num_tokens: _builtins.int = ...,
+        num_target_tokens: _builtins.int = ...,
+        num_shared_prefix_tokens: _builtins.int = ...,
+        shared_prefix_with: _builtins.str = ...,
+        selected: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_role", b"agent_role", "call_ids", b"call_ids", "num_shared_prefix_tokens", b"num_shared_prefix_tokens", "num_target_tokens", b"num_target_tokens", "num_tokens", b"num_tokens", "selected", b"selected", "shared_prefix_with", b"shared_prefix_with", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrajectorySummary: _TypeAlias = TrajectorySummary  # noqa: Y015
+
+@_typing.final
+class ExecutionTree(_message.Message):
+    """ExecutionTree is an execution's token trie, summarized."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    CALLS_FIELD_NUMBER: _builtins.int
+    TRAJECTORIES_FIELD_NUMBER: _builtins.int
+    NUM_UNIQUE_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_FLAT_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_TARGET_TOKENS_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    """The execution."""
+    num_unique_tokens: _builtins.int
+    """Distinct tree positions (tokens stored once)."""
+    num_flat_tokens: _builtins.int
+    """Tokens if every call's prompt + output were stored whole."""
+    num_target_tokens: _builtins.int
+    """Positions the engine generated."""
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___TreeCall]:
+        """Calls in arrival order."""
+
+    @_builtins.property
+    def trajectories(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrajectorySummary]:
+        """Trajectories in order of their first call."""
+
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        calls: _abc.Iterable[Global___TreeCall] | None = ...,
+        trajectories: _abc.Iterable[Global___TrajectorySummary] | None = ...,
+        num_unique_tokens: _builtins.int = ...,
+        num_flat_tokens: _builtins.int = ...,
+        num_target_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "execution_id", b"execution_id", "num_flat_tokens", b"num_flat_tokens", "num_target_tokens", b"num_target_tokens", "num_unique_tokens", b"num_unique_tokens", "trajectories", b"trajectories"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecutionTree: _TypeAlias = ExecutionTree  # noqa: Y015
+
+@_typing.final
+class GetExecutionTreeResponse(_message.Message):
+    """GetExecutionTreeResponse carries the tree."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TREE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tree(self) -> Global___ExecutionTree:
+        """The tree."""
+
+    def __init__(
+        self,
+        *,
+        tree: Global___ExecutionTree | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tree", b"tree"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tree", b"tree"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetExecutionTreeResponse: _TypeAlias = GetExecutionTreeResponse  # noqa: Y015
+
+@_typing.final
+class StreamSamplesRequest(_message.Message):
+    """StreamSamplesRequest names a batch of executions to replay."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_IDS_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    J_MAX_FIELD_NUMBER: _builtins.int
+    ROLE_RANK_FIELD_NUMBER: _builtins.int
+    ADVANTAGE_ESTIMATOR_FIELD_NUMBER: _builtins.int
+    j_max: _builtins.int
+    """Most trajectories per execution; 0 means the default, 5."""
+    advantage_estimator: Global___AdvantageEstimator.ValueType
+    """How advantages are computed from group rewards."""
+    @_builtins.property
+    def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Executions to replay, in this order."""
+
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Task groups whose executions are replayed too (after `execution_ids`, in group order);
+        each group must be ready (every execution rewarded).
+        """
+
+    @_builtins.property
+    def role_rank(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Role ranking for selection, best first; empty means `main`, `sub`, `summary`."""
+
+    def __init__(
+        self,
+        *,
+        execution_ids: _abc.Iterable[_builtins.str] | None = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        j_max: _builtins.int = ...,
+        role_rank: _abc.Iterable[_builtins.str] | None = ...,
+        advantage_estimator: Global___AdvantageEstimator.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_estimator", b"advantage_estimator", "execution_ids", b"execution_ids", "j_max", b"j_max", "role_rank", b"role_rank", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamSamplesRequest: _TypeAlias = StreamSamplesRequest  # noqa: Y015
+
+@_typing.final
+class Sample(_message.Message):
+    """Sample is one selected trajectory replayed for training (DESIGN section 4). Every per-token
+    field has the length of `token_ids`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ROLE_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOSS_MASK_FIELD_NUMBER: _builtins.int
+    TOKEN_WEIGHT_FIELD_NUMBER: _builtins.int
+    OLD_LOGPROBS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSIONS_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    ADVANTAGE_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    HAS_REWARD_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    """The execution."""
+    trajectory_id: _builtins.str
+    """The trajectory, `<execution_id>/<index>`."""
+    agent_role: _builtins.str
+    """`main`, `sub` or `summary`."""
+    reward: _builtins.float
+    """The execution's reward; 0 when it has none."""
+    advantage: _builtins.float
+    """The execution's group-relative advantage; 0 when it has no reward or no group."""
+    task_id: _builtins.str
+    """The execution's task (its group); empty when unknown (e.g. imported offline)."""
+    has_reward: _builtins.bool
+    """Whether the execution has a reward."""
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The chain's last prompt followed by its output."""
+
+    @_builtins.property
+    def loss_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """True on policy-generated positions counted in this sample (a target shared with an earlier
+        sample of the batch is counted there, and is false here).
+        """
+
+    @_builtins.property
+    def token_weight(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """1 / (E * U_e) where `loss_mask`, else 0: the batch loss is sum(token_weight * token_loss)."""
+
+    @_builtins.property
+    def old_logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Sampling log-probability of each generated position; 0 on context."""
+
+    @_builtins.property
+    def policy_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Policy version that generated each position; 0 on context."""
+
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        trajectory_id: _builtins.str = ...,
+        agent_role: _builtins.str = ...,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        loss_mask: _abc.Iterable[_builtins.bool] | None = ...,
+        token_weight: _abc.Iterable[_builtins.float] | None = ...,
+        old_logprobs: _abc.Iterable[_builtins.float] | None = ...,
+        policy_versions: _abc.Iterable[_builtins.int] | None = ...,
+        reward: _builtins.float = ...,
+        advantage: _builtins.float = ...,
+        task_id: _builtins.str = ...,
+        has_reward: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage", b"advantage", "agent_role", b"agent_role", "execution_id", b"execution_id", "has_reward", b"has_reward", "loss_mask", b"loss_mask", "old_logprobs", b"old_logprobs", "policy_versions", b"policy_versions", "reward", b"reward", "task_id", b"task_id", "token_ids", b"token_ids", "token_weight", b"token_weight", "trajectory_id", b"trajectory_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Sample: _TypeAlias = Sample  # noqa: Y015
+
+@_typing.final
+class StreamSamplesResponse(_message.Message):
+    """StreamSamplesResponse carries one sample."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sample(self) -> Global___Sample:
+        """The sample."""
+
+    def __init__(
+        self,
+        *,
+        sample: Global___Sample | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sample", b"sample"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sample", b"sample"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamSamplesResponse: _TypeAlias = StreamSamplesResponse  # noqa: Y015

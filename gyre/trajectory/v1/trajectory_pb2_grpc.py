@@ -40,6 +40,21 @@ class TrajectoryServiceStub:
                 request_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetGroupRequest.SerializeToString,
                 response_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetGroupResponse.FromString,
                 _registered_method=True)
+        self.GetCall = channel.unary_unary(
+                '/gyre.trajectory.v1.TrajectoryService/GetCall',
+                request_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetCallRequest.SerializeToString,
+                response_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetCallResponse.FromString,
+                _registered_method=True)
+        self.GetExecutionTree = channel.unary_unary(
+                '/gyre.trajectory.v1.TrajectoryService/GetExecutionTree',
+                request_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetExecutionTreeRequest.SerializeToString,
+                response_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetExecutionTreeResponse.FromString,
+                _registered_method=True)
+        self.StreamSamples = channel.unary_stream(
+                '/gyre.trajectory.v1.TrajectoryService/StreamSamples',
+                request_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.StreamSamplesRequest.SerializeToString,
+                response_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.StreamSamplesResponse.FromString,
+                _registered_method=True)
 
 
 class TrajectoryServiceServicer:
@@ -53,6 +68,29 @@ class TrajectoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCall(self, request, context):
+        """Return one recorded call with its exact prompt (always as `full_prompt`) and output.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExecutionTree(self, request, context):
+        """Return an execution's tree: its calls, trajectories, roles, shared prefix lengths and which
+        trajectories J_max selection keeps.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamSamples(self, request, context):
+        """Replay executions (named directly or through their task groups) into loss-weighted samples
+        (DESIGN section 4), one message per selected trajectory, executions in request order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrajectoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +98,21 @@ def add_TrajectoryServiceServicer_to_server(servicer, server):
                     servicer.GetGroup,
                     request_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetGroupRequest.FromString,
                     response_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetGroupResponse.SerializeToString,
+            ),
+            'GetCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCall,
+                    request_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetCallRequest.FromString,
+                    response_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetCallResponse.SerializeToString,
+            ),
+            'GetExecutionTree': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExecutionTree,
+                    request_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetExecutionTreeRequest.FromString,
+                    response_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetExecutionTreeResponse.SerializeToString,
+            ),
+            'StreamSamples': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamSamples,
+                    request_deserializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.StreamSamplesRequest.FromString,
+                    response_serializer=gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.StreamSamplesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +143,87 @@ class TrajectoryService:
             '/gyre.trajectory.v1.TrajectoryService/GetGroup',
             gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetGroupRequest.SerializeToString,
             gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.trajectory.v1.TrajectoryService/GetCall',
+            gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetCallRequest.SerializeToString,
+            gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExecutionTree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.trajectory.v1.TrajectoryService/GetExecutionTree',
+            gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetExecutionTreeRequest.SerializeToString,
+            gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.GetExecutionTreeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gyre.trajectory.v1.TrajectoryService/StreamSamples',
+            gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.StreamSamplesRequest.SerializeToString,
+            gyre_dot_trajectory_dot_v1_dot_trajectory__pb2.StreamSamplesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,16 @@ class TrajectoryServiceStub:
     def __new__(cls, channel: _aio.Channel) -> TrajectoryServiceAsyncStub: ...
     GetGroup: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.GetGroupRequest, _trajectory_pb2.GetGroupResponse]
     """Return a task group as the trajectory service knows it: its executions and their rewards."""
+    GetCall: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.GetCallRequest, _trajectory_pb2.GetCallResponse]
+    """Return one recorded call with its exact prompt (always as `full_prompt`) and output."""
+    GetExecutionTree: _grpc.UnaryUnaryMultiCallable[_trajectory_pb2.GetExecutionTreeRequest, _trajectory_pb2.GetExecutionTreeResponse]
+    """Return an execution's tree: its calls, trajectories, roles, shared prefix lengths and which
+    trajectories J_max selection keeps.
+    """
+    StreamSamples: _grpc.UnaryStreamMultiCallable[_trajectory_pb2.StreamSamplesRequest, _trajectory_pb2.StreamSamplesResponse]
+    """Replay executions (named directly or through their task groups) into loss-weighted samples
+    (DESIGN section 4), one message per selected trajectory, executions in request order.
+    """
 
 @_typing.type_check_only
 class TrajectoryServiceAsyncStub(TrajectoryServiceStub):
@@ -43,6 +53,16 @@ class TrajectoryServiceAsyncStub(TrajectoryServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetGroup: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.GetGroupRequest, _trajectory_pb2.GetGroupResponse]  # type: ignore[assignment]
     """Return a task group as the trajectory service knows it: its executions and their rewards."""
+    GetCall: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.GetCallRequest, _trajectory_pb2.GetCallResponse]  # type: ignore[assignment]
+    """Return one recorded call with its exact prompt (always as `full_prompt`) and output."""
+    GetExecutionTree: _aio.UnaryUnaryMultiCallable[_trajectory_pb2.GetExecutionTreeRequest, _trajectory_pb2.GetExecutionTreeResponse]  # type: ignore[assignment]
+    """Return an execution's tree: its calls, trajectories, roles, shared prefix lengths and which
+    trajectories J_max selection keeps.
+    """
+    StreamSamples: _aio.UnaryStreamMultiCallable[_trajectory_pb2.StreamSamplesRequest, _trajectory_pb2.StreamSamplesResponse]  # type: ignore[assignment]
+    """Replay executions (named directly or through their task groups) into loss-weighted samples
+    (DESIGN section 4), one message per selected trajectory, executions in request order.
+    """
 
 class TrajectoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """TrajectoryService owns the event log of model calls, the execution trees and replay."""
@@ -54,5 +74,33 @@ class TrajectoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_trajectory_pb2.GetGroupResponse, _abc.Awaitable[_trajectory_pb2.GetGroupResponse]]:
         """Return a task group as the trajectory service knows it: its executions and their rewards."""
+
+    @_abc_1.abstractmethod
+    def GetCall(
+        self,
+        request: _trajectory_pb2.GetCallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trajectory_pb2.GetCallResponse, _abc.Awaitable[_trajectory_pb2.GetCallResponse]]:
+        """Return one recorded call with its exact prompt (always as `full_prompt`) and output."""
+
+    @_abc_1.abstractmethod
+    def GetExecutionTree(
+        self,
+        request: _trajectory_pb2.GetExecutionTreeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trajectory_pb2.GetExecutionTreeResponse, _abc.Awaitable[_trajectory_pb2.GetExecutionTreeResponse]]:
+        """Return an execution's tree: its calls, trajectories, roles, shared prefix lengths and which
+        trajectories J_max selection keeps.
+        """
+
+    @_abc_1.abstractmethod
+    def StreamSamples(
+        self,
+        request: _trajectory_pb2.StreamSamplesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_trajectory_pb2.StreamSamplesResponse], _abc.AsyncIterator[_trajectory_pb2.StreamSamplesResponse]]:
+        """Replay executions (named directly or through their task groups) into loss-weighted samples
+        (DESIGN section 4), one message per selected trajectory, executions in request order.
+        """
 
 def add_TrajectoryServiceServicer_to_server(servicer: TrajectoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
