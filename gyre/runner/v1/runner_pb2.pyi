@@ -155,7 +155,9 @@ class Execution(_message.Message):
     workspace_uri: _builtins.str
     """Where the workspace lives, e.g. `file:///var/lib/gyre/workspaces/<execution_id>`; kept after the end."""
     exit_code: _builtins.int
-    """Exit code of the harness; set only when finished."""
+    """Exit code of the harness: 0 when finished; a crashed one's code (128+N for signal N) when
+    failed with HARNESS_CRASHED; unset otherwise.
+    """
     family: _builtins.str
     """Task family, copied to the end events so the evaluator can pick the grader."""
     task: _builtins.str
