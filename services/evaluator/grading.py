@@ -156,8 +156,11 @@ class Grader:
         }
         try:
             await box.launch(argv, env=env, pass_fds=(write_end,))
-        finally:
-            os.close(write_end)  # from here on only the sandboxed pytest holds a write end
+        except BaseException:
+            os.close(write_end)
+            await asyncio.to_thread(pipe.finish)  # EOF now: no writer is left
+            raise
+        os.close(write_end)  # from here on only the sandboxed pytest holds a write end
         outcome = await box.wait(timeout_s=task.grader_timeout_s)
         lines = await asyncio.to_thread(pipe.finish)
         if outcome.killed:
