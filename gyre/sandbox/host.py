@@ -421,12 +421,18 @@ def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:
 def kill_all_of_uid(uid: int, gid: int) -> None:
     """SIGKILL every process of `uid`: `kill -KILL -1` run as that uid reaches exactly those.
 
-    No Python runs between fork and exec (the runner has gRPC threads; a preexec hook could
-    crash the child): subprocess switches the uid in C.
+    The uid is switched by `setpriv` after exec, so Python spawns with vfork: a plain fork in a
+    process with gRPC threads runs gRPC's fork handlers in the child, which can crash it before
+    the exec (seen under load). Without setpriv, subprocess switches the uid in C (fork).
     """
     kill = shutil.which("kill", path="/usr/bin:/bin")
     if kill is None:
         log.warning("no_kill_binary", uid=uid)
+        return
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv is not None:
+        argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", kill, "-KILL", "-1"]
+        subprocess.run(argv, capture_output=True, timeout=30, check=False)
         return
     subprocess.run(
         [kill, "-KILL", "-1"],
