@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
 from services.proxy.render import ReusableOutput
 from services.proxy.routing import Route
@@ -50,40 +51,10 @@ reusable_outputs = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
-rpc_requests = sa.Table(
-    "rpc_requests",
-    metadata,
-    sa.Column("request_id", sa.Text, primary_key=True),
-    sa.Column("method", sa.Text, nullable=False),
-    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
-    sa.Column("response", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-)
+requests = RequestLog(requests_table(metadata))
 
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
-
-
-async def claim_request(
-    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, response: bytes
-) -> bool:
-    """Record the answer to a request id; False when the id was taken (by a concurrent call too)."""
-    stmt = (
-        insert(rpc_requests)
-        .values(request_id=request_id, method=method, fingerprint=fingerprint, response=response)
-        .on_conflict_do_nothing()
-        .returning(rpc_requests.c.request_id)
-    )
-    return (await session.execute(stmt)).first() is not None
-
-
-async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
-    """(method, fingerprint, response) recorded for a request id, or None."""
-    stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
-        rpc_requests.c.request_id == request_id
-    )
-    row = (await session.execute(stmt)).first()
-    return None if row is None else (row.method, row.fingerprint, row.response)
 
 
 async def upsert_token(

@@ -72,14 +72,14 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         request_id: str = getattr(request, "request_id")  # noqa: B009
         fingerprint = hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
         async with self.sessions() as session:
-            first = await repo.load_request(session, request_id)
+            first = await repo.requests.load(session, request_id)
         if first is not None:
             if first[0] != method or first[1] != fingerprint:
                 raise Conflict(f"request_id {request_id!r} was already used for a different request")
             return answer_cls.FromString(first[2])
         async with self.sessions() as session, session.begin():
             answer, payloads = await act(session)
-            claimed = await repo.claim_request(
+            claimed = await repo.requests.claim(
                 session,
                 request_id=request_id,
                 method=method,
@@ -178,7 +178,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         if not any(r.cell_id == request.cell_id for r in self.calls.router.routes.values()):
             raise InvalidArgument("cell_id", f"no engine of cell {request.cell_id!r} is registered")
         async with self.sessions() as session:
-            first = await repo.load_request(session, request.request_id)
+            first = await repo.requests.load(session, request.request_id)
         if first is not None:  # answered before: do not drain again (the cell may serve again since)
             return await self._idempotent("DrainCell", request, proxy_pb2.DrainCellResponse, _never)
         result = await drain_cell(

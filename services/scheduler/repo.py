@@ -6,9 +6,10 @@ import uuid
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
 from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedExecution, PlannedTask, spec_from_record
 
@@ -42,40 +43,10 @@ executions = sa.Table(
     sa.UniqueConstraint("task_id", "index_in_group"),
 )
 
-rpc_requests = sa.Table(
-    "rpc_requests",
-    metadata,
-    sa.Column("request_id", sa.Text, primary_key=True),
-    sa.Column("method", sa.Text, nullable=False),
-    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
-    sa.Column("response", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-)
+requests = RequestLog(requests_table(metadata))
 
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
-
-
-async def claim_request(
-    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, response: bytes
-) -> bool:
-    """Record the answer to a request id; False when the id was taken (by a concurrent call too)."""
-    stmt = (
-        insert(rpc_requests)
-        .values(request_id=request_id, method=method, fingerprint=fingerprint, response=response)
-        .on_conflict_do_nothing()
-        .returning(rpc_requests.c.request_id)
-    )
-    return (await session.execute(stmt)).first() is not None
-
-
-async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
-    """(method, fingerprint, response) recorded for a request id, or None."""
-    stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
-        rpc_requests.c.request_id == request_id
-    )
-    row = (await session.execute(stmt)).first()
-    return None if row is None else (row.method, row.fingerprint, row.response)
 
 
 async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *, request_id: str) -> None:

@@ -65,7 +65,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             for execution in task.executions
         ]
         async with self.sessions() as session, session.begin():
-            claimed = await repo.claim_request(
+            claimed = await repo.requests.claim(
                 session,
                 request_id=request.request_id,
                 method="SubmitTasks",
@@ -87,7 +87,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def _first_answer(
         self, session: AsyncSession, request_id: str, fingerprint: bytes
     ) -> scheduler_pb2.SubmitTasksResponse | None:
-        row = await repo.load_request(session, request_id)
+        row = await repo.requests.load(session, request_id)
         if row is None:
             return None
         method, stored_fingerprint, stored_response = row

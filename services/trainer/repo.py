@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
 
 SCHEMA = "trainer"
@@ -52,14 +53,7 @@ checkpoints = sa.Table(
     sa.Column("saved_at", sa.DateTime(timezone=True), nullable=False),
 )
 
-rpc_requests = sa.Table(
-    "rpc_requests",
-    metadata,
-    sa.Column("request_id", sa.Text, primary_key=True),
-    sa.Column("method", sa.Text, nullable=False),
-    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
-    sa.Column("response", sa.LargeBinary, nullable=False),
-)
+requests = RequestLog(requests_table(metadata))
 
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
@@ -163,26 +157,6 @@ async def last_checkpoint(session: AsyncSession) -> Any | None:
     return (
         await session.execute(sa.select(checkpoints).order_by(checkpoints.c.saved_at.desc()).limit(1))
     ).first()
-
-
-async def claim_request(
-    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, response: bytes
-) -> bool:
-    stmt = (
-        insert(rpc_requests)
-        .values(request_id=request_id, method=method, fingerprint=fingerprint, response=response)
-        .on_conflict_do_nothing()
-        .returning(rpc_requests.c.request_id)
-    )
-    return (await session.execute(stmt)).first() is not None
-
-
-async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
-    stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
-        rpc_requests.c.request_id == request_id
-    )
-    row = (await session.execute(stmt)).first()
-    return None if row is None else (row.method, row.fingerprint, row.response)
 
 
 async def outbox_has(session: AsyncSession, event_id: str) -> bool:

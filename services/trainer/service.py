@@ -44,7 +44,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request_id: str, method: str, request: message.Message, cls: type[message.Message]
     ) -> message.Message | None:
         async with self.sessions() as session:
-            row = await repo.load_request(session, request_id)
+            row = await repo.requests.load(session, request_id)
         if row is None:
             return None
         if row[0] != method or row[1] != _fingerprint(request):
@@ -61,7 +61,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         event: message.Message,
     ) -> None:
         async with self.sessions() as session, session.begin():
-            await repo.claim_request(
+            await repo.requests.claim(
                 session,
                 request_id=request_id,
                 method=method,
