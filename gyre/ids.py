@@ -40,9 +40,10 @@ def is_uuid(text: str) -> bool:
         return False
 
 
-def validate_request_id(request_id: str) -> None:
-    """InvalidArgument naming `request_id` unless it is a usable client-chosen idempotency key."""
+def validate_request_id(request_id: str, field: str = "request_id") -> str:
+    """InvalidArgument naming `field` unless `request_id` is a usable client-chosen idempotency key."""
     if not request_id:
-        raise InvalidArgument("request_id", "is required: a client-chosen idempotency key")
+        raise InvalidArgument(field, "is required: a client-chosen idempotency key")
     if not REQUEST_ID_RE.fullmatch(request_id):
-        raise InvalidArgument("request_id", "must be 1..128 characters of [A-Za-z0-9_.:-]")
+        raise InvalidArgument(field, f"must be 1..128 characters of [A-Za-z0-9_.:-], got {request_id!r}")
+    return request_id

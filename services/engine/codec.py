@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 from gyre.common.v1 import ids_pb2
 from gyre.engine.v1 import engine_pb2
 from gyre.errors import InvalidArgument
+from gyre.ids import validate_request_id
 from services.engine.kv import ExportedKv, KvLayout
 from services.engine.port import EngineState, EngineStats, PausedGeneration
 from services.engine.sampling import Sampling
 from services.engine.sequence import Emission, Finish
-
-REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 FINISH_TO_PROTO: dict[Finish, engine_pb2.FinishReason.ValueType] = {
     Finish.STOP: engine_pb2.FINISH_REASON_STOP,
@@ -28,12 +25,6 @@ STATE_TO_PROTO: dict[EngineState, engine_pb2.EngineState.ValueType] = {
     EngineState.DRAINED: engine_pb2.ENGINE_STATE_DRAINED,
     EngineState.UPDATING_WEIGHTS: engine_pb2.ENGINE_STATE_UPDATING_WEIGHTS,
 }
-
-
-def validate_request_id(request_id: str, field: str = "request_id") -> str:
-    if not REQUEST_ID.match(request_id):
-        raise InvalidArgument(field, f"must be 1..128 of [A-Za-z0-9_.:-], got {request_id!r}")
-    return request_id
 
 
 def sampling_from_proto(p: engine_pb2.SamplingParams) -> Sampling:

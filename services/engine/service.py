@@ -8,6 +8,7 @@ import structlog
 
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.errors import InvalidArgument
+from gyre.ids import validate_request_id
 from gyre.rpc import Context
 from services.engine import codec
 from services.engine.kv import ExportedKv
@@ -26,7 +27,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def GenerateTokens(
         self, request: engine_pb2.GenerateTokensRequest, context: Context
     ) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         stream = await self.backend.generate(
             request_id=request.request_id,
             execution_id=request.execution_id,
@@ -45,7 +46,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def PauseGeneration(
         self, request: engine_pb2.PauseGenerationRequest, context: Context
     ) -> engine_pb2.PauseGenerationResponse:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         paused = await self.backend.pause(request.request_id)
         return engine_pb2.PauseGenerationResponse(
             tokens=codec.tokens_to_proto(paused.output),
@@ -55,7 +56,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def ExportKV(
         self, request: engine_pb2.ExportKVRequest, context: Context
     ) -> AsyncIterator[engine_pb2.ExportKVResponse]:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         chunk = min(request.max_chunk_bytes or DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES)
         header, data = await self.backend.export_kv(request.request_id)
         yield engine_pb2.ExportKVResponse(header=codec.header_to_proto(header))
@@ -98,7 +99,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def ResumeGeneration(
         self, request: engine_pb2.ResumeGenerationRequest, context: Context
     ) -> AsyncIterator[engine_pb2.ResumeGenerationResponse]:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         stream = await self.backend.resume(request.request_id)
         async for piece in stream:
             yield engine_pb2.ResumeGenerationResponse(tokens=codec.tokens_to_proto(piece))
@@ -106,13 +107,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def CancelGeneration(
         self, request: engine_pb2.CancelGenerationRequest, context: Context
     ) -> engine_pb2.CancelGenerationResponse:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         return engine_pb2.CancelGenerationResponse(freed_bytes=await self.backend.cancel(request.request_id))
 
     async def DrainEngine(
         self, request: engine_pb2.DrainEngineRequest, context: Context
     ) -> engine_pb2.DrainEngineResponse:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         result = await self.backend.drain(
             request_id=request.request_id,
             pause_in_flight=request.pause_in_flight,
@@ -132,7 +133,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def UpdateWeights(
         self, request: engine_pb2.UpdateWeightsRequest, context: Context
     ) -> engine_pb2.UpdateWeightsResponse:
-        codec.validate_request_id(request.request_id)
+        validate_request_id(request.request_id)
         if not request.HasField("version"):
             raise InvalidArgument("version", "is required")
         if not request.source_uri:

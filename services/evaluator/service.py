@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay
 from gyre.errors import Conflict, InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
-from gyre.ids import require_uuid
+from gyre.ids import require_uuid, validate_request_id
 from gyre.rpc import Context
 from services.evaluator import repo
 from services.evaluator.config import EvaluatorSettings
@@ -17,8 +17,6 @@ from services.evaluator.consumer import publish_reward
 from services.evaluator.grading import Grader
 from services.evaluator.rewards import grade_execution, workspace_path
 from services.evaluator.taskset import load_task
-
-REQUEST_ID_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 
 class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
@@ -38,8 +36,7 @@ class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
         self, request: evaluator_pb2.GradeWorkspaceRequest, context: Context
     ) -> evaluator_pb2.GradeWorkspaceResponse:
         rid = request.request_id
-        if not (1 <= len(rid) <= 128 and set(rid) <= REQUEST_ID_CHARS):
-            raise InvalidArgument("request_id", "is required: 1..128 characters of [A-Za-z0-9_.:-]")
+        validate_request_id(rid)
         require_uuid("execution.execution_id", request.execution.execution_id, what="an execution")
         body = evaluator_pb2.GradeWorkspaceRequest()
         body.CopyFrom(request)

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import Conflict, InvalidArgument
 from gyre.events import new_event
-from gyre.ids import require_uuid
+from gyre.ids import require_uuid, validate_request_id
 from gyre.proxy.v1 import events_pb2, proxy_pb2, proxy_pb2_grpc
 from gyre.rpc import Context
 from services.proxy import repo
@@ -27,7 +27,6 @@ from services.proxy.routing import Route
 log = structlog.get_logger(__name__)
 PRODUCER = "proxy"
 M = TypeVar("M", bound=Message)
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _CELL_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\[\]:-]+:\d{1,5}$")
 ROUTE_STATE = {
@@ -35,11 +34,6 @@ ROUTE_STATE = {
     "draining": proxy_pb2.ROUTE_STATE_DRAINING,
     "drained": proxy_pb2.ROUTE_STATE_DRAINED,
 }
-
-
-def _require_request_id(request_id: str) -> None:
-    if not _REQUEST_ID.match(request_id):
-        raise InvalidArgument("request_id", "must be 1..128 characters of [A-Za-z0-9_.:-]")
 
 
 def _require_name(field: str, value: str) -> None:
@@ -100,7 +94,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     async def RegisterExecutionToken(
         self, request: proxy_pb2.RegisterExecutionTokenRequest, context: Context
     ) -> proxy_pb2.RegisterExecutionTokenResponse:
-        _require_request_id(request.request_id)
+        validate_request_id(request.request_id)
         if not (32 <= len(request.token) <= 256 and request.token.isascii() and request.token.isprintable()):
             raise InvalidArgument("token", "must be 32..256 printable ASCII characters")
         require_uuid("execution.execution_id", request.execution.execution_id, what="an execution")
@@ -131,7 +125,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     async def RevokeExecutionToken(
         self, request: proxy_pb2.RevokeExecutionTokenRequest, context: Context
     ) -> proxy_pb2.RevokeExecutionTokenResponse:
-        _require_request_id(request.request_id)
+        validate_request_id(request.request_id)
         require_uuid("execution_id", request.execution_id, what="an execution")
 
         async def act(session: AsyncSession) -> tuple[proxy_pb2.RevokeExecutionTokenResponse, list[Message]]:
@@ -152,7 +146,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     async def RegisterEngine(
         self, request: proxy_pb2.RegisterEngineRequest, context: Context
     ) -> proxy_pb2.RegisterEngineResponse:
-        _require_request_id(request.request_id)
+        validate_request_id(request.request_id)
         _require_name("cell_id", request.cell_id)
         _require_name("engine_id", request.engine_id)
         if not _ADDRESS.match(request.address):
@@ -171,7 +165,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     async def DrainCell(
         self, request: proxy_pb2.DrainCellRequest, context: Context
     ) -> proxy_pb2.DrainCellResponse:
-        _require_request_id(request.request_id)
+        validate_request_id(request.request_id)
         _require_name("cell_id", request.cell_id)
         if not request.timeout_s > 0:
             raise InvalidArgument("timeout_s", f"must be > 0 seconds, got {request.timeout_s}")

@@ -11,12 +11,11 @@ import re
 from dataclasses import dataclass
 
 from gyre.errors import InvalidArgument
-from gyre.ids import is_uuid
+from gyre.ids import is_uuid, validate_request_id
 
 MAX_PROMPT_BYTES = 1024 * 1024
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_HARNESS_ENV = 64
-REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TASK_LABEL = "gyre.task"
@@ -57,8 +56,7 @@ def grading_task(*, workspace_template: str, labels: dict[str, str], task: str =
 
 
 def validate_launch(launch: Launch, *, harnesses: frozenset[str], reserved_env: frozenset[str]) -> None:
-    if not REQUEST_ID_RE.fullmatch(launch.request_id):
-        raise InvalidArgument("request_id", "is required: 1..128 characters of [A-Za-z0-9_.:-]")
+    validate_request_id(launch.request_id)
     if not is_uuid(launch.task_id):
         raise InvalidArgument("execution.task_id", f"must be a task id (a UUID), got {launch.task_id!r}")
     if not is_uuid(launch.execution_id):

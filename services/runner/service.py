@@ -8,13 +8,13 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.errors import Conflict, InvalidArgument, NotFound
-from gyre.ids import require_uuid
+from gyre.ids import require_uuid, validate_request_id
 from gyre.rpc import Context
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from services.runner import repo
 from services.runner.codec import execution_to_proto, fingerprint, launch_from_request
 from services.runner.config import RunnerSettings
-from services.runner.executions import ENDED, REQUEST_ID_RE, grading_task, validate_launch
+from services.runner.executions import ENDED, grading_task, validate_launch
 from services.runner.harness import HARNESSES, RESERVED_ENV
 from services.runner.supervisor import Supervisor
 from services.runner.workspace import check_template
@@ -63,8 +63,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     async def CancelExecution(
         self, request: runner_pb2.CancelExecutionRequest, context: Context
     ) -> runner_pb2.CancelExecutionResponse:
-        if not REQUEST_ID_RE.fullmatch(request.request_id):
-            raise InvalidArgument("request_id", "is required: 1..128 characters of [A-Za-z0-9_.:-]")
+        validate_request_id(request.request_id)
         require_uuid("execution_id", request.execution_id, what="an execution")
         if len(request.reason) > MAX_REASON_CHARS:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_CHARS} characters")
