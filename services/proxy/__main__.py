@@ -1,12 +1,16 @@
-"""`python -m services.proxy`: health and reflection only until its API lands (issue 7)."""
+"""`python -m services.proxy`."""
 
 import sys
 
-from gyre.launch import launch_unbuilt
+from gyre.launch import launch
+from services.proxy.config import ProxySettings
+from services.proxy.main import build
 
 sys.exit(
-    launch_unbuilt(
+    launch(
         name="proxy",
-        description="Gyre proxy: model API for harnesses, TITO recording, routing.",
+        description="Gyre proxy: OpenAI and Anthropic APIs, TITO recording, routing, migration.",
+        settings_cls=ProxySettings,
+        build=build,
     )
 )

@@ -1,0 +1,310 @@
+"""Run one harness call: render, route, stream, parse tool calls, record (shell).
+
+`Calls.start` turns a parsed request into a `CallRun`; the HTTP handler iterates its text deltas
+and then reads its `outcome`. Whatever way the call ends (finished, harness gone, token revoked,
+engine failure) the tokens generated so far are recorded once, as `LlmCallRecorded`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import structlog
+
+from gyre.engine.v1 import engine_pb2
+from gyre.errors import Unavailable
+from gyre.ids import new_uuid7
+from gyre.proxy.v1 import proxy_pb2
+from services.proxy.agents import Agent, detect
+from services.proxy.chat import ChatMessage, ChatRequest
+from services.proxy.delta import CallHistory
+from services.proxy.detok import IncrementalText
+from services.proxy.generation import FR, Generation
+from services.proxy.model import ServedModel
+from services.proxy.outcome import CallOutcome, Finish, Usage
+from services.proxy.recorder import Recorder
+from services.proxy.render import OutputMemory, ReusableOutput, render_prompt, reusable_output
+from services.proxy.router import Router
+from services.proxy.toolcalls import parse_output, visible_prefix
+
+log = structlog.get_logger(__name__)
+
+FINISH_TO_RECORD: dict[int, proxy_pb2.CallFinishReason.ValueType] = {
+    FR.FINISH_REASON_STOP: proxy_pb2.CALL_FINISH_REASON_STOP,
+    FR.FINISH_REASON_LENGTH: proxy_pb2.CALL_FINISH_REASON_LENGTH,
+    FR.FINISH_REASON_CONTEXT_LENGTH: proxy_pb2.CALL_FINISH_REASON_CONTEXT_LENGTH,
+}
+ROLE_TO_RECORD = {
+    "main": proxy_pb2.AGENT_ROLE_MAIN,
+    "sub": proxy_pb2.AGENT_ROLE_SUB,
+    "summary": proxy_pb2.AGENT_ROLE_SUMMARY,
+}
+
+
+@dataclass(slots=True)
+class ExecutionState:
+    """What the proxy remembers of one execution between its calls."""
+
+    memory: OutputMemory = field(default_factory=OutputMemory)
+    history: CallHistory = field(default_factory=CallHistory)
+    runs: set[CallRun] = field(default_factory=set)
+
+
+class CallRun:
+    """One call in flight. Iterate `text_deltas()`, then read `outcome`."""
+
+    def __init__(
+        self,
+        calls: Calls,
+        *,
+        execution_id: str,
+        request: ChatRequest,
+        agent: Agent,
+        generation: Generation,
+        prompt_text: str,
+    ) -> None:
+        self.calls = calls
+        self.execution_id = execution_id
+        self.request = request
+        self.agent = agent
+        self.generation = generation
+        self.prompt_text = prompt_text
+        self.started_at = datetime.now(UTC)
+        self.outcome: CallOutcome | None = None
+        self.cancelled = False
+        self._recorded = False
+
+    @property
+    def call_id(self) -> str:
+        return self.generation.call_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.generation.prompt_ids)
+
+    async def text_deltas(self) -> AsyncIterator[str]:
+        """Visible text as it is generated; tool-call markup is held back for the outcome."""
+        model = self.calls.model
+        stream = IncrementalText(
+            lambda ids: self.calls.model.tokenizer.decode(ids, skip_special_tokens=False)
+        )
+        sent = 0
+        try:
+            async for new_ids in self.generation.tokens():
+                if self.cancelled:
+                    break
+                if not stream.push(new_ids):
+                    continue
+                text = visible_prefix(model.strip_stops(stream.text), model.tool_format)
+                if len(text) > sent:
+                    yield text[sent:]
+                    sent = len(text)
+        finally:
+            if not self.generation.done or self.cancelled:
+                self.cancelled = True
+                await self.generation.cancel()
+            self._finish()
+        assert self.outcome is not None
+        if len(self.outcome.text) > sent and not self.outcome.tool_calls:
+            yield self.outcome.text[sent:]
+
+    async def run_to_end(self) -> CallOutcome:
+        async for _ in self.text_deltas():
+            pass
+        assert self.outcome is not None
+        return self.outcome
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _finish(self) -> None:
+        """Build the outcome and hand the record to the recorder, exactly once."""
+        if self._recorded:
+            return
+        self._recorded = True
+        gen, model = self.generation, self.calls.model
+        parsed = parse_output(
+            model.visible_text(gen.output_ids),
+            fmt=model.tool_format,
+            call_ids=[model.tool_call_id(self.call_id, i) for i in range(8)],
+        )
+        if self.cancelled and gen.finish in (FR.FINISH_REASON_UNSPECIFIED, FR.FINISH_REASON_PAUSED):
+            finish: Finish = "cancelled"
+        elif gen.finish in (FR.FINISH_REASON_LENGTH, FR.FINISH_REASON_CONTEXT_LENGTH):
+            finish = "length"
+        else:
+            finish = "tool_calls" if parsed.tool_calls else "stop"
+        self.outcome = CallOutcome(
+            text=parsed.text,
+            tool_calls=parsed.tool_calls,
+            finish=finish,
+            usage=Usage(
+                prompt_tokens=len(gen.prompt_ids),
+                output_tokens=len(gen.output_ids),
+                cached_prompt_tokens=gen.num_cached_prompt_tokens,
+            ),
+        )
+        self.calls.finished(self)
+
+
+class Calls:
+    """Per-execution memory, the in-flight registry and the path of one call."""
+
+    def __init__(
+        self,
+        *,
+        model: ServedModel | None,
+        router: Router,
+        recorder: Recorder,
+        load_outputs: Callable[[str], Awaitable[list[ReusableOutput]]] | None = None,
+    ) -> None:
+        self._model = model
+        self._load_outputs = load_outputs
+        self.router = router
+        self.recorder = recorder
+        self.executions: dict[str, ExecutionState] = {}
+        self.in_flight: dict[str, CallRun] = {}
+
+    @property
+    def model(self) -> ServedModel:
+        if self._model is None:
+            raise Unavailable(
+                "the proxy has no model: its model folder holds no tokenizer (gyre model init DIR)"
+            )
+        return self._model
+
+    def state(self, execution_id: str) -> ExecutionState:
+        return self.executions.setdefault(execution_id, ExecutionState())
+
+    async def load_state(self, execution_id: str) -> ExecutionState:
+        """The execution's state; after a proxy restart its reusable outputs come from Postgres."""
+        state = self.executions.get(execution_id)
+        if state is None:
+            state = ExecutionState()
+            if self._load_outputs is not None:
+                for item in await self._load_outputs(execution_id):
+                    state.memory.remember(item)
+            state = self.executions.setdefault(execution_id, state)
+        return state
+
+    async def start(self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]) -> CallRun:
+        agent = detect(
+            system=request.system_text,
+            first_user=request.first_user_text,
+            last_user=request.last_user_text,
+            headers=headers,
+        )
+        state = await self.load_state(execution_id)
+        prompt = render_prompt(
+            self.model.tokenizer,
+            request,
+            state.memory,
+            context_window_tokens=self.model.context_window_tokens,
+        )
+        state.memory.remember_prompt(prompt)
+        room = self.model.context_window_tokens - len(prompt.ids)
+        max_tokens = min(request.sampling.max_tokens or room, room)
+        sampling = engine_pb2.SamplingParams(
+            temperature=request.sampling.temperature,
+            top_p=request.sampling.top_p,
+            max_tokens=max_tokens,
+        )
+        if request.sampling.seed is not None:
+            sampling.seed = request.sampling.seed
+        call_id = new_uuid7()
+        route = self.router.pick(execution_id)
+        generation = Generation(
+            call_id=call_id,
+            execution_id=execution_id,
+            prompt_ids=prompt.ids,
+            sampling=sampling,
+            route=route,
+            pool=self.router.pool,
+            on_move=self.router.moved,
+            on_version=self.router.observed_version,
+        )
+        run = CallRun(
+            self,
+            execution_id=execution_id,
+            request=request,
+            agent=agent,
+            generation=generation,
+            prompt_text=prompt.text,
+        )
+        self.in_flight[call_id] = run
+        state.runs.add(run)
+        self.router.call_started(route.engine_id)
+        return run
+
+    def finished(self, run: CallRun) -> None:
+        """Remember the output for later prompts, encode the prompt as a delta, queue the record."""
+        self.in_flight.pop(run.call_id, None)
+        self.router.call_finished(run.generation.route.engine_id)
+        state = self.state(run.execution_id)
+        state.runs.discard(run)
+        gen = run.generation
+        assert run.outcome is not None
+        item = None
+        if run.outcome.finish != "cancelled" and gen.output_ids:
+            returned = ChatMessage(
+                role="assistant", content=run.outcome.text, tool_calls=run.outcome.tool_calls
+            )
+            stopped = gen.finish == FR.FINISH_REASON_STOP
+            try:
+                item = reusable_output(
+                    self.model.tokenizer,
+                    run.request,
+                    prompt_text=run.prompt_text,
+                    returned=returned,
+                    output_ids=gen.output_ids,
+                    stop_texts=self.model.stop_texts if stopped else (),
+                )
+            except Exception:  # the template refusing its own turn must not lose the record
+                log.exception("reusable_output_failed", call_id=run.call_id)
+                item = None
+            if item is not None:
+                state.memory.remember(item)
+        delta = state.history.encode(gen.prompt_ids)
+        state.history.add(run.call_id, gen.prompt_ids, gen.output_ids)
+        record = proxy_pb2.CallRecord(
+            execution_id=run.execution_id,
+            call_id=run.call_id,
+            agent_role=ROLE_TO_RECORD[run.agent.role],
+            agent_id=run.agent.agent_id,
+            output_ids=gen.output_ids,
+            output_logprobs=gen.logprobs,
+            engine_id=gen.route.engine_id,
+            num_migrations=gen.num_migrations,
+            finish_reason=(
+                proxy_pb2.CALL_FINISH_REASON_CANCELLED
+                if run.outcome.finish == "cancelled"
+                else FINISH_TO_RECORD.get(gen.finish, proxy_pb2.CALL_FINISH_REASON_CANCELLED)
+            ),
+        )
+        if delta.parent_call_id:
+            record.prompt_delta.parent_call_id = delta.parent_call_id
+            record.prompt_delta.num_shared_tokens = delta.num_shared_tokens
+            record.prompt_delta.new_ids.extend(delta.new_ids)
+        else:
+            record.full_prompt.prompt_ids.extend(gen.prompt_ids)
+        versions = gen.versions or [gen.route.policy_version]
+        record.policy_version.steps = min(versions)
+        if len(set(versions)) > 1:
+            record.output_policy_versions.extend(versions)
+        record.started_at.FromDatetime(run.started_at)
+        record.finished_at.FromDatetime(datetime.now(UTC))
+        self.recorder.record(record, item)
+
+    def revoke(self, execution_id: str, *, cancel_in_flight: bool) -> int:
+        """Forget an execution; with `cancel_in_flight`, cut its running calls short."""
+        state = self.executions.pop(execution_id, None)
+        self.router.forget(execution_id)
+        if state is None or not cancel_in_flight:
+            return 0
+        for run in state.runs:
+            run.cancel()
+            asyncio.get_running_loop().create_task(run.generation.cancel())
+        return len(state.runs)

@@ -1,0 +1,27 @@
+"""Proxy settings, env prefix GYRE_PROXY_ (shell)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ProxySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GYRE_PROXY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """gRPC port (ProxyService); 0 picks a free one."""
+    http_port: int = 0
+    """HTTP port of the OpenAI / Anthropic APIs; 0 picks a free one."""
+    model_dir: Path = Path(".gyre/model")
+    """Folder with the served model's tokenizer and chat template (`gyre model init DIR`)."""
+    model_name: str = ""
+    """Name `/v1/models` reports; default the folder's name. Requests may name any model."""
+    context_window_tokens: int = 0
+    """Prompt + output limit; 0 takes `max_position_embeddings` from the folder's config.json."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Largest request body accepted (HTTP 413 above)."""
+    token_cache_s: float = 5.0
+    """How long a token lookup is trusted before Postgres is asked again."""

@@ -1,0 +1,250 @@
+"""The harness-facing HTTP server: OpenAI Chat Completions and Anthropic Messages (shell: aiohttp).
+
+Each handler authenticates the execution token, parses the body into a `ChatRequest`, starts a
+`CallRun` and writes it back in the dialect asked for, streamed (SSE) or whole. Every failure is
+answered in the dialect's own error shape; nothing a harness sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from gyre.errors import GyreError, InvalidArgument, NotFound, Unavailable
+from services.proxy import anthropic_api, openai_api
+from services.proxy.auth import TokenBook, Unauthenticated, bearer_token
+from services.proxy.calls import CallRun, Calls
+from services.proxy.chat import ChatRequest
+from services.proxy.render import render_prompt
+
+log = structlog.get_logger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CALLS_KEY = web.AppKey("calls", Calls)
+TOKENS_KEY = web.AppKey("tokens", TokenBook)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+
+
+class TooLarge(GyreError):
+    """The body is over the size limit (HTTP 413)."""
+
+
+def _is_anthropic(request: web.Request) -> bool:
+    return request.path.startswith("/v1/messages")
+
+
+def _status(exc: Exception) -> int:
+    if isinstance(exc, Unauthenticated):
+        return 401
+    if isinstance(exc, InvalidArgument):
+        return 400
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, TooLarge):
+        return 413
+    if isinstance(exc, Unavailable):
+        return 503
+    return 500
+
+
+def error_response(request: web.Request, exc: Exception) -> web.Response:
+    status = _status(exc)
+    message = exc.message if isinstance(exc, GyreError) else "internal error in the proxy"
+    if _is_anthropic(request):
+        body = anthropic_api.error(status, message)
+    else:
+        body = openai_api.error(
+            status, message, param=exc.field if isinstance(exc, InvalidArgument) else None
+        )
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GyreError as exc:
+        log.info("request_refused", path=request.path, status=_status(exc), error=exc.message)
+        return error_response(request, exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(request, TooLarge(f"request body is over the limit: {exc.text}"))
+    except web.HTTPNotFound:
+        return error_response(request, NotFound(f"no such endpoint: {request.method} {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return error_response(request, NotFound(f"{request.method} is not served on {request.path}"))
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("request_failed", path=request.path)
+        return error_response(request, exc)
+
+
+async def _authenticate(request: web.Request) -> str:
+    token = bearer_token(request.headers.get("Authorization", ""), request.headers.get("x-api-key", ""))
+    return await request.app[TOKENS_KEY].execution_of(token)
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InvalidArgument("body", f"is not valid JSON: {exc}") from exc
+
+
+async def _start(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, CallRun]:
+    execution_id = await _authenticate(request)
+    chat = parse(await _json_body(request))
+    run = await request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
+    return chat, run
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    body_holder: dict[str, Any] = {}
+
+    def parse(body: Any) -> ChatRequest:
+        body_holder.update(body if isinstance(body, dict) else {})
+        return openai_api.parse_request(body)
+
+    chat, run = await _start(request, parse)
+    completion_id = f"chatcmpl-{run.call_id.replace('-', '')}"
+    created = int(time.time())
+    if not chat.stream:
+        outcome = await run.run_to_end()
+        return web.json_response(
+            openai_api.completion(
+                completion_id=completion_id, model=chat.model, created_s=created, outcome=outcome
+            )
+        )
+    options = body_holder.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    response = web.StreamResponse(headers=SSE_HEADERS)
+
+    def data(obj: dict[str, Any]) -> bytes:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+    def piece(delta: dict[str, Any]) -> bytes:
+        return data(
+            openai_api.chunk(completion_id=completion_id, model=chat.model, created_s=created, delta=delta)
+        )
+
+    async def write_all() -> None:
+        await response.prepare(request)
+        await response.write(piece({"role": "assistant", "content": ""}))
+        async for text in run.text_deltas():
+            await response.write(piece({"content": text}))
+        assert run.outcome is not None
+        for obj in openai_api.final_chunks(
+            completion_id=completion_id,
+            model=chat.model,
+            created_s=created,
+            outcome=run.outcome,
+            include_usage=include_usage,
+        ):
+            await response.write(data(obj))
+        await response.write(b"data: [DONE]\n\n")
+
+    async def write_error(exc: GyreError) -> None:
+        await response.write(data(openai_api.error(_status(exc), exc.message)))
+
+    return await _stream(run, response, write_all, write_error)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    chat, run = await _start(request, anthropic_api.parse_request)
+    message_id = f"msg_{run.call_id.replace('-', '')}"
+    if not chat.stream:
+        outcome = await run.run_to_end()
+        return web.json_response(
+            anthropic_api.message(message_id=message_id, model=chat.model, outcome=outcome)
+        )
+    response = web.StreamResponse(headers=SSE_HEADERS)
+
+    async def write_all() -> None:
+        await response.prepare(request)
+        await response.write(
+            anthropic_api.message_start(
+                message_id=message_id, model=chat.model, prompt_tokens=run.num_prompt_tokens
+            )
+        )
+        text_open = False
+        async for text in run.text_deltas():
+            if not text_open:
+                await response.write(anthropic_api.text_block_start(0))
+                text_open = True
+            await response.write(anthropic_api.text_delta(0, text))
+        assert run.outcome is not None
+        index = 0
+        if text_open or not run.outcome.tool_calls:
+            if not text_open:
+                await response.write(anthropic_api.text_block_start(0))
+            await response.write(anthropic_api.block_stop(0))
+            index = 1
+        for i, call in enumerate(run.outcome.tool_calls):
+            await response.write(anthropic_api.tool_use_events(index + i, call))
+        await response.write(anthropic_api.message_end(run.outcome))
+
+    async def write_error(exc: GyreError) -> None:
+        await response.write(anthropic_api.sse("error", anthropic_api.error(_status(exc), exc.message)))
+
+    return await _stream(run, response, write_all, write_error)
+
+
+async def _stream(
+    run: CallRun,
+    response: web.StreamResponse,
+    write_all: Callable[[], Awaitable[None]],
+    write_error: Callable[[GyreError], Awaitable[None]],
+) -> web.StreamResponse:
+    """Write a stream; a harness that hangs up cancels the call, an engine failure ends it in-band."""
+    try:
+        await write_all()
+    except (ConnectionResetError, ConnectionError):
+        run.cancel()
+        log.info("harness_disconnected", call_id=run.call_id)
+        return response
+    except GyreError as exc:
+        if not response.prepared:
+            raise
+        log.warning("stream_failed", call_id=run.call_id, error=exc.message)
+        await write_error(exc)
+    await response.write_eof()
+    return response
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    execution_id = await _authenticate(request)
+    chat = anthropic_api.parse_request({"max_tokens": 1, **await _json_body(request)})
+    calls = request.app[CALLS_KEY]
+    prompt = render_prompt(
+        calls.model.tokenizer,
+        chat,
+        (await calls.load_state(execution_id)).memory,
+        context_window_tokens=calls.model.context_window_tokens,
+    )
+    return web.json_response({"input_tokens": len(prompt.ids)})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    await _authenticate(request)
+    return web.json_response(openai_api.models([request.app[CALLS_KEY].model.name], created_s=0))
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "serving"})
+
+
+def build_app(*, calls: Calls, tokens: TokenBook, max_body_bytes: int) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware], client_max_size=max_body_bytes)
+    app[CALLS_KEY] = calls
+    app[TOKENS_KEY] = tokens
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    return app

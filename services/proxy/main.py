@@ -1,0 +1,96 @@
+"""Proxy process wiring: gRPC ProxyService, the HTTP APIs, the recorder and the outbox relay (shell)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import structlog
+from aiohttp import web
+
+from gyre.db.outbox import OutboxRelay
+from gyre.errors import GyreError
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.rpc import GrpcServer
+from gyre.runtime import ServiceHost, connect
+from gyre.settings import KernelSettings
+from services.proxy import repo
+from services.proxy.auth import TokenBook
+from services.proxy.calls import Calls
+from services.proxy.config import ProxySettings
+from services.proxy.generation import EnginePool
+from services.proxy.http_app import build_app
+from services.proxy.model import ServedModel, load_model
+from services.proxy.recorder import Recorder
+from services.proxy.render import ReusableOutput
+from services.proxy.router import Router
+from services.proxy.service import ProxyServicer
+
+NAME = "proxy"
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True, kw_only=True)
+class Proxy:
+    host: ServiceHost
+    calls: Calls
+    http_url: str
+
+
+async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
+    model = _load_or_none(settings)
+    conns = await connect(kernel, service=NAME)
+    relay = OutboxRelay(conns.engine, conns.bus, repo.outbox, poll_s=0.2)
+    async with conns.sessions() as session:
+        routes = await repo.load_routes(session)
+    pool = EnginePool()
+    router = Router(pool, routes)
+    recorder = Recorder(conns.sessions, relay)
+    async def load_outputs(execution_id: str) -> list[ReusableOutput]:
+        async with conns.sessions() as session:
+            return await repo.load_outputs(session, execution_id)
+
+    calls = Calls(model=model, router=router, recorder=recorder, load_outputs=load_outputs)
+    tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
+    server = GrpcServer(
+        service_names=[proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name],
+        host=settings.host,
+        port=settings.port,
+    )
+    proxy_pb2_grpc.add_ProxyServiceServicer_to_server(
+        ProxyServicer(conns.sessions, relay, calls=calls, tokens=tokens), server.server
+    )
+    runner = web.AppRunner(
+        build_app(calls=calls, tokens=tokens, max_body_bytes=settings.max_body_bytes), access_log=None
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.http_port)
+    await site.start()
+    port = runner.addresses[0][1]
+    http_url = f"http://{settings.host}:{port}"
+    log.info("proxy_http_listening", url=http_url, model=model.name if model else None)
+
+    async def serve_http(stop: asyncio.Event) -> None:
+        await stop.wait()
+        await runner.cleanup()
+        await pool.close()
+
+    host = ServiceHost(
+        name=NAME, server=server, connections=conns, workers=[relay.run, recorder.run, serve_http]
+    )
+    return Proxy(host=host, calls=calls, http_url=http_url)
+
+
+def _load_or_none(settings: ProxySettings) -> ServedModel | None:
+    """A missing model folder leaves the APIs answering 503 rather than the process down."""
+    try:
+        return load_model(
+            settings.model_dir, name=settings.model_name, context_window_tokens=settings.context_window_tokens
+        )
+    except GyreError as exc:
+        log.warning("proxy_model_missing", error=exc.message)
+        return None
+
+
+async def build(settings: ProxySettings, kernel: KernelSettings) -> ServiceHost:
+    return (await build_proxy(settings, kernel)).host

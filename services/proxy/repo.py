@@ -1,0 +1,182 @@
+"""The proxy's own tables and their queries (shell: SQLAlchemy 2 async)."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gyre.db.tables import outbox_table, processed_messages_table
+from services.proxy.render import ReusableOutput
+from services.proxy.routing import Route
+
+SCHEMA = "proxy"
+metadata = sa.MetaData(schema=SCHEMA)
+
+execution_tokens = sa.Table(
+    "execution_tokens",
+    metadata,
+    sa.Column("token_sha256", sa.LargeBinary, primary_key=True),
+    sa.Column("execution_id", sa.Text, nullable=False),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+engine_routes = sa.Table(
+    "engine_routes",
+    metadata,
+    sa.Column("engine_id", sa.Text, primary_key=True),
+    sa.Column("cell_id", sa.Text, nullable=False),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+reusable_outputs = sa.Table(
+    "reusable_outputs",
+    metadata,
+    sa.Column("execution_id", sa.Text, primary_key=True),
+    sa.Column("segment_sha256", sa.LargeBinary, primary_key=True),
+    sa.Column("segment", sa.Text, nullable=False),
+    sa.Column("gen_prefix", sa.Text, nullable=False),
+    sa.Column("ids", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+rpc_requests = sa.Table(
+    "rpc_requests",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("method", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
+    sa.Column("response", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+outbox = outbox_table(metadata)
+processed_messages = processed_messages_table(metadata)
+
+
+async def claim_request(
+    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, response: bytes
+) -> bool:
+    """Record the answer to a request id; False when the id was taken (by a concurrent call too)."""
+    stmt = (
+        insert(rpc_requests)
+        .values(request_id=request_id, method=method, fingerprint=fingerprint, response=response)
+        .on_conflict_do_nothing()
+        .returning(rpc_requests.c.request_id)
+    )
+    return (await session.execute(stmt)).first() is not None
+
+
+async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
+    """(method, fingerprint, response) recorded for a request id, or None."""
+    stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
+        rpc_requests.c.request_id == request_id
+    )
+    row = (await session.execute(stmt)).first()
+    return None if row is None else (row.method, row.fingerprint, row.response)
+
+
+async def upsert_token(
+    session: AsyncSession, *, token_sha256: bytes, execution_id: str, task_id: str, expires_at: datetime
+) -> str:
+    """Store a token; returns the execution it maps to (the first one, if it was registered before)."""
+    stmt = (
+        insert(execution_tokens)
+        .values(token_sha256=token_sha256, execution_id=execution_id, task_id=task_id, expires_at=expires_at)
+        .on_conflict_do_nothing()
+    )
+    await session.execute(stmt)
+    row = (
+        await session.execute(
+            sa.select(execution_tokens.c.execution_id).where(execution_tokens.c.token_sha256 == token_sha256)
+        )
+    ).one()
+    return str(row.execution_id)
+
+
+async def load_token(session: AsyncSession, token_sha256: bytes) -> tuple[str, datetime, bool] | None:
+    """(execution_id, expires_at, revoked) of a token, or None."""
+    row = (
+        await session.execute(
+            sa.select(
+                execution_tokens.c.execution_id, execution_tokens.c.expires_at, execution_tokens.c.revoked_at
+            ).where(execution_tokens.c.token_sha256 == token_sha256)
+        )
+    ).first()
+    return None if row is None else (row.execution_id, row.expires_at, row.revoked_at is not None)
+
+
+async def revoke_tokens(session: AsyncSession, execution_id: str, *, now: datetime) -> int:
+    stmt = (
+        sa.update(execution_tokens)
+        .where(
+            execution_tokens.c.execution_id == execution_id,
+            execution_tokens.c.revoked_at.is_(None),
+            execution_tokens.c.expires_at > now,
+        )
+        .values(revoked_at=now)
+    )
+    result = await session.execute(stmt)
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def save_route(session: AsyncSession, route: Route) -> None:
+    values = {"cell_id": route.cell_id, "address": route.address, "state": route.state}
+    stmt = insert(engine_routes).values(engine_id=route.engine_id, **values)
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[engine_routes.c.engine_id], set_={**values, "updated_at": sa.func.now()}
+        )
+    )
+
+
+async def load_routes(session: AsyncSession) -> list[Route]:
+    rows = (await session.execute(sa.select(engine_routes).order_by(engine_routes.c.cell_id))).all()
+    return [Route(cell_id=r.cell_id, engine_id=r.engine_id, address=r.address, state=r.state) for r in rows]
+
+
+async def save_outputs(session: AsyncSession, items: Sequence[tuple[str, ReusableOutput]]) -> None:
+    """Keep (execution_id, output) pairs so a restarted proxy still reuses the engine's ids."""
+    if not items:
+        return
+    rows = [
+        {
+            "execution_id": execution_id,
+            "segment_sha256": hashlib.sha256(item.segment.encode()).digest(),
+            "segment": item.segment,
+            "gen_prefix": item.gen_prefix,
+            "ids": array("i", item.ids).tobytes(),
+        }
+        for execution_id, item in items
+    ]
+    await session.execute(insert(reusable_outputs).values(rows).on_conflict_do_nothing())
+
+
+async def load_outputs(session: AsyncSession, execution_id: str) -> list[ReusableOutput]:
+    rows = (
+        await session.execute(
+            sa.select(reusable_outputs.c.segment, reusable_outputs.c.gen_prefix, reusable_outputs.c.ids)
+            .where(reusable_outputs.c.execution_id == execution_id)
+            .order_by(reusable_outputs.c.created_at)
+        )
+    ).all()
+    out = []
+    for row in rows:
+        ids = array("i")
+        ids.frombytes(row.ids)
+        out.append(ReusableOutput(segment=row.segment, gen_prefix=row.gen_prefix, ids=tuple(ids)))
+    return out
+
+
+async def forget_outputs(session: AsyncSession, execution_id: str) -> None:
+    await session.execute(sa.delete(reusable_outputs).where(reusable_outputs.c.execution_id == execution_id))
