@@ -5,6 +5,7 @@ Ids are UUIDv7 strings: time-ordered, so tables and the event log index them in 
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import NewType
 
@@ -16,6 +17,8 @@ TaskId = NewType("TaskId", str)
 ExecutionId = NewType("ExecutionId", str)
 EventId = NewType("EventId", str)
 RequestId = NewType("RequestId", str)
+
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 def new_uuid7() -> str:
@@ -35,3 +38,11 @@ def is_uuid(text: str) -> bool:
         return str(uuid.UUID(text)) == text
     except ValueError:
         return False
+
+
+def validate_request_id(request_id: str) -> None:
+    """InvalidArgument naming `request_id` unless it is a usable client-chosen idempotency key."""
+    if not request_id:
+        raise InvalidArgument("request_id", "is required: a client-chosen idempotency key")
+    if not REQUEST_ID_RE.fullmatch(request_id):
+        raise InvalidArgument("request_id", "must be 1..128 characters of [A-Za-z0-9_.:-]")

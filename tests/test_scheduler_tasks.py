@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gyre.errors import InvalidArgument
-from services.scheduler.tasks import TaskSpec, plan_tasks, validate_request_id, validate_specs
+from gyre.ids import validate_request_id
+from services.scheduler.tasks import TaskSpec, plan_tasks, validate_specs
 
 GOOD = TaskSpec(
     name="fizzbuzz",

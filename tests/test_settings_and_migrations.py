@@ -42,7 +42,7 @@ async def test_migrations_run_twice_and_concurrently_without_harm(kernel: Kernel
     assert kernel.database_url is not None
     url = kernel.database_url
     services = services_with_migrations()
-    assert services == ["evaluator", "proxy", "runner", "scheduler", "trajectory"]
+    assert services == ["evaluator", "proxy", "runner", "scheduler", "trainer", "trajectory"]
     # Side by side in separate processes, as `gyre up` starts services; then once more in this one.
     code = "import sys; from gyre.db.migrate import upgrade_all; upgrade_all(sys.argv[1])"
     procs = [await asyncio.create_subprocess_exec(sys.executable, "-c", code, url) for _ in range(3)]

@@ -23,7 +23,6 @@ MAX_TEMPLATE_CHARS = 4096
 MAX_LABELS = 32
 MAX_LABEL_VALUE_CHARS = 256
 
-REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 HARNESS_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 LABEL_KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
@@ -63,13 +62,6 @@ class PlannedTask:
     spec: TaskSpec
     executions: tuple[PlannedExecution, ...]
     submitted_at: datetime
-
-
-def validate_request_id(request_id: str) -> None:
-    if not request_id:
-        raise InvalidArgument("request_id", "is required: a client-chosen idempotency key")
-    if not REQUEST_ID_RE.fullmatch(request_id):
-        raise InvalidArgument("request_id", "must be 1..128 characters of [A-Za-z0-9_.:-]")
 
 
 def validate_specs(specs: Sequence[TaskSpec]) -> None:

@@ -1,12 +1,16 @@
-"""`python -m services.trainer`: health and reflection only until its API lands (issue 6)."""
+"""`python -m services.trainer`."""
 
 import sys
 
-from gyre.launch import launch_unbuilt
+from gyre.launch import launch
+from services.trainer.config import TrainerSettings
+from services.trainer.main import build
 
 sys.exit(
-    launch_unbuilt(
+    launch(
         name="trainer",
-        description="Gyre trainer: optimizer, data-parallel satellites, weights.",
+        description="Gyre trainer: streaming policy-gradient steps, satellites joining mid-step, weights.",
+        settings_cls=TrainerSettings,
+        build=build,
     )
 )

@@ -65,6 +65,7 @@ class StepCompleted(_message.Message):
     GRAD_NORM_FIELD_NUMBER: _builtins.int
     MAX_DP_WORLD_SIZE_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
+    NUM_SAMPLES_DROPPED_STALE_FIELD_NUMBER: _builtins.int
     num_groups_consumed: _builtins.int
     """Groups the step consumed."""
     num_samples: _builtins.int
@@ -83,6 +84,8 @@ class StepCompleted(_message.Message):
     """Most data-parallel members the step had at once, core included."""
     duration_s: _builtins.float
     """Time the step took, in seconds."""
+    num_samples_dropped_stale: _builtins.int
+    """Samples left out because they lagged more than the staleness bound (counted, never silent)."""
     @_builtins.property
     def version(self) -> _ids_pb2.PolicyVersion:
         """Version produced by the step."""
@@ -105,10 +108,11 @@ class StepCompleted(_message.Message):
         grad_norm: _builtins.float = ...,
         max_dp_world_size: _builtins.int = ...,
         duration_s: _builtins.float = ...,
+        num_samples_dropped_stale: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "grad_norm", b"grad_norm", "loss", b"loss", "max_dp_world_size", b"max_dp_world_size", "num_groups_consumed", b"num_groups_consumed", "num_samples", b"num_samples", "num_target_tokens", b"num_target_tokens", "staleness_max_steps", b"staleness_max_steps", "staleness_mean_steps", b"staleness_mean_steps", "task_ids", b"task_ids", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "grad_norm", b"grad_norm", "loss", b"loss", "max_dp_world_size", b"max_dp_world_size", "num_groups_consumed", b"num_groups_consumed", "num_samples", b"num_samples", "num_samples_dropped_stale", b"num_samples_dropped_stale", "num_target_tokens", b"num_target_tokens", "staleness_max_steps", b"staleness_max_steps", "staleness_mean_steps", b"staleness_mean_steps", "task_ids", b"task_ids", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

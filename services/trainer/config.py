@@ -1,0 +1,62 @@
+"""Trainer settings, env prefix GYRE_TRAINER_ (shell)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.trainer.loss import LossConfig
+from services.trainer.samples import StalenessAction
+from services.trainer.steps import OptimConfig
+
+
+class TrainerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GYRE_TRAINER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """gRPC port; 0 picks a free one."""
+    cell_id: str = "cell-0"
+    """The core cell this trainer runs on."""
+    dp_host: str = "127.0.0.1"
+    """Where the data-parallel rendezvous store listens (satellites connect here)."""
+    dp_port: int = 0
+    state_dir: Path = Path(".gyre/trainer")
+    """Checkpoints in `checkpoints/`, published weights in `weights/`."""
+    model_dir: Path | None = None
+    """Initial weights (`gyre model init DIR`); unset: a tiny Qwen2 model from `seed`."""
+    seed: int = 0
+    trajectory_address: str = "127.0.0.1:50055"
+    mode: Literal["streaming", "burst"] = "streaming"
+    """streaming: a step as soon as `groups_per_step` groups are ready; burst: one step per burst."""
+    groups_per_step: int = 4
+    """B: groups per step (in burst mode, the least a burst may have)."""
+    burst_quiet_s: float = 2.0
+    """Burst mode: a burst is over when no group arrived for this long."""
+    j_max: int = 5
+    learning_rate: float = 1e-3
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    microbatch_max_tokens: int = 4096
+    max_staleness_steps: int = 4
+    staleness_action: StalenessAction = StalenessAction.DROP
+    keep_checkpoints: int = 3
+    dp_timeout_s: float = 120.0
+    satellite_dead_after_s: float = 5.0
+    """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
+    step_attempts: int = 3
+    """Attempts of one step before it fails (each lost satellite costs one)."""
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            learning_rate=self.learning_rate,
+            max_grad_norm=self.max_grad_norm,
+            microbatch_max_tokens=self.microbatch_max_tokens,
+            max_staleness_steps=self.max_staleness_steps,
+            staleness_action=self.staleness_action,
+            loss=LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef),
+        )

@@ -1,0 +1,46 @@
+"""`GroupReady` from the trajectory service: queue the group for a step (shell).
+
+Decode, queue in one transaction with the inbox claim, ack after commit; then wake the step loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.consume import ConsumerSpec
+from gyre.db.inbox import claim_event
+from gyre.events import DecodedEvent
+from gyre.ids import require_uuid
+from gyre.trajectory.v1 import events_pb2 as trajectory_events
+from services.trainer import repo
+
+log = structlog.get_logger(__name__)
+GROUPS_CONSUMER = "trainer-groups"
+
+
+class GroupEvents:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, on_queued: Callable[[], None]) -> None:
+        self.sessions = sessions
+        self.on_queued = on_queued
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=GROUPS_CONSUMER,
+            producer="trajectory",
+            handlers={trajectory_events.GroupReady: self.on_group_ready},
+        )
+
+    async def on_group_ready(self, event: DecodedEvent) -> None:
+        ready = event.payload
+        require_uuid("task_id", ready.task_id, what="a task")
+        async with self.sessions() as session, session.begin():
+            if not await claim_event(
+                session, repo.processed_messages, consumer=GROUPS_CONSUMER, event_id=event.event_id
+            ):
+                return
+            await repo.enqueue_group(session, task_id=ready.task_id, execution_ids=list(ready.execution_ids))
+        log.info("group_queued", task_id=ready.task_id, group_size=len(ready.execution_ids))
+        self.on_queued()

@@ -1,0 +1,204 @@
+"""The step loop: B ready groups -> samples -> step -> checkpoint -> weights -> one commit (shell).
+
+Order matters for restarts: the checkpoint and weights are written before the transaction that
+marks the groups consumed, records the step and enqueues `StepCompleted` and `WeightsPublished`.
+A crash before that commit leaves the groups queued and the next process trains them again from
+the previous checkpoint; after it, they are never taken again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from datetime import UTC, datetime
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.errors import Unavailable
+from gyre.events import new_event
+from gyre.trainer.v1 import events_pb2
+from services.trainer import repo
+from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, save_checkpoint
+from services.trainer.config import TrainerSettings
+from services.trainer.core_cell import CoreCell
+from services.trainer.dp import StepFailed
+from services.trainer.source import TrajectorySamples
+from services.trainer.weights import PublishedWeights, publish
+
+log = structlog.get_logger(__name__)
+PRODUCER = "trainer"
+
+
+def version_proto(v: int) -> ids_pb2.PolicyVersion:
+    return ids_pb2.PolicyVersion(steps=v)
+
+
+def weights_published(weights: PublishedWeights, *, event_id: str | None = None) -> envelope_pb2.Envelope:
+    return new_event(
+        events_pb2.WeightsPublished(
+            version=version_proto(weights.version),
+            source_uri=weights.source_uri,
+            sha256=weights.sha256,
+            size_bytes=weights.size_bytes,
+        ),
+        producer=PRODUCER,
+        correlation_id=f"step-{weights.version}",
+        event_id=event_id,
+    )
+
+
+async def announce_initial_weights(
+    sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, weights: PublishedWeights
+) -> None:
+    """`WeightsPublished` for version 0, so engines can start from the trainer's initial weights.
+
+    The event id follows from the file's hash: restarting before the first step announces the
+    same weights again under the same id, which the outbox (unique event ids) keeps once.
+    """
+    event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"gyre-trainer:weights:v0:{weights.sha256}"))
+    async with sessions() as session, session.begin():
+        if not await repo.outbox_has(session, event_id):
+            await enqueue(session, repo.outbox, weights_published(weights, event_id=event_id))
+    relay.poke()
+
+
+class StepLoop:
+    def __init__(
+        self,
+        *,
+        settings: TrainerSettings,
+        sessions: async_sessionmaker[AsyncSession],
+        relay: OutboxRelay,
+        cell: CoreCell,
+        source: TrajectorySamples,
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.relay = relay
+        self.cell = cell
+        self.source = source
+        self.wake = asyncio.Event()
+        self.groups_in_step = 0
+        self.step_started_at: datetime | None = None
+        self.num_queued = 0
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    async def _take_groups(self) -> list[repo.QueuedGroup]:
+        async with self.sessions() as session:
+            queued = await repo.queued_groups(session)
+        self.num_queued = len(queued)
+        b = self.settings.groups_per_step
+        if self.settings.mode == "streaming":
+            return queued[:b] if len(queued) >= b else []
+        # burst: everything that arrived in the burst, once it has been quiet for burst_quiet_s
+        if len(queued) < b:
+            return []
+        quiet_s = (datetime.now(UTC) - max(g.received_at for g in queued)).total_seconds()
+        return queued if quiet_s >= self.settings.burst_quiet_s else []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff_s = 0.5
+        while not stop.is_set():
+            groups = await self._take_groups()
+            if not groups:
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                await self.train(groups)
+                backoff_s = 0.5
+            except (
+                Unavailable,
+                StepFailed,
+            ) as exc:  # trajectory service away, members dying: groups stay queued
+                log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(30.0, backoff_s * 2)
+
+    async def train(self, groups: list[repo.QueuedGroup]) -> None:
+        task_ids = [g.task_id for g in groups]
+        self.groups_in_step = len(groups)
+        self.step_started_at = datetime.now(UTC)
+        samples = await self.source.fetch(task_ids)
+        trainer = self.cell.trainer
+        report = await asyncio.to_thread(trainer.step, samples)
+        version = report.version
+        saved = await asyncio.to_thread(
+            save_checkpoint,
+            trainer.model,
+            trainer.optimizer,
+            checkpoint_folder(self.cell.checkpoints_root, version),
+            version=version,
+        )
+        weights = await asyncio.to_thread(publish, trainer.model, self.cell.weights_root, version=version)
+        events = [
+            new_event(
+                events_pb2.StepCompleted(
+                    version=version_proto(version),
+                    num_groups_consumed=len(groups),
+                    task_ids=task_ids,
+                    num_samples=report.num_samples,
+                    num_target_tokens=report.num_target_tokens,
+                    staleness_mean_steps=report.staleness_mean_steps,
+                    staleness_max_steps=report.staleness_max_steps,
+                    loss=report.loss,
+                    grad_norm=report.grad_norm,
+                    max_dp_world_size=report.max_dp_world_size,
+                    duration_s=report.duration_s,
+                    num_samples_dropped_stale=report.num_dropped_stale,
+                ),
+                producer=PRODUCER,
+                correlation_id=f"step-{version}",
+            ),
+            weights_published(weights),
+            *(
+                new_event(
+                    events_pb2.SatelliteLeft(
+                        cell_id=cell,
+                        reason=events_pb2.LEAVE_REASON_LOST,
+                        target_version=version_proto(version),
+                    ),
+                    producer=PRODUCER,
+                    correlation_id=f"step-{version}",
+                )
+                for cell in report.lost_cells
+            ),
+        ]
+        async with self.sessions() as session, session.begin():
+            await repo.record_step(
+                session,
+                version=version,
+                task_ids=task_ids,
+                checkpoint_uri=saved.uri,
+                weights_uri=weights.source_uri,
+                report=dataclasses.asdict(report),
+            )
+            await enqueue(session, repo.outbox, *events)
+        self.relay.poke()
+        self.cell.weights_uri = weights.source_uri
+        self.groups_in_step = 0
+        self.step_started_at = None
+        prune_checkpoints(self.cell.checkpoints_root, keep=self.settings.keep_checkpoints)
+        log.info(
+            "step_completed",
+            version=version,
+            groups=len(groups),
+            samples=report.num_samples,
+            dropped_stale=report.num_dropped_stale,
+            staleness_mean=report.staleness_mean_steps,
+            staleness_max=report.staleness_max_steps,
+            loss=report.loss,
+            dp_world=report.max_dp_world_size,
+            attempts=report.attempts,
+            lost=list(report.lost_cells),
+            duration_s=round(report.duration_s, 3),
+        )

@@ -1,0 +1,190 @@
+"""The trainer's own tables and their queries (shell: SQLAlchemy 2 async).
+
+`ready_groups` is the queue of groups announced by `GroupReady`; a group's `consumed_version`
+is set in the same transaction as the row of the step that trained it, so after a crash every
+group is either in a committed step or still queued: never trained twice, never skipped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gyre.db.tables import outbox_table, processed_messages_table
+
+SCHEMA = "trainer"
+metadata = sa.MetaData(schema=SCHEMA)
+
+ready_groups = sa.Table(
+    "ready_groups",
+    metadata,
+    sa.Column("task_id", sa.Uuid, primary_key=True),
+    sa.Column("seq", sa.BigInteger, sa.Identity(), nullable=False, unique=True),
+    sa.Column("execution_ids", JSONB, nullable=False),
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("consumed_version", sa.Integer),
+)
+
+steps = sa.Table(
+    "steps",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("task_ids", JSONB, nullable=False),
+    sa.Column("checkpoint_uri", sa.Text, nullable=False),
+    sa.Column("weights_uri", sa.Text, nullable=False),
+    sa.Column("report", JSONB, nullable=False),
+    sa.Column("completed_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    sa.Column("checkpoint_id", sa.Uuid, primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("uri", sa.Text, nullable=False),
+    sa.Column("size_bytes", sa.BigInteger, nullable=False),
+    sa.Column("saved_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+rpc_requests = sa.Table(
+    "rpc_requests",
+    metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("method", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
+    sa.Column("response", sa.LargeBinary, nullable=False),
+)
+
+outbox = outbox_table(metadata)
+processed_messages = processed_messages_table(metadata)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedGroup:
+    task_id: str
+    execution_ids: tuple[str, ...]
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LastStep:
+    version: int
+    checkpoint_uri: str
+    weights_uri: str
+
+
+async def enqueue_group(session: AsyncSession, *, task_id: str, execution_ids: list[str]) -> None:
+    """Queue a ready group; a group already known (queued or consumed) is left as it is."""
+    await session.execute(
+        insert(ready_groups)
+        .values(task_id=uuid.UUID(task_id), execution_ids=execution_ids)
+        .on_conflict_do_nothing()
+    )
+
+
+async def queued_groups(session: AsyncSession, *, limit: int | None = None) -> list[QueuedGroup]:
+    """Unconsumed groups in arrival order: a step redone after a crash takes the same ones."""
+    stmt = (
+        sa.select(ready_groups.c.task_id, ready_groups.c.execution_ids, ready_groups.c.received_at)
+        .where(ready_groups.c.consumed_version.is_(None))
+        .order_by(ready_groups.c.seq)
+        .limit(limit)
+    )
+    return [
+        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r)
+        for t, e, r in (await session.execute(stmt)).all()
+    ]
+
+
+async def record_step(
+    session: AsyncSession,
+    *,
+    version: int,
+    task_ids: list[str],
+    checkpoint_uri: str,
+    weights_uri: str,
+    report: dict[str, Any],
+) -> None:
+    updated = await session.execute(
+        sa.update(ready_groups)
+        .where(ready_groups.c.task_id.in_([uuid.UUID(t) for t in task_ids]))
+        .where(ready_groups.c.consumed_version.is_(None))
+        .values(consumed_version=version)
+    )
+    assert updated.rowcount == len(task_ids), "a group of the step was consumed elsewhere"  # type: ignore[attr-defined]
+    await session.execute(
+        sa.insert(steps).values(
+            version=version,
+            task_ids=task_ids,
+            checkpoint_uri=checkpoint_uri,
+            weights_uri=weights_uri,
+            report=report,
+        )
+    )
+
+
+async def last_step(session: AsyncSession) -> LastStep | None:
+    row = (await session.execute(sa.select(steps).order_by(steps.c.version.desc()).limit(1))).first()
+    if row is None:
+        return None
+    return LastStep(version=row.version, checkpoint_uri=row.checkpoint_uri, weights_uri=row.weights_uri)
+
+
+async def consumed_by_version(session: AsyncSession) -> dict[str, int]:
+    rows = await session.execute(
+        sa.select(ready_groups.c.task_id, ready_groups.c.consumed_version).where(
+            ready_groups.c.consumed_version.is_not(None)
+        )
+    )
+    return {str(t): v for t, v in rows.all()}
+
+
+async def insert_checkpoint(
+    session: AsyncSession, *, checkpoint_id: str, version: int, uri: str, size_bytes: int, saved_at: datetime
+) -> None:
+    await session.execute(
+        sa.insert(checkpoints).values(
+            checkpoint_id=uuid.UUID(checkpoint_id),
+            version=version,
+            uri=uri,
+            size_bytes=size_bytes,
+            saved_at=saved_at,
+        )
+    )
+
+
+async def last_checkpoint(session: AsyncSession) -> Any | None:
+    return (
+        await session.execute(sa.select(checkpoints).order_by(checkpoints.c.saved_at.desc()).limit(1))
+    ).first()
+
+
+async def claim_request(
+    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, response: bytes
+) -> bool:
+    stmt = (
+        insert(rpc_requests)
+        .values(request_id=request_id, method=method, fingerprint=fingerprint, response=response)
+        .on_conflict_do_nothing()
+        .returning(rpc_requests.c.request_id)
+    )
+    return (await session.execute(stmt)).first() is not None
+
+
+async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
+    stmt = sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.response).where(
+        rpc_requests.c.request_id == request_id
+    )
+    row = (await session.execute(stmt)).first()
+    return None if row is None else (row.method, row.fingerprint, row.response)
+
+
+async def outbox_has(session: AsyncSession, event_id: str) -> bool:
+    stmt = sa.select(outbox.c.event_id).where(outbox.c.event_id == uuid.UUID(event_id))
+    return (await session.execute(stmt)).first() is not None

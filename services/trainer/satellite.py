@@ -1,0 +1,47 @@
+"""`python -m services.trainer.satellite`: a satellite cell's training worker (shell).
+
+It asks the trainer to join (`JoinStep`), connects to the rendezvous it is given, computes the
+microbatches it takes and joins each reduction until the trainer releases it (`LeaveStep`).
+`--rendezvous` skips the RPC, for a core running in-process (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+import torch
+
+from gyre.ids import new_uuid7
+from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from services.trainer.dp import run_satellite
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.trainer.satellite", description=__doc__)
+    parser.add_argument("--cell-id", required=True, help="this satellite cell's id, e.g. cell-3")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--trainer", help="trainer gRPC address host:port (asks JoinStep)")
+    where.add_argument("--rendezvous", help="tcp://host:port of the core's store (already admitted)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--timeout-s", type=float, default=120.0)
+    ns = parser.parse_args(argv)
+    torch.set_num_threads(ns.threads)
+    rendezvous = ns.rendezvous
+    if ns.trainer:
+        with grpc.insecure_channel(ns.trainer) as channel:
+            answer = trainer_pb2_grpc.TrainerServiceStub(channel).JoinStep(
+                trainer_pb2.JoinStepRequest(request_id=new_uuid7(), cell_id=ns.cell_id), timeout=ns.timeout_s
+            )
+        if not answer.admitted:
+            print(f"satellite {ns.cell_id}: not admitted: {answer.reason}", file=sys.stderr)
+            return 2
+        rendezvous = answer.rendezvous_uri
+    computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s)
+    print(f"satellite {ns.cell_id}: released after {computed} microbatches", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""TrainerService gRPC methods (shell: validate -> core cell -> persist with outbox -> answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+from google.protobuf import message
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from gyre.events import new_event
+from gyre.ids import new_uuid7, validate_request_id
+from gyre.rpc import Context
+from gyre.trainer.v1 import events_pb2, trainer_pb2, trainer_pb2_grpc
+from services.trainer import repo
+from services.trainer.core_cell import CoreCell, path_from_uri
+from services.trainer.loop import PRODUCER, StepLoop, version_proto
+
+log = structlog.get_logger(__name__)
+LEAVE_WAIT_S = 120.0
+
+
+def _fingerprint(request: message.Message) -> bytes:
+    return hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, cell: CoreCell, loop: StepLoop
+    ) -> None:
+        self.sessions = sessions
+        self.relay = relay
+        self.cell = cell
+        self.loop = loop
+        self.lock = asyncio.Lock()
+
+    async def _first(
+        self, request_id: str, method: str, request: message.Message, cls: type[message.Message]
+    ) -> message.Message | None:
+        async with self.sessions() as session:
+            row = await repo.load_request(session, request_id)
+        if row is None:
+            return None
+        if row[0] != method or row[1] != _fingerprint(request):
+            raise Conflict(f"request_id {request_id!r} was already used for a different request")
+        answer: message.Message = cls.FromString(row[2])
+        return answer
+
+    async def _commit(
+        self,
+        request_id: str,
+        method: str,
+        request: message.Message,
+        response: message.Message,
+        event: message.Message,
+    ) -> None:
+        async with self.sessions() as session, session.begin():
+            await repo.claim_request(
+                session,
+                request_id=request_id,
+                method=method,
+                fingerprint=_fingerprint(request),
+                response=response.SerializeToString(),
+            )
+            await enqueue(
+                session,
+                repo.outbox,
+                new_event(event, producer=PRODUCER, correlation_id=request_id, causation_id=request_id),
+            )
+        self.relay.poke()
+
+    async def GetStatus(
+        self, request: trainer_pb2.GetStatusRequest, context: Context
+    ) -> trainer_pb2.GetStatusResponse:
+        core = self.cell.core
+        response = trainer_pb2.GetStatusResponse(
+            version=version_proto(self.cell.trainer.version),
+            num_groups_queued=self.loop.num_queued,
+            max_staleness_steps=self.cell.trainer.config.max_staleness_steps,
+            weights_uri=self.cell.weights_uri,
+        )
+        for rank, cell_id in enumerate(core.members()):
+            role = trainer_pb2.MEMBER_ROLE_CORE if rank == 0 else trainer_pb2.MEMBER_ROLE_SATELLITE
+            response.members.append(trainer_pb2.Member(cell_id=cell_id, role=role, dp_rank=rank))
+        if core.step_target is not None and self.loop.step_started_at is not None:
+            response.step.target_version.steps = core.step_target
+            response.step.num_groups_consumed = self.loop.groups_in_step
+            response.step.num_groups_target = self.loop.groups_in_step
+            response.step.num_micro_batches_done = core.done_in_step
+            response.step.started_at.FromDatetime(self.loop.step_started_at)
+        async with self.sessions() as session:
+            last = await repo.last_checkpoint(session)
+        if last is not None:
+            response.last_checkpoint.CopyFrom(_checkpoint_proto(last))
+        return response
+
+    async def JoinStep(
+        self, request: trainer_pb2.JoinStepRequest, context: Context
+    ) -> trainer_pb2.JoinStepResponse:
+        validate_request_id(request.request_id)
+        if not request.cell_id:
+            raise InvalidArgument("cell_id", "must name the satellite cell, got ''")
+        async with self.lock:
+            first = await self._first(request.request_id, "JoinStep", request, trainer_pb2.JoinStepResponse)
+            if first is not None:
+                return first  # type: ignore[return-value]
+            ticket = self.cell.core.request_join(request.cell_id)
+            response = trainer_pb2.JoinStepResponse(
+                admitted=ticket.admitted,
+                reason=ticket.reason,
+                target_version=version_proto(ticket.target_version),
+                dp_rank=ticket.dp_rank,
+                dp_world_size=ticket.dp_world_size,
+                rendezvous_uri=self.cell.core.rendezvous_uri,
+                backend="gloo",
+                weights_uri=self.cell.weights_uri,
+            )
+            event = events_pb2.SatelliteJoined(
+                cell_id=request.cell_id,
+                target_version=version_proto(ticket.target_version),
+                dp_rank=ticket.dp_rank,
+                dp_world_size=ticket.dp_world_size,
+                request_id=request.request_id,
+            )
+            await self._commit(request.request_id, "JoinStep", request, response, event)
+        log.info(
+            "satellite_join_requested", cell_id=request.cell_id, admitted=ticket.admitted, rank=ticket.dp_rank
+        )
+        return response
+
+    async def LeaveStep(
+        self, request: trainer_pb2.LeaveStepRequest, context: Context
+    ) -> trainer_pb2.LeaveStepResponse:
+        validate_request_id(request.request_id)
+        if request.immediate:
+            raise InvalidArgument(
+                "immediate", "not supported: a satellite leaves after its microbatch in progress (send false)"
+            )
+        first = await self._first(request.request_id, "LeaveStep", request, trainer_pb2.LeaveStepResponse)
+        if first is not None:
+            return first  # type: ignore[return-value]
+        future = self.cell.core.request_leave(request.cell_id)
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(future), timeout=LEAVE_WAIT_S)
+        except KeyError:
+            raise NotFound(f"cell {request.cell_id!r} is not a satellite member") from None
+        except TimeoutError:
+            raise Unavailable(
+                f"{request.cell_id} did not reach a microbatch boundary in {LEAVE_WAIT_S} s"
+            ) from None
+        response = trainer_pb2.LeaveStepResponse(
+            num_micro_batches_completed=result.num_micro_batches_completed,
+            num_micro_batches_reassigned=result.num_micro_batches_reassigned,
+        )
+        event = events_pb2.SatelliteLeft(
+            cell_id=request.cell_id,
+            reason=events_pb2.LEAVE_REASON_REQUESTED,
+            target_version=version_proto(result.target_version),
+            num_micro_batches_completed=result.num_micro_batches_completed,
+            num_micro_batches_reassigned=result.num_micro_batches_reassigned,
+            request_id=request.request_id,
+        )
+        await self._commit(request.request_id, "LeaveStep", request, response, event)
+        return response
+
+    async def SaveCheckpoint(
+        self, request: trainer_pb2.SaveCheckpointRequest, context: Context
+    ) -> trainer_pb2.SaveCheckpointResponse:
+        """Every completed step is checkpointed; this names (or copies) the latest one."""
+        validate_request_id(request.request_id)
+        if request.uri and not request.uri.startswith("file://"):
+            raise InvalidArgument("uri", f"must be a file:// URI or empty, got {request.uri!r}")
+        first = await self._first(
+            request.request_id, "SaveCheckpoint", request, trainer_pb2.SaveCheckpointResponse
+        )
+        if first is not None:
+            return first  # type: ignore[return-value]
+        async with self.sessions() as session:
+            last = await repo.last_step(session)
+        if last is None:
+            raise Conflict("no step has completed yet: nothing to checkpoint beyond the initial weights")
+        source = path_from_uri(last.checkpoint_uri)
+        target = path_from_uri(request.uri) if request.uri else source
+        if target != source:
+            await asyncio.to_thread(_copy_tree, source, target)
+        size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+        checkpoint = trainer_pb2.Checkpoint(
+            checkpoint_id=new_uuid7(),
+            version=version_proto(last.version),
+            uri=target.resolve().as_uri(),
+            size_bytes=size,
+        )
+        saved_at = datetime.now(UTC)
+        checkpoint.saved_at.FromDatetime(saved_at)
+        response = trainer_pb2.SaveCheckpointResponse(checkpoint=checkpoint)
+        async with self.sessions() as session, session.begin():
+            await repo.insert_checkpoint(
+                session,
+                checkpoint_id=checkpoint.checkpoint_id,
+                version=last.version,
+                uri=checkpoint.uri,
+                size_bytes=size,
+                saved_at=saved_at,
+            )
+        await self._commit(
+            request.request_id,
+            "SaveCheckpoint",
+            request,
+            response,
+            events_pb2.CheckpointSaved(checkpoint=checkpoint, request_id=request.request_id),
+        )
+        return response
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+
+
+def _checkpoint_proto(row: object) -> trainer_pb2.Checkpoint:
+    c = trainer_pb2.Checkpoint(
+        checkpoint_id=str(row.checkpoint_id),  # type: ignore[attr-defined]
+        version=version_proto(row.version),  # type: ignore[attr-defined]
+        uri=row.uri,  # type: ignore[attr-defined]
+        size_bytes=row.size_bytes,  # type: ignore[attr-defined]
+    )
+    c.saved_at.FromDatetime(row.saved_at)  # type: ignore[attr-defined]
+    return c

@@ -1,0 +1,117 @@
+"""One optimizer step: staleness admission, microbatches across members, clipping, AdamW (torch).
+
+`PolicyTrainer` holds the authoritative weights and the optimizer of the core cell. `step`
+takes the samples of B groups, drops or refuses stale ones as configured (and reports them),
+has the data-parallel members compute the summed gradient, and applies it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from services.trainer.dp import DataParallelCore
+from services.trainer.loss import LossConfig
+from services.trainer.microbatch import flat_parameters, plan_microbatches
+from services.trainer.samples import Sample, StalenessAction, admit, validate_sample
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    microbatch_max_tokens: int = 4096
+    max_staleness_steps: int = 4
+    staleness_action: StalenessAction = StalenessAction.DROP
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport:
+    version: int
+    num_samples: int
+    num_dropped_stale: int
+    num_target_tokens: int
+    num_microbatches: int
+    staleness_mean_steps: float
+    staleness_max_steps: int
+    loss: float
+    grad_norm: float
+    max_dp_world_size: int
+    duration_s: float
+    attempts: int = 1
+    """More than 1: a satellite died mid-step and the step was computed again without it."""
+    lost_cells: tuple[str, ...] = ()
+
+
+def make_optimizer(model: PreTrainedModel, config: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        flat_parameters(model), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        optimizer: torch.optim.Optimizer,
+        config: OptimConfig,
+        core: DataParallelCore,
+        *,
+        version: int,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        self.core = core
+        self.version = version
+        core.current_version = version
+
+    def step(
+        self, samples: Sequence[Sample], *, after_microbatch: Callable[[int], None] | None = None
+    ) -> StepReport:
+        started = time.perf_counter()
+        for i, s in enumerate(samples):
+            validate_sample(s, field=f"samples[{i}]")
+        admission = admit(
+            samples,
+            trainer_version=self.version,
+            max_staleness_steps=self.config.max_staleness_steps,
+            action=self.config.staleness_action,
+        )
+        microbatches = plan_microbatches(admission.kept, max_tokens=self.config.microbatch_max_tokens)
+        self.model.train()
+        gradient = self.core.compute_step_gradient(
+            self.model, microbatches, version=self.version + 1, after_microbatch=after_microbatch
+        )
+        params = flat_parameters(self.model)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = gradient.grad_P[offset : offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        self.core.current_version = self.version
+        return StepReport(
+            version=self.version,
+            num_samples=len(admission.kept),
+            num_dropped_stale=admission.num_dropped,
+            num_target_tokens=gradient.num_targets,
+            num_microbatches=gradient.num_microbatches,
+            staleness_mean_steps=admission.staleness_mean_steps,
+            staleness_max_steps=admission.staleness_max_steps,
+            loss=gradient.loss,
+            grad_norm=grad_norm,
+            max_dp_world_size=gradient.max_world_size,
+            duration_s=time.perf_counter() - started,
+            attempts=gradient.attempts,
+            lost_cells=gradient.lost_cells,
+        )

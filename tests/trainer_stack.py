@@ -1,0 +1,157 @@
+"""Helpers for trainer tests on real NATS and Postgres: a fresh database and bus prefix, ready groups.
+
+Each trainer test gets a kernel of its own (database and bus prefix), because a trainer's durable
+`GroupReady` consumer and its tables must not be shared with another trainer of the same session.
+Groups are made the way production makes them: `TaskSubmitted`, `LlmCallRecorded` and
+`RewardAssigned` events go to the real trajectory service, which publishes `GroupReady`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import asyncpg
+import grpc
+import nats
+from google.protobuf import message
+
+from gyre.bus import Bus, BusConfig
+from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.db.engine import libpq_url, with_database
+from gyre.evaluator.v1 import evaluator_pb2
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import new_event, stream_name
+from gyre.proxy.v1 import events_pb2 as proxy_events
+from gyre.proxy.v1 import proxy_pb2
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from gyre.scheduler.v1 import scheduler_pb2
+from gyre.settings import KernelSettings
+from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+
+M = TypeVar("M", bound=message.Message)
+
+
+@asynccontextmanager
+async def fresh_kernel(nats_url: str, admin_database_url: str) -> AsyncIterator[KernelSettings]:
+    name = f"gyre_trainer_{uuid.uuid4().hex[:10]}"
+    prefix = f"tr{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(libpq_url(admin_database_url))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield KernelSettings(
+            nats_url=nats_url, database_url=with_database(admin_database_url, name), bus_prefix=prefix
+        )
+    finally:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            if (info.config.name or "").startswith(prefix.upper()):
+                await js.delete_stream(info.config.name)
+        await nc.close()
+        admin = await asyncpg.connect(libpq_url(admin_database_url))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+async def connect_bus(kernel: KernelSettings) -> Bus:
+    assert kernel.nats_url is not None
+    return await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
+
+
+async def submit_group(bus: Bus, trajectory_address: str, *, index: int) -> str:
+    """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
+
+    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt. Rewards
+    are sent once the trajectory service knows the group and its calls: its task and reward
+    consumers can otherwise race (each commits without seeing the other's row, and the group is
+    never marked ready), and a group ready before its calls are stored cannot be replayed yet.
+    """
+    task_id = str(uuid.uuid4())
+    executions = [str(uuid.uuid4()) for _ in range(2)]
+    task = scheduler_pb2.Task(
+        task_id=task_id,
+        spec=scheduler_pb2.TaskSpec(family="arith", group_size=2),
+        executions=[
+            ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
+            for i, e in enumerate(executions)
+        ],
+    )
+
+    async def publish(payload: message.Message, producer: str) -> None:
+        await bus.publish(new_event(payload, producer=producer, correlation_id=task_id))
+
+    await publish(scheduler_events.TaskSubmitted(task=task), "scheduler")
+    for k, execution_id in enumerate(executions):
+        call = proxy_pb2.CallRecord(
+            execution_id=execution_id,
+            call_id=str(uuid.uuid4()),
+            agent_role=proxy_pb2.AGENT_ROLE_MAIN,
+            agent_id="main",
+            output_ids=[20 + k, 30 + k, 40 + k],
+            output_logprobs=[-1.0, -1.5, -2.0],
+            engine_id="cell-1",
+        )
+        call.full_prompt.prompt_ids.extend([1, 2, 3 + index % 50])
+        await publish(proxy_events.LlmCallRecorded(call=call), "proxy")
+    async with grpc.aio.insecure_channel(trajectory_address) as channel:
+        stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
+
+        async def known() -> bool:
+            try:
+                await stub.GetGroup(trajectory_pb2.GetGroupRequest(task_id=task_id))
+                for e in executions:
+                    await stub.GetExecutionTree(trajectory_pb2.GetExecutionTreeRequest(execution_id=e))
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.NOT_FOUND, err
+                return False
+            return True
+
+        await eventually(known, timeout_s=30, what=f"group {task_id} and its calls in the trajectory service")
+    for k, execution_id in enumerate(executions):
+        grade = evaluator_pb2.Grade(
+            execution_id=execution_id, task_id=task_id, score=1.0 - k, assessable=True
+        )
+        await publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
+    return task_id
+
+
+async def events_on_bus(kernel: KernelSettings, service: str, event_cls: type[M]) -> list[M]:
+    """Every event of one type its producer published so far, in stream order."""
+    assert kernel.nats_url is not None
+    nc = await nats.connect(kernel.nats_url)
+    try:
+        js = nc.jetstream()
+        name = event_cls.DESCRIPTOR.name
+        sub = await js.pull_subscribe(
+            f"{kernel.bus_prefix}.{service}.v1.{name}", stream=stream_name(service, prefix=kernel.bus_prefix)
+        )
+        out: list[M] = []
+        for _ in range(20):  # bounded: 20 batches of 100
+            try:
+                msgs = await sub.fetch(100, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            for m in msgs:
+                event = event_cls()
+                envelope_pb2.Envelope.FromString(m.data).payload.Unpack(event)
+                out.append(event)
+        return out
+    finally:
+        await nc.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        await asyncio.sleep(0.2)
