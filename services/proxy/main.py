@@ -46,6 +46,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
     pool = EnginePool()
     router = Router(pool, routes)
     recorder = Recorder(conns.sessions, relay)
+
     async def load_outputs(execution_id: str) -> list[ReusableOutput]:
         async with conns.sessions() as session:
             return await repo.load_outputs(session, execution_id)
