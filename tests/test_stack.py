@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gyre.devstack.processes import pid_running
-from gyre.devstack.stack import SERVICES, load_state
+from gyre.devstack.stack import SERVICES, load_state, sandboxes_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture
+def state_root() -> Iterator[Path]:
+    """A folder of our own right under /tmp rather than in pytest's: pytest locks its temp root
+    (0700) whenever any pytest session starts on this machine, which would shut the embedded
+    PostgreSQL's own account out of its data folder mid-run."""
+    root = Path(tempfile.mkdtemp(prefix="gyre-e2e-"))
+    yield root
+    shutil.rmtree(sandboxes_dir(root / "state"), ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(tmp_path: Path) -> None:
+def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(state_root: Path) -> None:
+    tmp_path = state_root
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     env["GYRE_STATE_DIR"] = str(tmp_path / "state")
     done = subprocess.run(
@@ -38,17 +53,21 @@ def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(tmp_path: 
         assert state.proxy_http_url.startswith("http://127.0.0.1:") and state.proxy_http_url in out
         assert all(pid_running(s.pid) for s in state.services)
         # The loop of DESIGN section 3, stage by stage, for the first group.
-        assert out.count("runner     ExecutionStarted") >= 2
-        assert "policy v0 on engine-0" in out  # calls recorded by the proxy, served by the engine
-        assert re.search(r"evaluator  RewardAssigned .* reward \d\.\d\d = fail_to_pass", out), out
-        assert "trajectory GroupReady" in out
-        assert re.search(r"trainer    StepCompleted       v1: 1 group\(s\), [1-9]", out), out
-        assert "trainer    WeightsPublished    v1" in out
-        assert "EngineWeightsUpdated engine-0: v0 -> v1" in out
-        assert re.search(r"GetExecutionTree +…\w+: [1-9]\d* calls, [1-9]\d* trajectories", out), out
-        # The next group's calls carry the new version.
-        assert "policy v1 on engine-0" in out
-        assert "engine now at policy v1" in out
+        stages = [
+            r"runner +ExecutionStarted",
+            r"proxy +LlmCallRecorded .* policy v0 on engine-0",  # recorded by the proxy, served by the engine
+            r"evaluator +RewardAssigned .* reward \d\.\d\d = fail_to_pass",
+            r"trajectory +GroupReady +task",
+            r"trainer +StepCompleted +v1: 1 group\(s\), [1-9]\d* samples",
+            r"trainer +WeightsPublished +v1",
+            r"engine +EngineWeightsUpdated +engine-0: v0 -> v1",
+            r"GetExecutionTree +…\w+: [1-9]\d* calls, [1-9]\d* trajectories",
+            r"proxy +LlmCallRecorded .* policy v1 on engine-0",  # the next group's calls: the new version
+            r"engine now at policy v1",
+        ]
+        for stage in stages:
+            assert re.search(stage, out), f"{stage!r} not in\n{out}"
+        assert len(re.findall(r"runner +ExecutionStarted", out)) >= 2
         assert "INVALID_ARGUMENT: tasks[0].family" in out
     finally:
         stop = subprocess.run(
