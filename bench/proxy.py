@@ -6,7 +6,8 @@ simultaneous streaming sessions it holds without an error (shell).
 The engine is a scripted EngineService in its own process (fixed reply, no model compute, so
 the figures are the proxy's own cost); the proxy runs as `python -m services.proxy` in another.
 Latency: the same request, streamed to the end, once straight to the engine over gRPC and once
-through the proxy's OpenAI API; added latency is the per-request difference. Concurrency: N
+through the proxy's OpenAI API (rotating over 10 warmed-up executions); added latency is the
+per-request difference. Concurrency: N
 executions each hold one streaming call open at once (the engine paces tokens); any failed,
 truncated or refused stream counts as an error. Uses GYRE_NATS_URL / GYRE_DATABASE_URL when
 set, else the embedded servers; runs in a fresh database and bus prefix, removed afterwards.
@@ -39,6 +40,9 @@ from gyre.devstack.embedded import free_port
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 
+# Executions the latency requests rotate over. An execution makes many calls; its first one also
+# loads what a restarted proxy must remember of it (one Postgres read), paid in the warm-up here.
+LATENCY_EXECUTIONS = 10
 MESSAGES = [
     {"role": "system", "content": "You are a helpful coding assistant."},
     {"role": "user", "content": "Fix the failing test and run the test suite again."},
@@ -193,7 +197,8 @@ async def measure(
         async with aiohttp.ClientSession(connector=connector) as http:
             for _ in range(10):  # warm both paths
                 await _stream_engine(engine, list(prompt_ids), max_tokens=output_tokens)
-                await _stream_proxy(http, url, tokens[0], max_tokens=output_tokens)
+                for token in tokens[:LATENCY_EXECUTIONS]:
+                    await _stream_proxy(http, url, token, max_tokens=output_tokens)
             added_ms = []
             proxy_pid = procs[-1].pid
             cpu_before = _cpu_s(proxy_pid)
@@ -202,7 +207,8 @@ async def measure(
                 await _stream_engine(engine, list(prompt_ids), max_tokens=output_tokens)
                 t1 = time.perf_counter()
                 try:
-                    await _stream_proxy(http, url, tokens[i % len(tokens)], max_tokens=output_tokens)
+                    token = tokens[i % LATENCY_EXECUTIONS]
+                    await _stream_proxy(http, url, token, max_tokens=output_tokens)
                 except RuntimeError:
                     errors += 1
                     continue

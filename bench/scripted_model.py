@@ -7,11 +7,14 @@ headers and bearer token, so tests can check what the harness sent.
 Script: {agent kind ("main", "sub", "summary"): [step, ...]}; a step is {"tool": name, "args":
 {...}} or {"final": text}. Steps are counted per (token, agent id), so concurrent executions
 and sub-agents each walk their own list; past the end the agent gets a final "done".
+`scripts` holds more scripts by name: a conversation whose first user message contains
+`[script: NAME]` walks that one instead (one model serves executions that behave differently).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Step = dict[str, Any]
+SCRIPT_TAG = re.compile(r"\[script: ([\w-]+)\]")
 
 
 @dataclass
@@ -32,6 +36,7 @@ class Seen:
 @dataclass
 class ScriptedModel:
     script: dict[str, list[Step]]
+    scripts: dict[str, dict[str, list[Step]]] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     _counters: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -69,6 +74,13 @@ class ScriptedModel:
             self._server.shutdown()
             self._server.server_close()
 
+    def _script_for(self, body: dict[str, Any]) -> dict[str, list[Step]]:
+        for msg in body.get("messages", []):
+            if msg.get("role") == "user" and isinstance(msg.get("content"), str):
+                found = SCRIPT_TAG.search(msg["content"])
+                return self.scripts.get(found.group(1), self.script) if found else self.script
+        return self.script
+
     def answer(self, body: dict[str, Any], *, role: str, agent_id: str, token: str) -> dict[str, Any]:
         with self._lock:
             self.seen.append(
@@ -77,7 +89,7 @@ class ScriptedModel:
             key = (token, f"{role}/{agent_id}")
             n = self._counters[key]
             self._counters[key] += 1
-        steps = self.script.get(role, [])
+        steps = self._script_for(body).get(role, [])
         step = steps[n] if n < len(steps) else {"final": "done"}
         if "final" in step:
             message: dict[str, Any] = {"role": "assistant", "content": step["final"]}

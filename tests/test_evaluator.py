@@ -22,6 +22,7 @@ from gyre.errors import InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc, events_pb2
 from gyre.events import new_event, stream_name
 from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.runner.v1 import runner_pb2
 from gyre.settings import KernelSettings
 from services.evaluator.cli import run as evaluate
 from services.evaluator.config import EvaluatorSettings
@@ -174,7 +175,7 @@ async def rewards(kernel: KernelSettings, within_s: float = 30) -> list[events_p
             info = await js.stream_info(stream_name("evaluator", prefix=kernel.bus_prefix))
         except nats.js.errors.NotFoundError:  # nothing published yet
             return out
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1):  # empty: 0..0
             env = envelope_pb2.Envelope()
             env.ParseFromString((await js.get_msg(info.config.name or "", seq)).data or b"")
             reward = events_pb2.RewardAssigned()
@@ -194,7 +195,7 @@ async def test_runner_end_events_become_rewards(
     evaluator: evaluator_pb2_grpc.EvaluatorServiceStub, kernel: KernelSettings, tmp_path: Path
 ) -> None:
     ws = workspace(tmp_path, {"wordfreq/__init__.py": "", "wordfreq/tokenize.py": TOKENIZE})
-    timed_out, failed = ref(), ref()
+    timed_out, failed, crashed = ref(), ref(), ref()
     bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
     await bus.ensure_stream("runner")
     for payload in (
@@ -206,13 +207,23 @@ async def test_runner_end_events_become_rewards(
             task="wordfreq",
         ),
         runner_events.ExecutionFailed(execution=failed, family="repo_generation", task="wordfreq"),
+        runner_events.ExecutionFailed(
+            execution=crashed,
+            failure=runner_pb2.ExecutionFailure(
+                kind=runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, reason="signal 11"
+            ),
+            workspace_uri=ws.as_uri(),
+            exit_code=139,
+            family="repo_generation",
+            task="wordfreq",
+        ),
     ):
         await bus.publish(new_event(payload, producer="runner", correlation_id=payload.execution.task_id))
     await bus.close()
     by_id: dict[str, events_pb2.RewardAssigned] = {}
     for _ in range(150):  # bounded: 30 s
         by_id = {r.grade.execution_id: r for r in await rewards(kernel)}
-        if {timed_out.execution_id, failed.execution_id} <= set(by_id):
+        if {timed_out.execution_id, failed.execution_id, crashed.execution_id} <= set(by_id):
             break
         await asyncio.sleep(0.2)
     partial = by_id[timed_out.execution_id].grade
@@ -221,6 +232,8 @@ async def test_runner_end_events_become_rewards(
         evaluator_pb2.CHECK_OUTCOME_PASSED,
         evaluator_pb2.CHECK_OUTCOME_ERRORED,
     ]
+    left = by_id[crashed.execution_id].grade  # a crashed harness's workspace earns what it holds
+    assert left.assessable and left.partial and left.score == pytest.approx(0.4)
     gone = by_id[failed.execution_id].grade
     assert not gone.assessable and "failed" in gone.unassessable_reason
 

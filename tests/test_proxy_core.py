@@ -202,3 +202,26 @@ def test_a_prompt_that_extends_an_earlier_one_keeps_its_ids_and_encodes_only_the
     two = render_prompt(Counting(), second, memory, context_window_tokens=10_000)
     assert two.ids[: len(one.ids)] == one.ids
     assert "".join(encoded) == two.text[len(one.text) :]  # only the new text was tokenised
+
+
+def test_a_model_folder_written_after_start_is_picked_up(tmp_path: Path) -> None:
+    from gyre.errors import Unavailable
+    from services.proxy.calls import Calls
+    from services.proxy.generation import EnginePool
+    from services.proxy.model import load_model
+    from services.proxy.router import Router
+
+    folder = tmp_path / "model"
+    calls = Calls(
+        model=None,
+        router=Router(EnginePool()),
+        recorder=None,  # type: ignore[arg-type]
+        load_model=lambda: load_model(folder) if folder.exists() else None,
+    )
+    with pytest.raises(Unavailable, match="no model"):
+        _ = calls.model
+    write_tokenizer(folder)
+    with pytest.raises(Unavailable):  # looked at most every few seconds
+        _ = calls.model
+    calls._model_tried_s -= 10
+    assert calls.model.name == "model"

@@ -379,7 +379,7 @@ async def test_draining_a_cell_moves_streaming_calls_with_their_kv_and_no_token_
     text = " ".join(f"w{i}" for i in range(60))
     rig.scripter.default = text
     for _, engine in rig.engines:
-        engine.token_interval_s = 0.01
+        engine.token_interval_s = 0.02
     sessions = [await rig.register_execution() for _ in range(4)]
 
     async def one(token: str) -> str:
@@ -390,9 +390,12 @@ async def test_draining_a_cell_moves_streaming_calls_with_their_kv_and_no_token_
 
     try:
         tasks = [asyncio.create_task(one(token)) for token, _ in sessions]
-        await asyncio.sleep(0.25)
-        busy = {r.engine_id: r for r in (await rig.stub.GetRouting(proxy_pb2.GetRoutingRequest())).routes}
-        cell = busy["engine-1"].cell_id
+        for _ in range(200):  # bounded: 10 s for every stream to be generating
+            routes = (await rig.stub.GetRouting(proxy_pb2.GetRoutingRequest())).routes
+            if sum(r.num_in_flight_calls for r in routes) == len(sessions):
+                break
+            await asyncio.sleep(0.05)
+        cell = max(routes, key=lambda r: r.num_in_flight_calls).cell_id
         drained = await rig.stub.DrainCell(
             proxy_pb2.DrainCellRequest(request_id=f"drain-{uuid.uuid4().hex[:8]}", cell_id=cell, timeout_s=10)
         )
@@ -405,7 +408,8 @@ async def test_draining_a_cell_moves_streaming_calls_with_their_kv_and_no_token_
     assert all(t == text for t in texts)  # no error, no duplicated, no missing token
     records = [r for _, e in sessions for r in await rig.records(e, at_least=1)]
     moved = [r for r in records if r.num_migrations]
-    assert len(moved) == drained.num_calls_migrated and all(r.engine_id == "engine-2" for r in moved)
+    other = "engine-2" if cell == "cell-1" else "engine-1"
+    assert len(moved) == drained.num_calls_migrated and all(r.engine_id == other for r in moved)
     routing = {r.cell_id: r.state for r in (await rig.stub.GetRouting(proxy_pb2.GetRoutingRequest())).routes}
     assert routing[cell] == proxy_pb2.ROUTE_STATE_DRAINED
     # A new call goes to the serving cell only; registering the engine again brings the cell back.

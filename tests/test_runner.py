@@ -18,9 +18,11 @@ import pytest_asyncio
 from bench.scripted_model import ScriptedModel
 from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.events import stream_name
+from gyre.runner.v1 import events_pb2 as runner_events_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
+from services.runner.config import BUNDLED_TASKS as BUNDLED
 from services.runner.config import RunnerSettings
 from services.runner.main import build_with_supervisor
 from services.runner.supervisor import Supervisor
@@ -49,6 +51,16 @@ SCRIPT = {
 }
 
 
+SCRIPTS = {
+    # The agent's shell kills the agent itself: a harness crash, not a signal the runner sent.
+    "crash": {"main": [{"tool": "write_file", "args": {"path": "half.py", "content": "x = 1\n"}},
+                       {"tool": "shell", "args": {"command": "kill -SEGV $PPID"}}]},
+    "quick": {"main": [{"final": "nothing to do"}]},
+    # A harness looking for the hidden tests of the bundled tasks finds an empty folder.
+    "peek": {"main": [{"tool": "shell", "args": {"command": f"ls -R {BUNDLED} > peek.txt 2>&1"}}]},
+}  # fmt: skip
+
+
 @dataclass
 class Runner:
     stub: runner_pb2_grpc.RunnerServiceStub
@@ -60,7 +72,7 @@ class Runner:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
-    model = ScriptedModel(script=SCRIPT)
+    model = ScriptedModel(script=SCRIPT, scripts=SCRIPTS)
     url = model.start()
     settings = RunnerSettings(
         sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
@@ -133,7 +145,7 @@ async def runner_events(kernel: KernelSettings) -> list[envelope_pb2.Envelope]:
     stream = stream_name("runner", prefix=kernel.bus_prefix)
     info = await js.stream_info(stream)
     out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+    for seq in range(max(info.state.first_seq, 1), info.state.last_seq + 1):  # empty: 0..0
         msg = await js.get_msg(stream, seq)
         env = envelope_pb2.Envelope()
         env.ParseFromString(msg.data or b"")
@@ -186,6 +198,31 @@ async def test_cancel_kills_the_harness_and_keeps_the_workspace(runner: Runner) 
     ex = (await runner.stub.CancelExecution(cancel)).execution
     assert ex.state == runner_pb2.EXECUTION_STATE_CANCELLED
     assert in_workspace(ex, "hello.py").exists()
+
+
+async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_kept(runner: Runner) -> None:
+    quick, crash = start_request(prompt="[script: quick]"), start_request(prompt="[script: crash]")
+    peek = start_request(prompt="[script: peek]")
+    for request in (quick, crash, peek):
+        await runner.stub.StartExecution(request)
+    finished = await wait_ended(runner, quick.execution.execution_id)
+    assert finished.state == runner_pb2.EXECUTION_STATE_FINISHED and finished.exit_code == 0
+    peeked = await wait_ended(runner, peek.execution.execution_id)
+    listing = in_workspace(peeked, "peek.txt").read_text()
+    assert "wordfreq" not in listing and "test_" not in listing, listing
+    crashed = await wait_ended(runner, crash.execution.execution_id)
+    assert crashed.state == runner_pb2.EXECUTION_STATE_FAILED
+    assert crashed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED
+    assert crashed.exit_code == 128 + 11 and "signal 11 (SIGSEGV)" in crashed.failure.reason
+    assert in_workspace(crashed, "half.py").read_text() == "x = 1\n"  # kept for partial credit
+    events = {
+        e.event_type.rsplit(".", 1)[1]: e
+        for e in await runner_events(runner.kernel)
+        if e.correlation_id == crash.execution.task_id
+    }
+    failed = runner_events_pb2.ExecutionFailed()
+    events["ExecutionFailed"].payload.Unpack(failed)
+    assert failed.exit_code == 139 and failed.workspace_uri == crashed.workspace_uri
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from google.protobuf import message
 
 from gyre.bus import Bus, BusConfig, dead_letter_subject
 from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.db.engine import make_engine, make_sessionmaker
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event, stream_name
@@ -210,3 +211,40 @@ async def test_bad_requests_name_what_is_wrong(
         async for _ in stub.StreamSamples(trajectory_pb2.StreamSamplesRequest(task_ids=[str(uuid.uuid4())])):
             pass
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_group_registered_while_its_last_reward_commits_still_becomes_ready(
+    kernel: KernelSettings, service: tuple[trajectory_pb2_grpc.TrajectoryServiceStub, Bus]
+) -> None:
+    """TaskSubmitted and the last RewardAssigned come on different streams and can commit together."""
+    from services.trajectory import repo
+
+    assert kernel.database_url is not None
+    engine = make_engine(kernel.database_url)
+    sessions = make_sessionmaker(engine)
+    task_id, execution_id = str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        async with sessions() as registering, sessions() as rewarding:
+            await registering.begin()
+            await repo.register_group(registering, task_id=task_id, family="f", members=[(execution_id, 0)])
+            assert await repo.mark_ready_if_complete(registering, task_id) is None  # no reward visible yet
+
+            async def reward() -> list[str] | None:
+                async with rewarding.begin():
+                    await repo.record_reward(
+                        rewarding,
+                        execution_id=execution_id,
+                        task_id=task_id,
+                        reward=1.0,
+                        assessable=True,
+                        partial=False,
+                    )
+                    return await repo.mark_ready_if_complete(rewarding, task_id)
+
+            pending = asyncio.create_task(reward())
+            await asyncio.sleep(0.5)
+            assert not pending.done()  # waits for the registration to commit instead of missing it
+            await registering.commit()
+            assert await asyncio.wait_for(pending, timeout=10) == [execution_id]
+    finally:
+        await engine.dispose()

@@ -73,8 +73,11 @@ class SandboxHost:
         uid_base: int = 62000,
         uid_count: int = 1000,
         expose: tuple[str, ...] = (),
+        hide: tuple[str, ...] = (),
     ):
         self.expose = expose
+        self.hide = tuple(str(Path(h).resolve()) for h in hide)
+        """More folders covered by an empty one inside (e.g. the task set with its hidden tests)."""
         self.root = Path(root).resolve()
         if any(str(self.root).startswith(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
             raise InvalidArgument(
@@ -263,7 +266,10 @@ class Sandbox:
         env: Mapping[str, str],
         forward: Forward | None = None,
         cwd: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> None:
+        """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
+        the host holds) are inherited at the same numbers through unshare and pid 1."""
         if self.proc is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
         spec = {
@@ -283,10 +289,11 @@ class Sandbox:
                 "listen_port": forward.listen_port,
             },
             "log_path": str(self.log_path),
-            "hide": list(HIDDEN),
+            "hide": [*HIDDEN, *self.host.hide],
             "expose": sorted({sys.base_prefix, sys.prefix, *self.host.expose}),
             "stage": str(self.path / "log" / "stage"),
             "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
+            "pass_fds": list(pass_fds),
         }
         init = [sys.executable, "-m", "gyre.sandbox.init"]
         cmd = (
@@ -302,6 +309,7 @@ class Sandbox:
                 stdout=setup_log,
                 stderr=setup_log,
                 start_new_session=True,
+                pass_fds=tuple(pass_fds),
                 env={
                     "PATH": os.environ.get("PATH", os.defpath),
                     "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
@@ -413,12 +421,18 @@ def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:
 def kill_all_of_uid(uid: int, gid: int) -> None:
     """SIGKILL every process of `uid`: `kill -KILL -1` run as that uid reaches exactly those.
 
-    No Python runs between fork and exec (the runner has gRPC threads; a preexec hook could
-    crash the child): subprocess switches the uid in C.
+    The uid is switched by `setpriv` after exec, so Python spawns with vfork: a plain fork in a
+    process with gRPC threads runs gRPC's fork handlers in the child, which can crash it before
+    the exec (seen under load). Without setpriv, subprocess switches the uid in C (fork).
     """
     kill = shutil.which("kill", path="/usr/bin:/bin")
     if kill is None:
         log.warning("no_kill_binary", uid=uid)
+        return
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv is not None:
+        argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", kill, "-KILL", "-1"]
+        subprocess.run(argv, capture_output=True, timeout=30, check=False)
         return
     subprocess.run(
         [kill, "-KILL", "-1"],

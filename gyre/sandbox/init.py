@@ -196,7 +196,11 @@ def run(spec: dict[str, Any]) -> int:
         start_new_session=namespaces,
         preexec_fn=_child_setup(spec["rlimits"]),
         close_fds=True,
+        pass_fds=tuple(spec.get("pass_fds", ())),
     )
+    for fd in spec.get("pass_fds", ()):  # only the harness keeps the write end: EOF when it is gone
+        with contextlib.suppress(OSError):
+            os.close(fd)
     sel = selectors.DefaultSelector()
     if forwarder is not None:
         forwarder.register(sel)

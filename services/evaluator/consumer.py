@@ -56,7 +56,12 @@ class RunnerEvents:
         p: Any = event.payload
         execution_id = require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
         task_id = p.execution.task_id
-        if isinstance(p, (runner_events.ExecutionFinished, runner_events.ExecutionTimedOut)):
+        crashed_with_workspace = isinstance(p, runner_events.ExecutionFailed) and bool(p.workspace_uri)
+        if crashed_with_workspace or isinstance(
+            p, (runner_events.ExecutionFinished, runner_events.ExecutionTimedOut)
+        ):
+            # A crashed harness (or a failure after the workspace landed) still left work behind:
+            # it earns partial credit like a timeout; an empty or missing one is `not assessable`.
             grade = await grade_execution(
                 self.grader,
                 tasks_dir=self.settings.tasks_dir,
@@ -65,7 +70,7 @@ class RunnerEvents:
                 family=p.family,
                 task=p.task,
                 workspace_uri=p.workspace_uri,
-                partial=isinstance(p, runner_events.ExecutionTimedOut),
+                partial=not isinstance(p, runner_events.ExecutionFinished),
             )
         else:
             why = (

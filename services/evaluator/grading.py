@@ -2,18 +2,23 @@
 
 The workspace is copied (regular files, folders and links only: no fifo can block the copy)
 into a fresh sandbox with its own user, quota and no network; the hidden tests or check script
-go next to it; the grader runs there under a deadline. A crash is retried; a hang is killed at
+go into a root-owned folder beside it that the sandbox user can read but not write; the grader
+runs there under a deadline. pytest reports through a pipe whose read end only this process
+holds, and `integrity` judges the report (canary tests, one record per test phase), so the
+graded code cannot write or forge its own score. A crash is retried; a hang is killed at
 the deadline and reported as such; neither touches the preserved workspace.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import shutil
 import sys
+import threading
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +27,8 @@ import structlog
 from gyre.errors import InvalidArgument
 from gyre.sandbox.host import Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB, SandboxLimits
+from services.evaluator.integrity import judge_records, with_canary
 from services.evaluator.scoring import (
-    ERRORED,
-    FAILED,
-    PASSED,
-    SKIPPED,
     GraderRun,
     Scored,
     not_assessable,
@@ -36,8 +38,7 @@ from services.evaluator.scoring import (
 from services.evaluator.taskset import TaskDef
 
 log = structlog.get_logger(__name__)
-HIDDEN_DIR = "gyre_hidden"
-GRADER_VERSION = 1
+GRADER_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,51 +116,70 @@ class Grader:
             await box.release()
 
     async def _run_pytest(self, task: TaskDef, box: Sandbox) -> GraderRun:
-        hidden = box.work / HIDDEN_DIR
-        hidden.mkdir(exist_ok=True)
+        """pytest as the sandbox user over hidden tests it cannot write, reporting through a pipe
+        only this process reads; the workspace's conftest, ini files and site hooks are ignored."""
+        trusted = _trusted_folder(box)
+        files: dict[str, str] = {}
+        canaries: dict[str, str] = {}
         for check in task.checks:
-            shutil.copyfile(task.folder / check.tests, hidden / Path(check.tests).name)
-        ini = box.home / "pytest.ini"
-        ini.write_text("[pytest]\njunit_family = xunit1\n")
-        junit = box.home / "junit.xml"
+            name = Path(check.tests).name
+            files[name] = check.tests
+            canaries[name] = f"test_{secrets.token_hex(6)}"
+            source = (task.folder / check.tests).read_text()
+            _write_trusted(trusted / name, with_canary(source, canaries[name]))
+        _write_trusted(trusted / "pytest.ini", "[pytest]\naddopts =\n")
+        _write_trusted(trusted / "grade_report.py", REPORTER.read_text())
         box.own_files()
         argv = [
             sys.executable,
-            "-m",
-            "pytest",
+            "-I",
+            "-B",
+            str(trusted / "grade_report.py"),
             "-q",
             "-p",
             "no:cacheprovider",
+            "--noconftest",
             "--continue-on-collection-errors",
             "-c",
-            str(ini),
+            str(trusted / "pytest.ini"),
             "--rootdir",
-            str(box.work),
-            f"--junitxml={junit}",
-            *[f"{HIDDEN_DIR}/{Path(c.tests).name}" for c in task.checks],
+            str(trusted),
+            *[str(trusted / name) for name in files],
         ]
-        env = {"PYTHONPATH": str(box.work), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": _path()}
-        await box.launch(argv, env=env)
+        read_end, write_end = os.pipe()
+        pipe = _PipeReader(read_end)
+        env = {
+            "GYRE_REPORT_FD": str(write_end),
+            "GYRE_WORK": str(box.work),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PATH": _path(),
+        }
+        try:
+            await box.launch(argv, env=env, pass_fds=(write_end,))
+        except BaseException:
+            os.close(write_end)
+            await asyncio.to_thread(pipe.finish)  # EOF now: no writer is left
+            raise
+        os.close(write_end)  # from here on only the sandboxed pytest holds a write end
         outcome = await box.wait(timeout_s=task.grader_timeout_s)
+        lines = await asyncio.to_thread(pipe.finish)
         if outcome.killed:
             return GraderRun(
                 outcomes={}, error=f"grader timed out after {task.grader_timeout_s:g} s ({outcome.killed})"
             )
-        if not junit.is_file():
-            return GraderRun(
-                outcomes={}, error=f"pytest exited with {outcome.exit_code} and no report: {_tail(box)}"
-            )
-        try:
-            by_file = parse_junit(junit.read_text(errors="replace"))
-        except ET.ParseError as exc:
-            return GraderRun(outcomes={}, error=f"unreadable test report: {exc}")
-        return GraderRun(
-            outcomes={c.tests: by_file.get(f"{HIDDEN_DIR}/{Path(c.tests).name}", []) for c in task.checks}
-        )
+        if pipe.stuck:
+            return GraderRun(outcomes={}, tampered="a process of the graded code kept the report open")
+        if pipe.overflow:
+            return GraderRun(outcomes={}, tampered=f"the report passed {REPORT_LIMIT // MIB} MiB")
+        run = judge_records(lines, files=files, canaries=canaries)
+        if run.error:
+            why = f"{run.error}; pytest exited with {outcome.exit_code}: {_tail(box)}"
+            run = GraderRun(outcomes={}, error=why)
+        return run
 
     async def _run_script(self, task: TaskDef, box: Sandbox) -> GraderRun:
-        script = box.home / "check.sh"
-        shutil.copyfile(task.folder / task.check_script, script)
+        script = _trusted_folder(box) / "check.sh"
+        _write_trusted(script, (task.folder / task.check_script).read_text())
         box.own_files()
         await box.launch(["/bin/sh", str(script)], env={"PATH": _path()})
         outcome = await box.wait(timeout_s=task.grader_timeout_s)
@@ -172,6 +192,58 @@ class Grader:
         if not verdicts and outcome.exit_code != 0:
             return GraderRun(outcomes={}, error=f"check script exited with {outcome.exit_code}: {_tail(box)}")
         return GraderRun(outcomes=verdicts)
+
+
+REPORTER = Path(__file__).resolve().parent / "grade_report.py"
+REPORT_LIMIT = 8 * MIB
+
+
+def _trusted_folder(box: Sandbox) -> Path:
+    """Root-owned, readable by the sandbox user, writable only by the host: grader files live
+    here, outside the workspace, so workspace code cannot plant or rewrite them."""
+    folder = box.path / "grader"
+    folder.mkdir(mode=0o755, exist_ok=True)
+    os.chown(folder, 0, 0)
+    os.chmod(folder, 0o755)
+    return folder
+
+
+def _write_trusted(path: Path, text: str) -> None:
+    path.write_text(text)
+    os.chmod(path, 0o444)
+
+
+class _PipeReader:
+    """Drains the report pipe on a thread (a full pipe would block pytest) until EOF."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.overflow = False
+        self.stuck = False
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            data = os.read(self.fd, 65536)
+            if not data:
+                return
+            self.size += len(data)
+            if self.size > REPORT_LIMIT:
+                self.overflow = True
+            else:
+                self.chunks.append(data)
+
+    def finish(self) -> list[str]:
+        """The lines written; the sandbox is gone, so every write end is closed and EOF comes."""
+        self.thread.join(timeout=10.0)
+        if self.thread.is_alive():  # a write end survived (no pid namespace): stop listening
+            self.stuck = True
+        else:
+            os.close(self.fd)
+        return b"".join(self.chunks).decode(errors="replace").splitlines()
 
 
 def _precheck(task: TaskDef, workspace: Path) -> Scored | None:
@@ -187,23 +259,6 @@ def _precheck(task: TaskDef, workspace: Path) -> Scored | None:
             f"nothing gradeable was left: none of {', '.join(task.requires)} exists in the workspace"
         )
     return None
-
-
-def parse_junit(xml_text: str) -> dict[str, list[str]]:
-    """Outcomes per test file of a pytest xunit1 report."""
-    out: dict[str, list[str]] = {}
-    for case in ET.fromstring(xml_text).iter("testcase"):
-        file = case.get("file") or (case.get("classname") or "").replace(".", "/") + ".py"
-        if case.find("skipped") is not None:
-            result = SKIPPED
-        elif case.find("failure") is not None:
-            result = FAILED
-        elif case.find("error") is not None:
-            result = ERRORED
-        else:
-            result = PASSED
-        out.setdefault(file, []).append(result)
-    return out
 
 
 def _path() -> str:

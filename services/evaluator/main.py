@@ -19,7 +19,12 @@ NAME = "evaluator"
 
 
 async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceHost:
-    sandboxes = SandboxHost(settings.sandbox_root, mode=settings.sandbox_mode, uid_base=settings.uid_base)
+    sandboxes = SandboxHost(
+        settings.sandbox_root,
+        mode=settings.sandbox_mode,
+        uid_base=settings.uid_base,
+        hide=(str(settings.tasks_dir),),  # graded code sees only the grader's own copy of its tests
+    )
     grader = Grader(sandboxes, settings.limits(), attempts=settings.attempts)
     conns = await connect(kernel, service=NAME)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)

@@ -41,6 +41,8 @@ class GraderRun:
     """Hidden file (e.g. `hidden/test_count.py`) or script check name -> outcomes of its tests."""
     error: str = ""
     """Why the run gave no verdict (crash, timeout); empty when it did."""
+    tampered: str = ""
+    """How the graded code forged or disturbed its own verdict; such a run scores 0."""
 
 
 def not_assessable(reason: str) -> Scored:
@@ -48,10 +50,12 @@ def not_assessable(reason: str) -> Scored:
 
 
 def score_task(task: TaskDef, run: GraderRun) -> Scored:
+    if run.tampered:
+        return Scored(score=0.0, assessable=True, reason=f"grader integrity check failed: {run.tampered}")
     if run.error:
         return not_assessable(f"grader gave no verdict: {run.error}")
     if task.family == "terminal":
-        return _score_script(run)
+        return _score_script(run, declared=task.verdicts)
     checks = []
     for check in task.checks:
         results = list(run.outcomes.get(check.tests, ()))
@@ -82,9 +86,11 @@ def score_task(task: TaskDef, run: GraderRun) -> Scored:
     return Scored(score=_weighted(checks), assessable=True, checks=tuple(checks))
 
 
-def _score_script(run: GraderRun) -> Scored:
+def _score_script(run: GraderRun, *, declared: Sequence[str] = ()) -> Scored:
     if not run.outcomes:
         return not_assessable("the check script printed no PASS/FAIL verdict")
+    if declared:  # names the task declared, and only those: printed extra PASS lines earn nothing
+        run = GraderRun(outcomes={name: run.outcomes.get(name, [FAILED]) for name in declared})
     weight = 1.0 / len(run.outcomes)
     checks = tuple(
         CheckScore(

@@ -43,6 +43,9 @@ class TaskDef:
     checks: tuple[Check, ...] = ()
     check_script: str = ""
     """Terminal tasks: hidden script printing `PASS <name>` / `FAIL <name>` lines."""
+    verdicts: tuple[str, ...] = ()
+    """Terminal tasks: the verdict names the script prints; when given, other names count for
+    nothing and a missing one fails (the tested programs share the script's output)."""
     grader_timeout_s: float = 120.0
     completion_bonus: float = 0.0
     """repo_generation: share of a package's weight earned only when all its tests pass."""
@@ -93,6 +96,11 @@ def parse_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> T
         raise InvalidArgument(f"{at}.completion_bonus", f"must be in [0, 1), got {bonus}")
     checks = tuple(_check(c, at=f"{at}.checks[{i}]") for i, c in enumerate(raw.get("checks", [])))
     script = _field(raw, "check", str, at, "")
+    verdicts = _field(raw, "verdicts", list, at, [])
+    if not all(isinstance(v, str) and v and " " not in v for v in verdicts):
+        raise InvalidArgument(f"{at}.verdicts", "must list verdict names (words without spaces)")
+    if verdicts and family != "terminal":
+        raise InvalidArgument(f"{at}.verdicts", "only terminal tasks declare verdict names")
     if family == "terminal":
         if not script or checks:
             raise InvalidArgument(f"{at}.check", "terminal tasks name one check script and no [[checks]]")
@@ -117,6 +125,7 @@ def parse_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> T
         requires=tuple(requires),
         checks=checks,
         check_script=script,
+        verdicts=tuple(verdicts),
         grader_timeout_s=timeout,
         completion_bonus=bonus,
     )

@@ -8,6 +8,7 @@ engine failure) the tokens generated so far are recorded once, as `LlmCallRecord
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -160,8 +161,11 @@ class Calls:
         router: Router,
         recorder: Recorder,
         load_outputs: Callable[[str], Awaitable[list[ReusableOutput]]] | None = None,
+        load_model: Callable[[], ServedModel | None] | None = None,
     ) -> None:
         self._model = model
+        self._load_model = load_model
+        self._model_tried_s = time.monotonic()
         self._load_outputs = load_outputs
         self.router = router
         self.recorder = recorder
@@ -170,6 +174,11 @@ class Calls:
 
     @property
     def model(self) -> ServedModel:
+        # The local stack starts the proxy and the engine together and the engine may still be
+        # writing the model folder: look again, at most every few seconds, until it is there.
+        if self._model is None and self._load_model and time.monotonic() - self._model_tried_s > 5:
+            self._model_tried_s = time.monotonic()
+            self._model = self._load_model()
         if self._model is None:
             raise Unavailable(
                 "the proxy has no model: its model folder holds no tokenizer (gyre model init DIR)"

@@ -51,7 +51,13 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         async with conns.sessions() as session:
             return await repo.load_outputs(session, execution_id)
 
-    calls = Calls(model=model, router=router, recorder=recorder, load_outputs=load_outputs)
+    calls = Calls(
+        model=model,
+        router=router,
+        recorder=recorder,
+        load_outputs=load_outputs,
+        load_model=lambda: _load_or_none(settings),
+    )
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
     server = GrpcServer(
         service_names=[proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name],

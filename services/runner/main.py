@@ -30,7 +30,12 @@ async def build_with_supervisor(
     settings: RunnerSettings, kernel: KernelSettings
 ) -> tuple[ServiceHost, Supervisor]:
     """The host and its supervisor (tests and benchmarks release sandboxes through it)."""
-    sandboxes = SandboxHost(settings.sandbox_root, mode=settings.sandbox_mode, uid_base=settings.uid_base)
+    sandboxes = SandboxHost(
+        settings.sandbox_root,
+        mode=settings.sandbox_mode,
+        uid_base=settings.uid_base,
+        hide=(str(settings.tasks_dir),),  # harnesses must not read the hidden tests
+    )
     sandboxes.sweep()  # a previous runner's sandboxes: recover() ends their executions as lost
     conns = await connect(kernel, service=NAME)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -193,23 +194,31 @@ class Supervisor:
                 task=launch.task,
             )
             await self._end(run, "timed_out", event)
-        else:
-            code = outcome.exit_code if outcome.exit_code is not None else 137  # disk quota: killed
+        elif outcome.killed == "" and outcome.exit_code == 0:
             event = events_pb2.ExecutionFinished(
                 execution=execution_ref(launch),
-                exit_code=code,
+                exit_code=0,
                 workspace_uri=uri,
                 duration_s=outcome.duration_s,
                 family=launch.family,
                 task=launch.task,
             )
-            await self._end(run, "finished", event, exit_code=code)
+            await self._end(run, "finished", event, exit_code=0)
+        else:  # a crash: non-zero exit, a signal we did not send, the disk quota; workspace kept
+            await self._end_failed(
+                run,
+                "harness_crashed",
+                crash_reason(outcome, _tail(box.log_path, 1000)),
+                exit_code=outcome.exit_code,
+            )
 
     async def _end(self, run: Running, state: str, event: Any, **values: Any) -> None:
         await self._commit(run.launch, event, state=state, ended_at=datetime.now(UTC), **values)
         log.info("execution_ended", state=state)
 
-    async def _end_failed(self, run: Running, kind: str, reason: str) -> None:
+    async def _end_failed(
+        self, run: Running, kind: str, reason: str, *, exit_code: int | None = None
+    ) -> None:
         launch = run.launch
         uri = run.box.work.as_uri() if run.box is not None else ""
         event = events_pb2.ExecutionFailed(
@@ -218,6 +227,7 @@ class Supervisor:
             workspace_uri=uri,
             family=launch.family,
             task=launch.task,
+            exit_code=exit_code,
         )
         await self._commit(
             launch,
@@ -227,6 +237,7 @@ class Supervisor:
             failure_kind=kind,
             failure_reason=reason[:4096],
             workspace_uri=uri,
+            exit_code=exit_code,
         )
         log.warning("execution_failed", kind=kind, reason=reason[:300])
 
@@ -338,6 +349,25 @@ def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
         family=run.launch.family,
         task=run.launch.task,
     )
+
+
+def crash_reason(outcome: Outcome, log_tail: str) -> str:
+    """Why a started harness counts as crashed (pure).
+
+    Example: crash_reason(Outcome(exit_code=139), "") -> "the harness died of signal 11 (SIGSEGV)"
+    """
+    if outcome.killed:
+        why = f"the runner killed the harness: {outcome.killed.replace('_', ' ')} exceeded"
+    elif outcome.exit_code is not None and outcome.exit_code > 128:
+        sig = outcome.exit_code - 128
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
+        why = f"the harness died of signal {sig} ({name})"
+    else:
+        why = f"the harness exited with code {outcome.exit_code}"
+    return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why
 
 
 def _forward(base_url: str) -> Forward:

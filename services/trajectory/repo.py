@@ -120,6 +120,12 @@ async def record_reward(
 
 async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[str] | None:
     """Mark the group ready when every execution has a reward; its execution ids, once, else None."""
+    # The group's registration and its last reward arrive on different streams and may commit at
+    # the same moment; neither would see the other's rows and the group would never be ready.
+    # Serialising the check per task means the later transaction sees the earlier one's commit.
+    await session.execute(
+        sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:t, 0))"), {"t": f"trajectory-group:{task_id}"}
+    )
     rows = (
         await session.execute(
             sa.text(

@@ -23,8 +23,8 @@ class LlmCallRecorded(_message.Message):
 
     LlmCallRecorded: a model call finished (or was cancelled) and was captured token-in/token-out.
     Calls of one execution are published in the order they finished (calls of one execution may
-    overlap, e.g. parallel sub-agents), so a delta prompt's parent is always published before it. A record too large for one message travels through the
-    object store (`Envelope.payload_ref`).
+    overlap, e.g. parallel sub-agents), so a delta prompt's parent is always published before it.
+    A record too large for one message travels through the object store (`Envelope.payload_ref`).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -74,7 +74,7 @@ Global___ExecutionStarted: _TypeAlias = ExecutionStarted  # noqa: Y015
 
 @_typing.final
 class ExecutionFinished(_message.Message):
-    """ExecutionFinished: the harness exited on its own; the workspace is ready to grade."""
+    """ExecutionFinished: the harness exited on its own with code 0; the workspace is ready to grade."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -85,7 +85,9 @@ class ExecutionFinished(_message.Message):
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     exit_code: _builtins.int
-    """Exit code of the harness process (a crash is a non-zero code, not a failure)."""
+    """Exit code of the harness process: always 0 (any other end is ExecutionFailed,
+    HARNESS_CRASHED); kept so consumers need not assume it.
+    """
     workspace_uri: _builtins.str
     """Where the workspace lives."""
     duration_s: _builtins.float
@@ -160,8 +162,10 @@ Global___ExecutionTimedOut: _TypeAlias = ExecutionTimedOut  # noqa: Y015
 
 @_typing.final
 class ExecutionFailed(_message.Message):
-    """ExecutionFailed: the runner could not run the harness; there is nothing (or nothing
-    trustworthy) to grade.
+    """ExecutionFailed: the runner could not run the harness (nothing to grade, `workspace_uri`
+    empty or the template never landed), or the harness crashed (HARNESS_CRASHED: non-zero exit,
+    a signal the runner did not send, the disk quota): the workspace is kept as it stood and the
+    evaluator grades it for partial credit.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -171,12 +175,17 @@ class ExecutionFailed(_message.Message):
     WORKSPACE_URI_FIELD_NUMBER: _builtins.int
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
     workspace_uri: _builtins.str
     """Where the workspace lives, when one was created; empty otherwise."""
     family: _builtins.str
     """Task family, for the evaluator to pick the grader."""
     task: _builtins.str
     """Task definition the grader uses; empty when none was given."""
+    exit_code: _builtins.int
+    """HARNESS_CRASHED: the harness's exit code (128+N for signal N); unset when the runner killed
+    it (disk quota) or it never ran.
+    """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -193,12 +202,15 @@ class ExecutionFailed(_message.Message):
         workspace_uri: _builtins.str = ...,
         family: _builtins.str = ...,
         task: _builtins.str = ...,
+        exit_code: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "failure", b"failure"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "failure", b"failure", "family", b"family", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "family", b"family", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
 
 Global___ExecutionFailed: _TypeAlias = ExecutionFailed  # noqa: Y015
 

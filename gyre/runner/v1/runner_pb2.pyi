@@ -79,10 +79,14 @@ class _ExecutionFailureKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_
     """The proxy refused or could not be reached to register the execution token."""
     EXECUTION_FAILURE_KIND_RUNNER_LOST: _ExecutionFailureKind.ValueType  # 5
     """The runner lost track of the process (runner restart, host lost)."""
+    EXECUTION_FAILURE_KIND_HARNESS_CRASHED: _ExecutionFailureKind.ValueType  # 6
+    """The harness started, then ended other than by a clean exit 0 (see `exit_code`)."""
 
 class ExecutionFailureKind(_ExecutionFailureKind, metaclass=_ExecutionFailureKindEnumTypeWrapper):
-    """ExecutionFailureKind says which part of running a harness failed; a harness that crashes
-    after starting has finished with a non-zero exit code instead.
+    """ExecutionFailureKind says which part of running a harness failed. The rule for a harness that
+    started: exit code 0 is ExecutionFinished; any other end the runner did not cause (a non-zero
+    exit code, death by a signal the runner did not send, the disk quota) is HARNESS_CRASHED, with
+    the workspace kept for the evaluator to grade what was left.
     """
 
 EXECUTION_FAILURE_KIND_UNSPECIFIED: ExecutionFailureKind.ValueType  # 0
@@ -97,6 +101,8 @@ EXECUTION_FAILURE_KIND_PROXY: ExecutionFailureKind.ValueType  # 4
 """The proxy refused or could not be reached to register the execution token."""
 EXECUTION_FAILURE_KIND_RUNNER_LOST: ExecutionFailureKind.ValueType  # 5
 """The runner lost track of the process (runner restart, host lost)."""
+EXECUTION_FAILURE_KIND_HARNESS_CRASHED: ExecutionFailureKind.ValueType  # 6
+"""The harness started, then ended other than by a clean exit 0 (see `exit_code`)."""
 Global___ExecutionFailureKind: _TypeAlias = ExecutionFailureKind  # noqa: Y015
 
 @_typing.final
@@ -149,7 +155,9 @@ class Execution(_message.Message):
     workspace_uri: _builtins.str
     """Where the workspace lives, e.g. `file:///var/lib/gyre/workspaces/<execution_id>`; kept after the end."""
     exit_code: _builtins.int
-    """Exit code of the harness; set only when finished."""
+    """Exit code of the harness: 0 when finished; a crashed one's code (128+N for signal N) when
+    failed with HARNESS_CRASHED; unset otherwise.
+    """
     family: _builtins.str
     """Task family, copied to the end events so the evaluator can pick the grader."""
     task: _builtins.str

@@ -1,0 +1,101 @@
+"""The runner registers each execution's token with the real proxy and revokes it at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+import sqlalchemy as sa
+
+from bench.scripted_model import ScriptedModel
+from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.settings import KernelSettings
+from services.proxy import repo as proxy_repo
+from services.proxy.config import ProxySettings
+from services.proxy.main import build_proxy
+from services.runner.config import RunnerSettings
+from services.runner.main import build_with_supervisor
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = {"main": [{"tool": "shell", "args": {"command": "sleep 2"}}, {"final": "done"}]}
+
+
+def status_for(url: str, token: str) -> int:
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=b'{"model": "gyre-policy", "messages": [{"role": "user", "content": "hi"}]}',
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_token_works_at_the_proxy_while_the_execution_runs_and_not_after(
+    kernel: KernelSettings, tmp_path: Path
+) -> None:
+    proxy = await build_proxy(ProxySettings(model_dir=tmp_path / "no-model"), kernel)
+    await proxy.host.start()
+    model = ScriptedModel(script=SCRIPT)  # the harness's model calls; the proxy only checks tokens
+    settings = RunnerSettings(
+        sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
+        proxy_address=proxy.host.address,
+        proxy_base_url=model.start(),
+        memory_mb=1024,
+        max_procs=64,
+        disk_mb=64,
+    )
+    host, supervisor = await build_with_supervisor(settings, kernel)
+    await host.start()
+    channel = grpc.aio.insecure_channel(host.address)
+    try:
+        request = runner_pb2.StartExecutionRequest(
+            request_id=f"start-{uuid.uuid4().hex[:8]}", harness="gyre-agent", prompt="Sleep.",
+            timeout_s=60.0, family="terminal",
+        )  # fmt: skip
+        request.execution.task_id, request.execution.execution_id = str(uuid.uuid4()), str(uuid.uuid4())
+        stub = runner_pb2_grpc.RunnerServiceStub(channel)
+        await stub.StartExecution(request)
+        for _ in range(100):  # bounded: 20 s for the agent's first model call
+            if model.seen:
+                break
+            await asyncio.sleep(0.2)
+        token = model.seen[0].token
+        assert len(token) >= 32
+        during = await asyncio.to_thread(status_for, proxy.http_url, token)
+        assert during != 401, "the proxy does not know the execution's token"  # 503 here: no model
+        assert await asyncio.to_thread(status_for, proxy.http_url, "x" * 43) == 401  # a stranger's
+        for _ in range(150):  # bounded: 30 s
+            get = runner_pb2.GetExecutionRequest(execution_id=request.execution.execution_id)
+            ex = (await stub.GetExecution(get)).execution
+            if ex.state == runner_pb2.EXECUTION_STATE_FINISHED:
+                break
+            await asyncio.sleep(0.2)
+        assert ex.state == runner_pb2.EXECUTION_STATE_FINISHED
+        assert await asyncio.to_thread(status_for, proxy.http_url, token) == 401
+        engine = sa.ext.asyncio.create_async_engine(kernel.database_url)
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    sa.select(proxy_repo.execution_tokens.c.revoked_at).where(
+                        proxy_repo.execution_tokens.c.execution_id == request.execution.execution_id
+                    )
+                )
+            ).all()
+        await engine.dispose()
+        assert len(rows) == 1 and rows[0].revoked_at is not None, rows
+    finally:
+        await channel.close()
+        await host.stop()
+        supervisor.host.sweep()
+        settings.sandbox_root.rmdir()
+        await proxy.host.stop()
+        model.stop()
