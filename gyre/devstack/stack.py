@@ -146,7 +146,11 @@ def up(
     """Start (or find running) servers and services; returns what runs. Idempotent."""
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
-    if current is not None and all(is_our_process(s.pid, s.marker) for s in current.services):
+    if (
+        current is not None
+        and [s.name for s in current.services] == list(services)
+        and all(is_our_process(s.pid, s.marker) for s in current.services)
+    ):
         return current
     if current is not None:
         down(kernel)  # half a stack is worse than a clean restart
