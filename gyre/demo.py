@@ -112,12 +112,14 @@ class EventTap:
         on_event: Callable[[DecodedEvent], None],
         *,
         deadline: float,
+        waiting_for: str,
     ) -> None:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(
-                    "the loop did not complete in time; see the service logs under the state folder"
+                raise RuntimeError(  # the CLI prints it as `gyre demo: ...`, no traceback
+                    f"gave up waiting for {waiting_for} ({LOOP_TIMEOUT_S:.0f} s for the loop); "
+                    "the last stage printed above is the last one reached, the service logs say why"
                 )
             try:
                 event = await asyncio.wait_for(self.queue.get(), timeout=left)
@@ -277,6 +279,7 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
                 lambda ev: tally.engine_version > before,
                 lambda ev: narrate(ev, tally, executions),
                 deadline=deadline,
+                waiting_for=f"the engine to load policy v{before + 1}",
             )
             say("\n2. What the trajectory service built from the recorded calls:")
             await show_trees(trajectory, task)
@@ -297,6 +300,7 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
                 ),
                 lambda ev: narrate(ev, tally, executions),
                 deadline=deadline,
+                waiting_for="a call of the second task",
             )
 
             bad = scheduler_pb2.SubmitTasksRequest(
