@@ -26,7 +26,6 @@ def state_root() -> Iterator[Path]:
     PostgreSQL's own account out of its data folder mid-run."""
     root = Path(tempfile.mkdtemp(prefix="gyre-e2e-"))
     yield root
-    shutil.rmtree(sandboxes_dir(root / "state"), ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -82,6 +81,7 @@ def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(state_root
     assert stop.stdout.strip() == f"stopped: {', '.join([*reversed(SERVICES), 'nats', 'postgres'])}"
     assert state is not None and not any(pid_running(s.pid) for s in state.services)
     assert load_state(tmp_path / "state") is None
+    assert not sandboxes_dir(tmp_path / "state").exists()
     # No sandboxed harness outlives the stack: every process of ours is gone with its service.
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftovers.stdout.strip() == "", leftovers.stdout

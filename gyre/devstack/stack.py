@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -279,6 +280,9 @@ def down(kernel: KernelSettings, *, timeout_s: float = 15.0) -> list[str]:
         stop_postgres(state_dir / "postgres")
         stopped.append("postgres")
     stack_state_path(state_dir).unlink(missing_ok=True)
+    relocated = sandboxes_dir(state_dir)
+    if not relocated.is_relative_to(state_dir):  # the stopped runner and evaluator released their sandboxes
+        shutil.rmtree(relocated, ignore_errors=True)
     return stopped
 
 
