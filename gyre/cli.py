@@ -20,6 +20,8 @@ def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
                 "nats_url": state.nats_url,
                 "database_url": state.database_url,
                 "services": {s.name: s.address for s in state.services},
+                "proxy_http_url": state.proxy_http_url,
+                "model_dir": state.model_dir,
             },
             indent=2,
         )

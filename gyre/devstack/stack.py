@@ -9,7 +9,10 @@ that `gyre down` stops exactly that and nothing else.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,11 +26,22 @@ from gyre.db.engine import libpq_url, with_database
 from gyre.db.migrate import upgrade_all
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("scheduler", "trajectory", "proxy", "engine", "runner", "evaluator", "trainer")
+# Start order. The engine comes first: on a fresh clone it writes the tiny model the proxy and
+# the trainer load at start-up, so those two start once the engine serves.
+SERVICES = ("engine", "scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
+NEEDS_MODEL = ("proxy", "trainer")
 STACK_DATABASE = "gyre"
+ENGINE_ID = "engine-0"
+CELL_ID = "cell-0"
+DEMO_GROUPS_PER_STEP = 1
+"""The local stack trains after every group, so one submitted task shows a whole step."""
+LOCAL_AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "128", "GYRE_AGENT_MAX_TURNS": "4"}
+"""The built-in agent's budget on the tiny random model, which never ends a reply by itself:
+short replies and few turns keep an execution to seconds on a CPU."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +63,10 @@ class StackState:
     embedded_nats: bool
     embedded_postgres: bool
     services: list[ServiceProcess] = field(default_factory=list)
+    proxy_http_url: str = ""
+    """Root of the proxy's OpenAI (`/v1`) and Anthropic (`/v1/messages`) APIs; empty without a proxy."""
+    model_dir: str = ""
+    """The checkpoint folder the engine serves and the trainer starts from."""
 
     def address_of(self, service: str) -> str:
         return next(s.address for s in self.services if s.name == service)
@@ -62,27 +80,110 @@ def load_state(state_dir: Path) -> StackState | None:
     return StackState(services=services, **raw)  # type: ignore[arg-type]
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` different free ports (free_port may hand out one twice when asked in a row)."""
+    ports: list[int] = []
+    for _ in range(count * 20):  # bounded
+        if len(ports) == count:
+            break
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    if len(ports) != count:
+        raise RuntimeError(f"could not find {count} distinct free ports")
+    return ports
+
+
+SHARED_TEMP = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+
+
+def sandboxes_dir(state_dir: Path) -> Path:
+    """Where the runner's and the evaluator's sandboxes live for this stack.
+
+    Sandboxes hide the shared temp folders inside them, so they cannot live there: a stack whose
+    state folder is under /tmp (the tests') keeps them in the checkout's `.gyre/sandboxes/`, in a
+    folder named after the state folder, so two stacks never sweep each other's.
+    """
+    if not any(state_dir.is_relative_to(t) for t in SHARED_TEMP):
+        return state_dir / "sandboxes"
+    tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+    return REPO_ROOT / ".gyre" / "sandboxes" / f"{state_dir.name}-{tag}"
+
+
+def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http_port: int) -> dict[str, str]:
+    """What each service is told about the others (its GYRE_<SERVICE>_* settings)."""
+    model_dir = str(state_dir / "model")
+    proxy_base_url = f"http://127.0.0.1:{proxy_http_port}"
+    per_service = {
+        "engine": {
+            "GYRE_ENGINE_MODEL_DIR": model_dir,
+            "GYRE_ENGINE_ENGINE_ID": ENGINE_ID,
+            "GYRE_ENGINE_CELL_ID": CELL_ID,
+        },
+        "proxy": {"GYRE_PROXY_MODEL_DIR": model_dir, "GYRE_PROXY_HTTP_PORT": str(proxy_http_port)},
+        "runner": {
+            "GYRE_RUNNER_PROXY_ADDRESS": f"127.0.0.1:{ports['proxy']}" if "proxy" in ports else "",
+            "GYRE_RUNNER_PROXY_BASE_URL": proxy_base_url,
+            "GYRE_RUNNER_SANDBOX_ROOT": str(sandboxes_dir(state_dir) / "runner"),
+            "GYRE_RUNNER_HARNESS_ENV": json.dumps(LOCAL_AGENT_ENV),
+        },
+        "evaluator": {"GYRE_EVALUATOR_SANDBOX_ROOT": str(sandboxes_dir(state_dir) / "evaluator")},
+        "trainer": {
+            "GYRE_TRAINER_MODEL_DIR": model_dir,
+            "GYRE_TRAINER_STATE_DIR": str(state_dir / "trainer"),
+            "GYRE_TRAINER_CELL_ID": CELL_ID,
+            "GYRE_TRAINER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
+            "GYRE_TRAINER_TRAJECTORY_ADDRESS": (
+                f"127.0.0.1:{ports['trajectory']}" if "trajectory" in ports else ""
+            ),
+        },
+    }
+    return per_service.get(name, {})
+
+
 def up(
-    kernel: KernelSettings, *, services: tuple[str, ...] = SERVICES, timeout_s: float = 60.0
+    kernel: KernelSettings, *, services: tuple[str, ...] = SERVICES, timeout_s: float = 120.0
 ) -> StackState:
     """Start (or find running) servers and services; returns what runs. Idempotent."""
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
-    if current is not None and all(is_our_process(s.pid, s.marker) for s in current.services):
+    if (
+        current is not None
+        and [s.name for s in current.services] == list(services)
+        and all(is_our_process(s.pid, s.marker) for s in current.services)
+    ):
         return current
     if current is not None:
         down(kernel)  # half a stack is worse than a clean restart
     state_dir.mkdir(parents=True, exist_ok=True)
+    # Recorded before each start, so `gyre down` stops what did start even if a later start fails.
+    partial = {"nats_url": "", "database_url": "", "embedded_nats": False, "embedded_postgres": False}
+    if kernel.nats_url is None:
+        write_json(stack_state_path(state_dir), {**partial, "embedded_nats": True})
     nats_url = kernel.nats_url or start_nats(state_dir / "nats").url
     database_url = kernel.database_url
     if database_url is None:
+        write_json(
+            stack_state_path(state_dir),
+            {
+                **partial,
+                "nats_url": nats_url,
+                "embedded_nats": kernel.nats_url is None,
+                "embedded_postgres": True,
+            },
+        )
         database_url = ensure_database(start_postgres(state_dir / "postgres").url, STACK_DATABASE)
     upgrade_all(database_url)
+    # Every port first, so each service can be told where the others will be.
+    *service_ports, proxy_http_port = distinct_free_ports(len(services) + 1)
+    ports = dict(zip(services, service_ports, strict=True))
     state = StackState(
         nats_url=nats_url,
         database_url=database_url,
         embedded_nats=kernel.nats_url is None,
         embedded_postgres=kernel.database_url is None,
+        proxy_http_url=f"http://127.0.0.1:{proxy_http_port}" if "proxy" in services else "",
+        model_dir=str(state_dir / "model"),
     )
     env = {
         **os.environ,
@@ -91,20 +192,60 @@ def up(
         "GYRE_BUS_PREFIX": kernel.bus_prefix,
     }
     (state_dir / "logs").mkdir(exist_ok=True)
-    for name in services:
-        port = free_port()
+    deadline = time.monotonic() + timeout_s
+
+    def start(name: str) -> ServiceProcess:
         log_path = state_dir / "logs" / f"{name}.log"
-        argv = [sys.executable, "-m", f"services.{name}", "--port", str(port)]
-        pid = spawn_detached(argv, log_path=log_path, cwd=REPO_ROOT, env=env)
-        state.services.append(
-            ServiceProcess(name=name, pid=pid, address=f"127.0.0.1:{port}", log_path=str(log_path))
+        argv = [sys.executable, "-m", f"services.{name}", "--port", str(ports[name])]
+        pid = spawn_detached(
+            argv,
+            log_path=log_path,
+            cwd=REPO_ROOT,
+            env={
+                **env,
+                **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port),
+            },
         )
+        service = ServiceProcess(
+            name=name, pid=pid, address=f"127.0.0.1:{ports[name]}", log_path=str(log_path)
+        )
+        state.services.append(service)
         # Recorded at once, so `gyre down` can stop what started even if a later one fails.
         write_json(stack_state_path(state_dir), asdict(state))
-    deadline = time.monotonic() + timeout_s
+        return service
+
+    first = [start(name) for name in services if name not in NEEDS_MODEL]
+    if "engine" in services:
+        wait_serving(next(s for s in first if s.name == "engine"), deadline)
+    for name in services:
+        if name in NEEDS_MODEL:
+            start(name)
     for service in state.services:
         wait_serving(service, deadline)
+    if "proxy" in services and "engine" in services:
+        register_engine(state)
     return state
+
+
+def register_engine(state: StackState) -> None:
+    """Route the proxy to the local engine.
+
+    In a cluster the scheduler's cell control registers each engine as its cell turns to
+    rollout; that part of the live scheduler is not built yet, so `gyre up` does it for its one
+    engine. The request id names the address: a restarted stack (new ports) registers anew,
+    a repeat of the same stack is answered from the first.
+    """
+    address = state.address_of("engine")
+    with grpc.insecure_channel(state.address_of("proxy")) as channel:
+        proxy_pb2_grpc.ProxyServiceStub(channel).RegisterEngine(
+            proxy_pb2.RegisterEngineRequest(
+                request_id=f"gyre-up:{CELL_ID}:{ENGINE_ID}:{address}",
+                cell_id=CELL_ID,
+                engine_id=ENGINE_ID,
+                address=address,
+            ),
+            timeout=30.0,
+        )
 
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:
@@ -139,6 +280,9 @@ def down(kernel: KernelSettings, *, timeout_s: float = 15.0) -> list[str]:
         stop_postgres(state_dir / "postgres")
         stopped.append("postgres")
     stack_state_path(state_dir).unlink(missing_ok=True)
+    relocated = sandboxes_dir(state_dir)
+    if not relocated.is_relative_to(state_dir):  # the stopped runner and evaluator released their sandboxes
+        shutil.rmtree(relocated, ignore_errors=True)
     return stopped
 
 

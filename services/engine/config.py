@@ -35,3 +35,5 @@ class EngineSettings(BaseSettings):
     """torch intra-op threads (CPU)."""
     publish_events: bool = True
     """Publish EngineWeightsUpdated / EngineDrained on NATS (GYRE_NATS_URL or the local stack's)."""
+    follow_weights: bool = True
+    """Apply each `WeightsPublished` of the trainer (own durable consumer per `engine_id`)."""

@@ -7,12 +7,14 @@ import asyncio
 import torch
 
 from gyre.bus import Bus, BusConfig
+from gyre.consume import Consumer
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings, resolve_urls
 from services.engine.config import EngineSettings
 from services.engine.events import EnginePublisher
+from services.engine.follow import WeightsEvents
 from services.engine.port import EngineBackend
 from services.engine.service import EngineServicer
 
@@ -52,10 +54,12 @@ def build_backend(settings: EngineSettings, publisher: EnginePublisher | None = 
 async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost:
     torch.set_num_threads(settings.num_threads)
     bus = None
-    if settings.publish_events:
+    if settings.publish_events or settings.follow_weights:
         nats_url = kernel.nats_url or resolve_urls(kernel).nats_url
         bus = await Bus.connect(BusConfig(url=nats_url, prefix=kernel.bus_prefix), name="gyre-engine")
-    publisher = EnginePublisher(bus, engine_id=settings.engine_id, cell_id=settings.cell_id)
+    publisher = EnginePublisher(
+        bus if settings.publish_events else None, engine_id=settings.engine_id, cell_id=settings.cell_id
+    )
     backend = await asyncio.to_thread(build_backend, settings, publisher)
     server = GrpcServer(
         service_names=[engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name],
@@ -64,9 +68,14 @@ async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost
     )
     engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(backend), server.server)
 
+    followers = []
+    if settings.follow_weights and bus is not None:
+        followers.append(Consumer(bus, WeightsEvents(backend, engine_id=settings.engine_id).spec()))
+
     async def run_engine(stop: asyncio.Event) -> None:
+        # One worker, so the bus closes only after the decode loop and the consumer are both done.
         try:
-            await backend.run(stop)
+            await asyncio.gather(backend.run(stop), *(f.run(stop) for f in followers))
         finally:
             if bus is not None:
                 await bus.close()

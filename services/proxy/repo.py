@@ -129,8 +129,12 @@ async def save_outputs(session: AsyncSession, items: Sequence[tuple[str, Reusabl
             "ids": array("i", item.ids).tobytes(),
         }
         for execution_id, item in items
+        # Postgres text cannot hold NUL, and a failed insert would lose the call records written
+        # in the same transaction: such an output is reused in this process only.
+        if "\x00" not in item.segment and "\x00" not in item.gen_prefix
     ]
-    await session.execute(insert(reusable_outputs).values(rows).on_conflict_do_nothing())
+    if rows:
+        await session.execute(insert(reusable_outputs).values(rows).on_conflict_do_nothing())
 
 
 async def load_outputs(session: AsyncSession, execution_id: str) -> list[ReusableOutput]:

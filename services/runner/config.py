@@ -30,6 +30,9 @@ class RunnerSettings(BaseSettings):
     tasks_dir: Path = BUNDLED_TASKS
     """Where `task:<name>` templates are looked up."""
     agent_model: str = "gyre-policy"
+    harness_env: dict[str, str] = {}
+    """Variables every harness gets (JSON object), e.g. the built-in agent's budget
+    `{"GYRE_AGENT_MAX_TOKENS": "96"}`; an execution's own `harness_env` wins over these."""
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
     keep_workspace_s: float = 900.0

@@ -139,7 +139,7 @@ class Supervisor:
                 prompt_file=str(prompt_file),
                 python=sys.executable,
                 model=self.settings.agent_model,
-                extra_env=dict(launch.harness_env),
+                extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
             ),
         )
         del token

@@ -36,6 +36,7 @@ def engine_settings(model_dir: Path, engine_id: str, **overrides: object) -> Eng
         "cell_id": f"cell-{engine_id}",
         "init_model_if_missing": False,
         "publish_events": False,
+        "follow_weights": False,
         "num_threads": 1,
         **overrides,
     }
