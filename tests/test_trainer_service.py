@@ -139,3 +139,45 @@ async def test_group_ready_to_step_events_and_the_grpc_methods(
             await bus.close()
             await trainer.stop()
             await trajectory.stop()
+
+
+async def test_executions_without_calls_do_not_hold_back_training(
+    server_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    """An execution that failed before its first model call has no calls, ever: after the grace
+    period its group trains without it, and a group with no calls at all leaves the queue."""
+    async with fresh_kernel(*server_urls) as kernel:
+        trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
+        await trajectory.start()
+        settings = TrainerSettings(
+            port=0,
+            state_dir=tmp_path / "trainer",
+            trajectory_address=trajectory.address,
+            groups_per_step=1,
+            max_staleness_steps=100,
+            missing_calls_grace_s=1.0,
+        )
+        trainer = await build_trainer(settings, kernel)
+        await trainer.start()
+        bus = await connect_bus(kernel)
+        try:
+
+            async def steps() -> list[events_pb2.StepCompleted]:
+                return await events_on_bus(kernel, "trainer", events_pb2.StepCompleted)
+
+            async def steps_done(n: int) -> bool:
+                return len(await steps()) >= n
+
+            half = await submit_group(bus, trajectory.address, index=0, num_calling=1)
+            await eventually(lambda: steps_done(1), timeout_s=60, what="the step of the half-recorded group")
+            silent = await submit_group(bus, trajectory.address, index=1, num_calling=0)
+            full = await submit_group(bus, trajectory.address, index=2)
+            await eventually(lambda: steps_done(2), timeout_s=60, what="the step after the silent group")
+            first, second = await steps()
+            assert (list(first.task_ids), first.num_samples) == ([half], 1)
+            assert (list(second.task_ids), second.num_samples) == ([full], 2)
+            assert silent not in {t for s in await steps() for t in s.task_ids}
+        finally:
+            await bus.close()
+            await trainer.stop()
+            await trajectory.stop()

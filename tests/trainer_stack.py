@@ -67,8 +67,10 @@ async def connect_bus(kernel: KernelSettings) -> Bus:
     return await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
 
 
-async def submit_group(bus: Bus, trajectory_address: str, *, index: int) -> str:
+async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_calling: int = 2) -> str:
     """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
+
+    Only the first `num_calling` executions record their call (the others failed before calling).
 
     Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt. Rewards
     are sent once the trajectory service knows the group and its calls: its task and reward
@@ -90,7 +92,7 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int) -> str:
         await bus.publish(new_event(payload, producer=producer, correlation_id=task_id))
 
     await publish(scheduler_events.TaskSubmitted(task=task), "scheduler")
-    for k, execution_id in enumerate(executions):
+    for k, execution_id in enumerate(executions[:num_calling]):
         call = proxy_pb2.CallRecord(
             execution_id=execution_id,
             call_id=str(uuid.uuid4()),
@@ -108,7 +110,7 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int) -> str:
         async def known() -> bool:
             try:
                 await stub.GetGroup(trajectory_pb2.GetGroupRequest(task_id=task_id))
-                for e in executions:
+                for e in executions[:num_calling]:
                     await stub.GetExecutionTree(trajectory_pb2.GetExecutionTreeRequest(execution_id=e))
             except grpc.aio.AioRpcError as err:
                 assert err.code() == grpc.StatusCode.NOT_FOUND, err

@@ -96,6 +96,17 @@ async def queued_groups(session: AsyncSession, *, limit: int | None = None) -> l
     ]
 
 
+async def consume_groups(session: AsyncSession, *, task_ids: list[str], version: int) -> int:
+    """Mark still-queued groups consumed at `version`; how many were."""
+    updated = await session.execute(
+        sa.update(ready_groups)
+        .where(ready_groups.c.task_id.in_([uuid.UUID(t) for t in task_ids]))
+        .where(ready_groups.c.consumed_version.is_(None))
+        .values(consumed_version=version)
+    )
+    return int(updated.rowcount)  # type: ignore[attr-defined]
+
+
 async def record_step(
     session: AsyncSession,
     *,
@@ -105,13 +116,8 @@ async def record_step(
     weights_uri: str,
     report: dict[str, Any],
 ) -> None:
-    updated = await session.execute(
-        sa.update(ready_groups)
-        .where(ready_groups.c.task_id.in_([uuid.UUID(t) for t in task_ids]))
-        .where(ready_groups.c.consumed_version.is_(None))
-        .values(consumed_version=version)
-    )
-    assert updated.rowcount == len(task_ids), "a group of the step was consumed elsewhere"  # type: ignore[attr-defined]
+    consumed = await consume_groups(session, task_ids=task_ids, version=version)
+    assert consumed == len(task_ids), "a group of the step was consumed elsewhere"
     await session.execute(
         sa.insert(steps).values(
             version=version,

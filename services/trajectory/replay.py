@@ -64,6 +64,19 @@ async def resolve_executions(
     return list(dict.fromkeys(ordered))
 
 
+async def executions_with_calls(session: AsyncSession, execution_ids: Sequence[str]) -> list[str]:
+    """The executions among `execution_ids` that have at least one recorded call, in order."""
+    pg = await raw_connection(session)
+    recorded = {
+        r["execution_id"]
+        for r in await pg.fetch(
+            "SELECT execution_id FROM trajectory.executions WHERE execution_id = ANY($1) AND num_calls > 0",
+            list(execution_ids),
+        )
+    }
+    return [e for e in execution_ids if e in recorded]
+
+
 async def load_trees(
     session: AsyncSession, calls: CallLog, execution_ids: Sequence[str]
 ) -> list[ExecutionTree]:
@@ -103,10 +116,15 @@ async def load_samples(
     j_max: int,
     role_rank: Sequence[str],
     estimator: str,
+    skip_without_calls: bool = False,
 ) -> list[Sample]:
     ids = await resolve_executions(session, execution_ids, task_ids)
     if not ids:
         raise NotFound("no executions named: give execution_ids or task_ids")
+    if skip_without_calls:
+        ids = await executions_with_calls(session, ids)
+        if not ids:
+            return []
     replays = await load_replays(session, calls, ids, j_max=j_max, role_rank=role_rank)
     outcomes = await outcomes_for(session, ids, estimator)
     return assemble_samples(replays, outcomes=outcomes)

@@ -120,6 +120,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
                 j_max=request.j_max or DEFAULT_J_MAX,
                 role_rank=role_rank,
                 estimator=estimator,
+                skip_without_calls=request.skip_executions_without_calls,
             )
         for sample in samples:
             yield trajectory_pb2.StreamSamplesResponse(sample=sample_to_proto(sample))

@@ -446,10 +446,17 @@ class StreamSamplesRequest(_message.Message):
     J_MAX_FIELD_NUMBER: _builtins.int
     ROLE_RANK_FIELD_NUMBER: _builtins.int
     ADVANTAGE_ESTIMATOR_FIELD_NUMBER: _builtins.int
+    SKIP_EXECUTIONS_WITHOUT_CALLS_FIELD_NUMBER: _builtins.int
     j_max: _builtins.int
     """Most trajectories per execution; 0 means the default, 5."""
     advantage_estimator: Global___AdvantageEstimator.ValueType
     """How advantages are computed from group rewards."""
+    skip_executions_without_calls: _builtins.bool
+    """False (default): an execution with no recorded call is NOT_FOUND, since its calls may still
+    be on their way. True: such executions yield no samples (they still count in their group's
+    advantage baseline); a trainer sets it once it has waited long enough, for an execution that
+    failed before its first model call.
+    """
     @_builtins.property
     def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Executions to replay, in this order."""
@@ -472,10 +479,11 @@ class StreamSamplesRequest(_message.Message):
         j_max: _builtins.int = ...,
         role_rank: _abc.Iterable[_builtins.str] | None = ...,
         advantage_estimator: Global___AdvantageEstimator.ValueType = ...,
+        skip_executions_without_calls: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_estimator", b"advantage_estimator", "execution_ids", b"execution_ids", "j_max", b"j_max", "role_rank", b"role_rank", "task_ids", b"task_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_estimator", b"advantage_estimator", "execution_ids", b"execution_ids", "j_max", b"j_max", "role_rank", b"role_rank", "skip_executions_without_calls", b"skip_executions_without_calls", "task_ids", b"task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
