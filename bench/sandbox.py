@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import grpc
 import nats
 import nats.js.errors
@@ -41,7 +40,7 @@ from bench.forgery import BASELINE, FORGERIES, forged_workspace
 from bench.scripted_model import ScriptedModel
 from bench.slice import servers
 from gyre.common.v1 import envelope_pb2, ids_pb2
-from gyre.db.engine import libpq_url, with_database
+from gyre.devstack.scratch import scratch_kernel
 from gyre.events import stream_name
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
@@ -433,13 +432,13 @@ async def through_runner_service(
     gRPC, the built-in agent writing and running the attack, end events read from NATS; a
     well-behaved execution runs beside them. Own database and bus prefix, removed afterwards."""
     nats_url, admin_url = servers()
-    db = f"gyre_bench_sandbox_{uuid.uuid4().hex[:8]}"
-    dsn = libpq_url(admin_url)
-    admin = await asyncpg.connect(dsn)
-    await admin.execute(f'CREATE DATABASE "{db}"')
-    await admin.close()
-    prefix = f"bs{uuid.uuid4().hex[:8]}"
-    kernel = KernelSettings(nats_url=nats_url, database_url=with_database(admin_url, db), bus_prefix=prefix)
+    async with scratch_kernel(nats_url, admin_url, label="bench_sandbox") as kernel:
+        return await attacks_as_executions(kernel, t, listener, model, model_url, root)
+
+
+async def attacks_as_executions(
+    kernel: KernelSettings, t: Targets, listener: Listener, model: ScriptedModel, model_url: str, root: Path
+) -> tuple[list[dict[str, Any]], bool]:
     settings = RunnerSettings(
         sandbox_root=root / "service",
         uid_base=63000,
@@ -504,15 +503,6 @@ async def through_runner_service(
         await channel.close()
         await host.stop()
         supervisor.host.sweep()
-        admin = await asyncpg.connect(dsn)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        await admin.close()
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            if (info.config.name or "").startswith(prefix.upper()):
-                await js.delete_stream(info.config.name)
-        await nc.close()
     return results, benign_ok
 
 

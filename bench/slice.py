@@ -15,15 +15,12 @@ import json
 import os
 import statistics
 import time
-import uuid
 from pathlib import Path
 
-import asyncpg
 import grpc
-import nats
 
 from gyre.bus import Bus, BusConfig
-from gyre.db.engine import libpq_url, with_database
+from gyre.devstack.scratch import scratch_kernel
 from gyre.events import new_event
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
@@ -127,31 +124,10 @@ async def measure(
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     nats_url, admin_url = servers()
-    name = f"gyre_bench_{uuid.uuid4().hex[:10]}"
-    dsn = libpq_url(admin_url)
-    admin = await asyncpg.connect(dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    prefix = f"b{uuid.uuid4().hex[:8]}"
-    kernel = KernelSettings(
-        nats_url=nats_url,
-        database_url=with_database(admin_url, name),
-        bus_prefix=prefix,
-    )
-    try:
+    async with scratch_kernel(nats_url, admin_url, label="bench") as kernel:
         figures = await measure(
             kernel, requests=args.requests, group_size=args.group_size, publishes=args.publishes
         )
-    finally:
-        admin = await asyncpg.connect(dsn)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            if (info.config.name or "").startswith(prefix.upper()):
-                await js.delete_stream(info.config.name)
-        await nc.close()
     return {"benchmark": "slice", "requests": args.requests, "group_size": args.group_size, **figures}
 
 

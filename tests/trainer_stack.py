@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
-import asyncpg
 import grpc
 import nats
 from google.protobuf import message
 
 from gyre.bus import Bus, BusConfig
 from gyre.common.v1 import envelope_pb2, ids_pb2
-from gyre.db.engine import libpq_url, with_database
+from gyre.devstack.scratch import scratch_kernel
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event, stream_name
@@ -35,31 +34,9 @@ from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 M = TypeVar("M", bound=message.Message)
 
 
-@asynccontextmanager
-async def fresh_kernel(nats_url: str, admin_database_url: str) -> AsyncIterator[KernelSettings]:
-    name = f"gyre_trainer_{uuid.uuid4().hex[:10]}"
-    prefix = f"tr{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(libpq_url(admin_database_url))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield KernelSettings(
-            nats_url=nats_url, database_url=with_database(admin_database_url, name), bus_prefix=prefix
-        )
-    finally:
-        nc = await nats.connect(nats_url)
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            if (info.config.name or "").startswith(prefix.upper()):
-                await js.delete_stream(info.config.name)
-        await nc.close()
-        admin = await asyncpg.connect(libpq_url(admin_database_url))
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+def fresh_kernel(nats_url: str, admin_database_url: str) -> AbstractAsyncContextManager[KernelSettings]:
+    """Its own database and bus prefix on the session's servers, removed afterwards."""
+    return scratch_kernel(nats_url, admin_database_url, label="trainer")
 
 
 async def connect_bus(kernel: KernelSettings) -> Bus:
