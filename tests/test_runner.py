@@ -100,7 +100,7 @@ async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
     await host.stop()
     if not os.environ.get("GYRE_KEEP_SANDBOXES"):
         supervisor.host.sweep()
-        settings.sandbox_root.rmdir()
+        supervisor.host.root.rmdir()
     await scheduler.stop()
     model.stop()
 

@@ -96,6 +96,6 @@ async def test_the_token_works_at_the_proxy_while_the_execution_runs_and_not_aft
         await channel.close()
         await host.stop()
         supervisor.host.sweep()
-        settings.sandbox_root.rmdir()
+        supervisor.host.root.rmdir()
         await proxy.host.stop()
         model.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -36,10 +37,33 @@ from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, 
 from gyre.sandbox.probe import probe
 
 log = structlog.get_logger(__name__)
+SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+RELOCATED_ROOTS = Path("/var/lib/gyre/sandboxes")
 WATCH_S = 0.5
 HIDDEN = ("/root", "/home")
 """Covered by an empty folder inside; paths the harness needs below them are mounted back."""
 KILL_WAIT_S = 10.0
+
+
+def usable_root(root: Path) -> Path:
+    """`root`, or where its sandboxes live instead when it lies in a shared temp folder.
+
+    Every sandbox gets private temp folders, which cover the shared ones inside it, so a sandbox
+    kept under /tmp could not see its own workspace. A checkout (or a test's folder) under /tmp is
+    common, so as root such a root moves to /var/lib/gyre/sandboxes/<name>-<hash of the path>:
+    the same path always maps to the same place, so sweeping a crashed run's leftovers still works.
+    """
+    root = root.resolve()
+    if not any(root == Path(t) or root.is_relative_to(t) for t in SHARED_TEMP):
+        return root
+    if os.geteuid() != 0:
+        raise InvalidArgument(
+            "sandbox_root", f"must not lie under a shared temp folder (it is hidden inside), got {root}"
+        )
+    tag = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    relocated = RELOCATED_ROOTS / f"{root.name}-{tag}"
+    log.info("sandbox_root_relocated", asked=str(root), used=str(relocated))
+    return relocated
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,12 +102,7 @@ class SandboxHost:
         self.expose = expose
         self.hide = tuple(str(Path(h).resolve()) for h in hide)
         """More folders covered by an empty one inside (e.g. the task set with its hidden tests)."""
-        self.root = Path(root).resolve()
-        if any(str(self.root).startswith(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
-            raise InvalidArgument(
-                "sandbox_root",
-                f"must not lie under a shared temp folder (it is hidden inside), got {self.root}",
-            )
+        self.root = usable_root(Path(root))
         self.caps = probe()
         self.isolation: Isolation = plan_isolation(self.caps, mode=mode)
         self.uid_base = uid_base
