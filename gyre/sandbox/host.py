@@ -38,6 +38,9 @@ from gyre.sandbox.probe import probe
 
 log = structlog.get_logger(__name__)
 SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# The code harnesses import (the built-in agent, installed editable) stays visible in a sandbox
+# even when the checkout lies under a covered folder (/tmp, /root).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RELOCATED_ROOTS = Path("/var/lib/gyre/sandboxes")
 WATCH_S = 0.5
 HIDDEN = ("/root", "/home")
@@ -48,17 +51,18 @@ KILL_WAIT_S = 10.0
 def usable_root(root: Path) -> Path:
     """`root`, or where its sandboxes live instead when it lies in a shared temp folder.
 
-    Every sandbox gets private temp folders, which cover the shared ones inside it, so a sandbox
-    kept under /tmp could not see its own workspace. A checkout (or a test's folder) under /tmp is
-    common, so as root such a root moves to /var/lib/gyre/sandboxes/<name>-<hash of the path>:
-    the same path always maps to the same place, so sweeping a crashed run's leftovers still works.
+    Every sandbox gets private temp folders, which cover the shared ones inside it, and /root and
+    /home are covered too, so a sandbox kept there could not see its own workspace. A checkout (or
+    a test's folder) in those places is common, so as root such a root moves to
+    /var/lib/gyre/sandboxes/<name>-<hash of the path>: the same path always maps to the same
+    place, so sweeping a crashed run's leftovers still works.
     """
     root = root.resolve()
-    if not any(root == Path(t) or root.is_relative_to(t) for t in SHARED_TEMP):
+    if not any(root == Path(t) or root.is_relative_to(t) for t in (*SHARED_TEMP, *HIDDEN)):
         return root
     if os.geteuid() != 0:
         raise InvalidArgument(
-            "sandbox_root", f"must not lie under a shared temp folder (it is hidden inside), got {root}"
+            "sandbox_root", f"must not lie under a shared temp or home folder (covered inside), got {root}"
         )
     tag = hashlib.sha256(str(root).encode()).hexdigest()[:12]
     relocated = RELOCATED_ROOTS / f"{root.name}-{tag}"
@@ -309,7 +313,7 @@ class Sandbox:
             },
             "log_path": str(self.log_path),
             "hide": [*HIDDEN, *self.host.hide],
-            "expose": sorted({sys.base_prefix, sys.prefix, *self.host.expose}),
+            "expose": sorted({sys.base_prefix, sys.prefix, str(PROJECT_ROOT), *self.host.expose}),
             "stage": str(self.path / "log" / "stage"),
             "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
             "pass_fds": list(pass_fds),

@@ -64,18 +64,21 @@ def _private_mounts(private_tmp: str, *, hide: list[str], expose: list[str], sta
     Python installation) mounted back read-only at the same place."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for target in PRIVATE_TMP_TARGETS:
-        if os.path.isdir(target):
-            _mount(private_tmp, target, None, MS_BIND | MS_REC)
-    for n, hidden in enumerate(h for h in hide if os.path.isdir(h)):
-        keep = [e for e in expose if e.startswith(hidden.rstrip("/") + "/") and os.path.isdir(e)]
+    covers = [(t, True) for t in PRIVATE_TMP_TARGETS] + [(h, False) for h in hide]
+    for n, (covered, is_tmp) in enumerate(c for c in covers if os.path.isdir(c[0])):
+        # What must stay visible under the cover (the Python installation, the project's code when
+        # it lives under /tmp or /root) is set aside first and moved back on top of it.
+        keep = [e for e in expose if e.startswith(covered.rstrip("/") + "/") and os.path.isdir(e)]
         staged = []
         for k, path in enumerate(keep):
             point = os.path.join(stage, f"{n}-{k}")
             os.makedirs(point, exist_ok=True)
             _mount(path, point, None, MS_BIND | MS_REC)
             staged.append((point, path))
-        _mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        if is_tmp:
+            _mount(private_tmp, covered, None, MS_BIND | MS_REC)
+        else:
+            _mount("tmpfs", covered, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
         for point, path in staged:
             os.makedirs(path, mode=0o755, exist_ok=True)
             _mount(point, path, None, MS_MOVE)
