@@ -9,12 +9,18 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from trainer_stack import connect_bus, events_on_bus, eventually, fresh_kernel, submit_group
 
+from gyre.bus import Bus
+from gyre.runtime import ServiceHost
+from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2, trainer_pb2, trainer_pb2_grpc
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import path_from_uri
@@ -33,23 +39,44 @@ async def expect_error(call: object, code: grpc.StatusCode, field: str) -> None:
     assert field in (err.value.details() or ""), err.value.details()
 
 
-async def test_group_ready_to_step_events_and_the_grpc_methods(
-    server_urls: tuple[str, str], tmp_path: Path
-) -> None:
+@asynccontextmanager
+async def trainer_and_trajectory(
+    server_urls: tuple[str, str], tmp_path: Path, **settings: Any
+) -> AsyncIterator[tuple[KernelSettings, ServiceHost, ServiceHost, Bus]]:
+    """A trajectory service and a trainer (one group per step) on their own database and prefix."""
     async with fresh_kernel(*server_urls) as kernel:
         trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
         await trajectory.start()
-        settings = TrainerSettings(
-            port=0,
-            state_dir=tmp_path / "trainer",
-            trajectory_address=trajectory.address,
-            groups_per_step=1,
-            max_staleness_steps=100,
-            dp_timeout_s=60,
+        trainer = await build_trainer(
+            TrainerSettings(
+                port=0,
+                state_dir=tmp_path / "trainer",
+                trajectory_address=trajectory.address,
+                groups_per_step=1,
+                max_staleness_steps=100,
+                **settings,
+            ),
+            kernel,
         )
-        trainer = await build_trainer(settings, kernel)
         await trainer.start()
         bus = await connect_bus(kernel)
+        try:
+            yield kernel, trajectory, trainer, bus
+        finally:
+            await bus.close()
+            await trainer.stop()
+            await trajectory.stop()
+
+
+async def test_group_ready_to_step_events_and_the_grpc_methods(
+    server_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    async with trainer_and_trajectory(server_urls, tmp_path, dp_timeout_s=60) as (
+        kernel,
+        trajectory,
+        trainer,
+        bus,
+    ):
         channel = grpc.aio.insecure_channel(trainer.address)
         stub = trainer_pb2_grpc.TrainerServiceStub(channel)
         satellite: subprocess.Popen[bytes] | None = None
@@ -136,9 +163,6 @@ async def test_group_ready_to_step_events_and_the_grpc_methods(
                 satellite.kill()
                 satellite.wait(timeout=10)
             await channel.close()
-            await bus.close()
-            await trainer.stop()
-            await trajectory.stop()
 
 
 async def test_executions_without_calls_do_not_hold_back_training(
@@ -146,38 +170,25 @@ async def test_executions_without_calls_do_not_hold_back_training(
 ) -> None:
     """An execution that failed before its first model call has no calls, ever: after the grace
     period its group trains without it, and a group with no calls at all leaves the queue."""
-    async with fresh_kernel(*server_urls) as kernel:
-        trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
-        await trajectory.start()
-        settings = TrainerSettings(
-            port=0,
-            state_dir=tmp_path / "trainer",
-            trajectory_address=trajectory.address,
-            groups_per_step=1,
-            max_staleness_steps=100,
-            missing_calls_grace_s=1.0,
-        )
-        trainer = await build_trainer(settings, kernel)
-        await trainer.start()
-        bus = await connect_bus(kernel)
-        try:
+    async with trainer_and_trajectory(server_urls, tmp_path, missing_calls_grace_s=1.0) as (
+        kernel,
+        trajectory,
+        _,
+        bus,
+    ):
 
-            async def steps() -> list[events_pb2.StepCompleted]:
-                return await events_on_bus(kernel, "trainer", events_pb2.StepCompleted)
+        async def steps() -> list[events_pb2.StepCompleted]:
+            return await events_on_bus(kernel, "trainer", events_pb2.StepCompleted)
 
-            async def steps_done(n: int) -> bool:
-                return len(await steps()) >= n
+        async def steps_done(n: int) -> bool:
+            return len(await steps()) >= n
 
-            half = await submit_group(bus, trajectory.address, index=0, num_calling=1)
-            await eventually(lambda: steps_done(1), timeout_s=60, what="the step of the half-recorded group")
-            silent = await submit_group(bus, trajectory.address, index=1, num_calling=0)
-            full = await submit_group(bus, trajectory.address, index=2)
-            await eventually(lambda: steps_done(2), timeout_s=60, what="the step after the silent group")
-            first, second = await steps()
-            assert (list(first.task_ids), first.num_samples) == ([half], 1)
-            assert (list(second.task_ids), second.num_samples) == ([full], 2)
-            assert silent not in {t for s in await steps() for t in s.task_ids}
-        finally:
-            await bus.close()
-            await trainer.stop()
-            await trajectory.stop()
+        half = await submit_group(bus, trajectory.address, index=0, num_calling=1)
+        await eventually(lambda: steps_done(1), timeout_s=60, what="the step of the half-recorded group")
+        silent = await submit_group(bus, trajectory.address, index=1, num_calling=0)
+        full = await submit_group(bus, trajectory.address, index=2)
+        await eventually(lambda: steps_done(2), timeout_s=60, what="the step after the silent group")
+        first, second = await steps()
+        assert (list(first.task_ids), first.num_samples) == ([half], 1)
+        assert (list(second.task_ids), second.num_samples) == ([full], 2)
+        assert silent not in {t for s in await steps() for t in s.task_ids}

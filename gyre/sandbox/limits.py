@@ -8,7 +8,7 @@ refused capability is never silent.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from gyre.errors import InvalidArgument
 
@@ -29,8 +29,14 @@ class SandboxLimits:
     """Largest file one process may write (RLIMIT_FSIZE)."""
     disk_mb: int = 1024
     """Size of the sandbox folder: a size-limited tmpfs, or the watcher's limit in the fallback."""
+
     open_files: int = 1024
     """Open file descriptors per process (RLIMIT_NOFILE)."""
+
+    @classmethod
+    def of(cls, settings: object) -> SandboxLimits:
+        """The limits a service's settings name (fields of the same names); defaults for the rest."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)})
 
     def validate(self, at: str = "limits") -> None:
         for name in ("cpu_s", "memory_mb", "max_procs", "file_size_mb", "disk_mb", "open_files"):

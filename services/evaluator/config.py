@@ -31,10 +31,4 @@ class EvaluatorSettings(BaseSettings):
     disk_mb: int = 512
 
     def limits(self) -> SandboxLimits:
-        return SandboxLimits(
-            cpu_s=self.cpu_s,
-            memory_mb=self.memory_mb,
-            max_procs=self.max_procs,
-            file_size_mb=self.file_size_mb,
-            disk_mb=self.disk_mb,
-        )
+        return SandboxLimits.of(self)

@@ -49,10 +49,4 @@ class RunnerSettings(BaseSettings):
     disk_mb: int = 1024
 
     def limits(self) -> SandboxLimits:
-        return SandboxLimits(
-            cpu_s=self.cpu_s,
-            memory_mb=self.memory_mb,
-            max_procs=self.max_procs,
-            file_size_mb=self.file_size_mb,
-            disk_mb=self.disk_mb,
-        )
+        return SandboxLimits.of(self)
