@@ -95,7 +95,9 @@ class EngineLoop:
                 async with self._lock:
                     emissions = await asyncio.to_thread(self.core.step)
                     self._dispatch(emissions)
-                    self._recent.append((time.monotonic(), sum(len(e.token_ids) for e in emissions)))
+                    now = time.monotonic()
+                    self._recent.append((now, sum(len(e.token_ids) for e in emissions)))
+                    self._trim_recent(now)
                     await self._maybe_drained()
                 await asyncio.sleep(0)
                 continue
@@ -311,10 +313,14 @@ class EngineLoop:
             await self._on_weights(request_id, update, source_uri)
         return update
 
-    def stats(self) -> EngineStats:
-        now = time.monotonic()
+    def _trim_recent(self, now: float) -> None:
+        """Keep the last ten seconds of steps (trimmed per step, so it stays bounded unread)."""
         while self._recent and now - self._recent[0][0] > 10.0:
             self._recent.popleft()
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        self._trim_recent(now)
         span = max(now - self._recent[0][0], 1e-3) if self._recent else 1.0
         seqs = list(self.core.seqs.values())
         return EngineStats(

@@ -62,7 +62,6 @@ class Sequence:
     """Prompt tokens whose KV came from the prefix cache (or an import)."""
     stream_start: int = 0
     """Output index where the current stream began: 0 for Generate, the pause point for Resume."""
-    rng_state: object | None = None
 
     @property
     def token_ids(self) -> list[int]:

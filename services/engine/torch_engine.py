@@ -247,7 +247,8 @@ class TorchEngine:
             if finish is not None:
                 self._leave_batch(seq, Status.FINISHED, finish)
                 self._store_prefix(seq)
-                self._forget_old()
+        if any(e.finish is not None for e in emissions):
+            self._forget_old()
         return emissions
 
     def _prefill(self, seq: Sequence) -> None:
@@ -323,7 +324,7 @@ class TorchEngine:
 
     # --- migration primitives --------------------------------------------------------------
 
-    def get(self, request_id: str, *, field: str = "request_id") -> Sequence:
+    def get(self, request_id: str) -> Sequence:
         seq = self.seqs.get(request_id)
         if seq is None:
             raise NotFound(f"no generation {request_id!r} on engine {self.engine_id}")
@@ -353,11 +354,9 @@ class TorchEngine:
     def cancel(self, request_id: str) -> int:
         """Drop a generation and free its cache; returns the bytes freed (0 for a repeat)."""
         seq = self.get(request_id)
-        if seq.status is Status.FINISHED:
-            freed = kv_bytes(seq.kv)
-        else:
+        if seq.status is not Status.FINISHED:
             self._leave_batch(seq, Status.FINISHED, Finish.CANCELLED)
-            freed = kv_bytes(seq.kv)
+        freed = kv_bytes(seq.kv)
         seq.kv, seq.num_cached = None, 0
         self._forget_old()
         return freed

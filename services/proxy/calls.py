@@ -89,9 +89,7 @@ class CallRun:
     async def text_deltas(self) -> AsyncIterator[str]:
         """Visible text as it is generated; tool-call markup is held back for the outcome."""
         model = self.calls.model
-        stream = IncrementalText(
-            lambda ids: self.calls.model.tokenizer.decode(ids, skip_special_tokens=False)
-        )
+        stream = IncrementalText(lambda ids: model.tokenizer.decode(ids, skip_special_tokens=False))
         sent = 0
         try:
             async for new_ids in self.generation.tokens():

@@ -45,11 +45,7 @@ async def drain_cell(
     router.set_cell_state(cell_id, "draining")
     migrated = recomputed = kv_bytes = 0
     while time.monotonic() < deadline:
-        runs = [
-            r
-            for r in list(calls.in_flight.values())
-            if r.generation.route.cell_id == cell_id and not r.generation.migrating and not r.generation.done
-        ]
+        runs = _movable(calls, cell_id)
         if not runs:
             break
         results = await asyncio.gather(
@@ -64,11 +60,7 @@ async def drain_cell(
             kv_bytes += size
         if all(outcome == "stuck" for outcome, _ in results):
             await asyncio.sleep(0.05)
-    remaining = sum(
-        1
-        for r in calls.in_flight.values()
-        if r.generation.route.cell_id == cell_id and not r.generation.done and not r.generation.migrating
-    )
+    remaining = len(_movable(calls, cell_id))
     if remaining == 0:
         router.set_cell_state(cell_id, "drained")
     return DrainResult(
@@ -79,6 +71,15 @@ async def drain_cell(
         kv_bytes=kv_bytes,
         duration_s=time.monotonic() - started,
     )
+
+
+def _movable(calls: Calls, cell_id: str) -> list[CallRun]:
+    """The cell's calls still generating there and not already being moved."""
+    return [
+        r
+        for r in list(calls.in_flight.values())
+        if r.generation.route.cell_id == cell_id and not r.generation.migrating and not r.generation.done
+    ]
 
 
 async def _move(

@@ -36,7 +36,6 @@ class Recorder:
         self.batch = batch
         self.linger_s = linger_s
         self._queue: asyncio.Queue[tuple[proxy_pb2.CallRecord, ReusableOutput | None]] = asyncio.Queue()
-        self.recorded = 0
 
     def record(self, call: proxy_pb2.CallRecord, output: ReusableOutput | None = None) -> None:
         """Queue a call's record, and the reusable form of its output when there is one."""
@@ -80,5 +79,4 @@ class Recorder:
         else:
             log.error("records_lost", num_calls=len(calls))
             return
-        self.recorded += len(calls)
         self.relay.poke()

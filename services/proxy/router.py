@@ -52,14 +52,10 @@ class Router:
     def register(self, route: Route) -> None:
         self.routes[route.engine_id] = route
 
-    def set_cell_state(self, cell_id: str, state: RouteStateName) -> list[Route]:
-        changed = []
+    def set_cell_state(self, cell_id: str, state: RouteStateName) -> None:
         for engine_id, route in list(self.routes.items()):
             if route.cell_id == cell_id:
-                new = replace(route, state=state)
-                self.routes[engine_id] = new
-                changed.append(new)
-        return changed
+                self.routes[engine_id] = replace(route, state=state)
 
     def forget(self, execution_id: str) -> None:
         self.sticky.pop(execution_id, None)
