@@ -100,10 +100,8 @@ class SandboxHost:
         mode: str = "auto",
         uid_base: int = 62000,
         uid_count: int = 1000,
-        expose: tuple[str, ...] = (),
         hide: tuple[str, ...] = (),
     ):
-        self.expose = expose
         self.hide = tuple(str(Path(h).resolve()) for h in hide)
         """More folders covered by an empty one inside (e.g. the task set with its hidden tests)."""
         self.root = usable_root(Path(root))
@@ -313,7 +311,7 @@ class Sandbox:
             },
             "log_path": str(self.log_path),
             "hide": [*HIDDEN, *self.host.hide],
-            "expose": sorted({sys.base_prefix, sys.prefix, str(PROJECT_ROOT), *self.host.expose}),
+            "expose": sorted({sys.base_prefix, sys.prefix, str(PROJECT_ROOT)}),
             "stage": str(self.path / "log" / "stage"),
             "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
             "pass_fds": list(pass_fds),

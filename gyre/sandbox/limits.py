@@ -7,7 +7,6 @@ refused capability is never silent.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 
 from gyre.errors import InvalidArgument
@@ -149,9 +148,3 @@ def plan_isolation(caps: Capabilities, *, mode: str) -> Isolation:
 
 def disk_over_quota(used_bytes: int, *, disk_mb: int) -> bool:
     return used_bytes > disk_mb * MIB
-
-
-def bounded_timeout(timeout_s: float, *, field_name: str = "timeout_s") -> float:
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise InvalidArgument(field_name, f"must be a finite number of seconds > 0, got {timeout_s}")
-    return timeout_s

@@ -10,7 +10,7 @@ from gyre.errors import InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2 as pb
 from services.evaluator.grading import Graded, Grader
 from services.evaluator.scoring import ERRORED, FAILED, PASSED, SKIPPED, Scored, not_assessable
-from services.evaluator.taskset import load_task
+from services.evaluator.taskset import TaskDef, load_task
 
 OUTCOMES = {
     PASSED: pb.CHECK_OUTCOME_PASSED,
@@ -25,6 +25,14 @@ def workspace_path(uri: str) -> Path:
     if parts.scheme != "file" or not parts.path:
         raise InvalidArgument("workspace_uri", f"must be a file:// URI of a folder, got {uri!r}")
     return Path(urllib.parse.unquote(parts.path))
+
+
+def task_for(ref: str, *, family: str, tasks_dir: Path) -> TaskDef:
+    """The task definition to grade with; InvalidArgument when missing or of another family."""
+    definition = load_task(ref, bundled=tasks_dir)
+    if family and definition.family != family:
+        raise InvalidArgument("family", f"task {definition.name!r} is {definition.family}, not {family}")
+    return definition
 
 
 def grade_message(
@@ -67,9 +75,7 @@ async def grade_execution(
 ) -> pb.Grade:
     """Grade, turning a missing task definition into `not assessable` with the reason."""
     try:
-        definition = load_task(task, bundled=tasks_dir)
-        if family and definition.family != family:
-            raise InvalidArgument("family", f"task {definition.name!r} is {definition.family}, not {family}")
+        definition = task_for(task, family=family, tasks_dir=tasks_dir)
         graded = await grader.grade(definition, workspace_path(workspace_uri))
     except InvalidArgument as exc:
         graded = Graded(

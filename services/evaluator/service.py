@@ -15,8 +15,7 @@ from services.evaluator import repo
 from services.evaluator.config import EvaluatorSettings
 from services.evaluator.consumer import publish_reward
 from services.evaluator.grading import Grader
-from services.evaluator.rewards import grade_execution, workspace_path
-from services.evaluator.taskset import load_task
+from services.evaluator.rewards import grade_execution, task_for, workspace_path
 
 
 class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
@@ -48,9 +47,8 @@ class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
             if first[0] != digest:
                 raise Conflict(f"request_id {rid!r} was already used for a different request")
             return evaluator_pb2.GradeWorkspaceResponse.FromString(first[1])
-        task = load_task(request.task, bundled=self.settings.tasks_dir)  # bad input is an error here
-        if request.family and task.family != request.family:
-            raise InvalidArgument("family", f"task {task.name!r} is {task.family}, not {request.family}")
+        # bad input is an error here; in grading (below and from events) it is `not assessable`
+        task_for(request.task, family=request.family, tasks_dir=self.settings.tasks_dir)
         path = workspace_path(request.workspace_uri)
         if not path.is_dir():
             raise InvalidArgument("workspace_uri", f"{str(path)!r} is not a folder")

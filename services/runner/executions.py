@@ -20,7 +20,6 @@ FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TASK_LABEL = "gyre.task"
 
-STATES = ("starting", "running", "finished", "timed_out", "failed", "cancelled")
 ENDED = frozenset({"finished", "timed_out", "failed", "cancelled"})
 
 

@@ -100,10 +100,8 @@ async def insert_execution(session: AsyncSession, launch: Launch) -> bool:
     return (await session.execute(stmt)).first() is not None
 
 
-async def load_execution(session: AsyncSession, execution_id: str, *, for_update: bool = False) -> Any | None:
+async def load_execution(session: AsyncSession, execution_id: str) -> Any | None:
     stmt = sa.select(executions).where(executions.c.execution_id == uuid.UUID(execution_id))
-    if for_update:
-        stmt = stmt.with_for_update()
     return (await session.execute(stmt)).first()
 
 
