@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-import torch
-
 from services.trainer.checkpoint import checkpoint_folder, load_checkpoint
 from services.trainer.config import TrainerSettings
 from services.trainer.dp import DataParallelCore
@@ -70,20 +68,14 @@ def open_core_cell(
         max_attempts=settings.step_attempts,
     )
     trainer = PolicyTrainer(model, optimizer, optim, core, version=version)
-    published = None
-    if version == 0:
-        with torch.no_grad():
-            published = publish(model, weights_root, version=0)
-        weights_uri = published.source_uri
-    else:
-        weights_uri = publish(model, weights_root, version=version).source_uri
+    published = publish(model, weights_root, version=version)
     return (
         CoreCell(
             trainer=trainer,
             core=core,
             checkpoints_root=checkpoints_root,
             weights_root=weights_root,
-            weights_uri=weights_uri,
+            weights_uri=published.source_uri,
         ),
-        published,
+        published if version == 0 else None,
     )

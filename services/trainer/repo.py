@@ -136,15 +136,6 @@ async def last_step(session: AsyncSession) -> LastStep | None:
     return LastStep(version=row.version, checkpoint_uri=row.checkpoint_uri, weights_uri=row.weights_uri)
 
 
-async def consumed_by_version(session: AsyncSession) -> dict[str, int]:
-    rows = await session.execute(
-        sa.select(ready_groups.c.task_id, ready_groups.c.consumed_version).where(
-            ready_groups.c.consumed_version.is_not(None)
-        )
-    )
-    return {str(t): v for t, v in rows.all()}
-
-
 async def insert_checkpoint(
     session: AsyncSession, *, checkpoint_id: str, version: int, uri: str, size_bytes: int, saved_at: datetime
 ) -> None:

@@ -19,6 +19,7 @@ from gyre.ids import new_uuid7, validate_request_id
 from gyre.rpc import Context
 from gyre.trainer.v1 import events_pb2, trainer_pb2, trainer_pb2_grpc
 from services.trainer import repo
+from services.trainer.checkpoint import folder_size
 from services.trainer.core_cell import CoreCell, path_from_uri
 from services.trainer.loop import PRODUCER, StepLoop, version_proto
 
@@ -189,7 +190,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         target = path_from_uri(request.uri) if request.uri else source
         if target != source:
             await asyncio.to_thread(_copy_tree, source, target)
-        size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+        size = folder_size(target)
         checkpoint = trainer_pb2.Checkpoint(
             checkpoint_id=new_uuid7(),
             version=version_proto(last.version),

@@ -98,7 +98,6 @@ class CallEvents(Consumer):
         )
         self.sessions = sessions
         self.calls = calls
-        self.stored_tokens = 0
 
     async def _unused(self, event: DecodedEvent) -> None:  # the batch path replaces it
         raise NotImplementedError
@@ -145,7 +144,6 @@ class CallEvents(Consumer):
             else:
                 await msg.ack()
                 self.processed += 1
-        self.stored_tokens += outcome.result.new_tokens
         log.info(
             "calls_stored",
             stored=outcome.result.stored,

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gyre.errors import InvalidArgument
 from services.trajectory.codec import Into, pack_arrays, unpack_arrays, unpack_into
 from services.trajectory.layout import CallShapes, ChainHead, TokenBuffers, TreeShape, call_shapes
-from services.trajectory.projection import StoredCall, fold_stored, place_record
+from services.trajectory.projection import StoredCall, build_tree, place_record
 from services.trajectory.records import CallMeta, CallRecord
 from services.trajectory.tree import ExecutionTree
 
@@ -171,9 +171,7 @@ class CallLog:
         if cached is not None and (num_calls is None or len(cached.calls) == num_calls):
             self.cache.move_to_end(execution_id)
             return cached
-        tree = ExecutionTree(execution_id)
-        for row in await self.load_rows(pg, execution_id):
-            fold_stored(tree, row)
+        tree = build_tree(execution_id, await self.load_rows(pg, execution_id))
         self._remember(tree)
         return tree
 
@@ -288,9 +286,7 @@ async def upsert_trajectories(pg: Any, tree: ExecutionTree, chain_indices: Seque
 
 async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:
     """Recompute one execution's trajectories projection and header from its call log."""
-    tree = ExecutionTree(execution_id)
-    for row in await CallLog().load_rows(pg, execution_id):
-        fold_stored(tree, row)
+    tree = build_tree(execution_id, await CallLog().load_rows(pg, execution_id))
     await pg.execute(f"DELETE FROM {S}.trajectories WHERE execution_id = $1", execution_id)
     await upsert_trajectories(pg, tree, range(len(tree.chains)))
     await pg.execute(f"DELETE FROM {S}.tree_calls WHERE execution_id = $1", execution_id)

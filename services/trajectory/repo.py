@@ -52,6 +52,7 @@ class GroupRecord:
     family: str
     group_size: int
     registered_at: datetime
+    ready_at: datetime | None
     members: tuple[GroupMember, ...]
 
 
@@ -91,6 +92,7 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
         family=row.family,
         group_size=row.group_size,
         registered_at=row.registered_at,
+        ready_at=row.ready_at,
         members=tuple(GroupMember(execution_id=str(e), index_in_group=i, reward=r) for e, i, r in members),
     )
 
@@ -201,7 +203,4 @@ async def group_members(session: AsyncSession, task_id: str) -> tuple[bool, list
     record = await load_group(session, task_id)
     if record is None:
         return None
-    ready = (
-        await session.execute(sa.select(groups.c.ready_at).where(groups.c.task_id == uuid.UUID(task_id)))
-    ).scalar_one() is not None
-    return ready, [m.execution_id for m in record.members]
+    return record.ready_at is not None, [m.execution_id for m in record.members]
