@@ -6,11 +6,21 @@ table's shape and the two statements on it.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from google.protobuf.message import Message
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
+
+
+def request_fingerprint(request: Message) -> bytes:
+    """Digest of a request without its `request_id`: a reused id with another body is a conflict."""
+    body = type(request)()
+    body.CopyFrom(request)
+    body.request_id = ""  # type: ignore[attr-defined]
+    return hashlib.sha256(body.SerializeToString(deterministic=True)).digest()
 
 
 def requests_table(metadata: sa.MetaData) -> sa.Table:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay
+from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.ids import require_uuid, validate_request_id
@@ -37,10 +36,7 @@ class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
         rid = request.request_id
         validate_request_id(rid)
         require_uuid("execution.execution_id", request.execution.execution_id, what="an execution")
-        body = evaluator_pb2.GradeWorkspaceRequest()
-        body.CopyFrom(request)
-        body.request_id = ""
-        digest = hashlib.sha256(body.SerializeToString(deterministic=True)).digest()
+        digest = request_fingerprint(request)
         async with self.sessions() as session:
             first = await repo.load_request(session, rid)
         if first is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from gyre.common.v1 import ids_pb2
@@ -65,14 +64,6 @@ def execution_to_proto(row: Any) -> pb.Execution:
             pb.ExecutionFailure(kind=FAILURE_VALUES[row.failure_kind], reason=row.failure_reason)
         )
     return msg
-
-
-def fingerprint(request: Any) -> bytes:
-    """Digest of a request without its request id: a reused id with another body is a conflict."""
-    body = type(request)()
-    body.CopyFrom(request)
-    body.request_id = ""
-    return hashlib.sha256(body.SerializeToString(deterministic=True)).digest()
 
 
 def execution_ref(launch: Launch) -> ids_pb2.ExecutionRef:

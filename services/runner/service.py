@@ -7,12 +7,13 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound
 from gyre.ids import require_uuid, validate_request_id
 from gyre.rpc import Context
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from services.runner import repo
-from services.runner.codec import execution_to_proto, fingerprint, launch_from_request
+from services.runner.codec import execution_to_proto, launch_from_request
 from services.runner.config import RunnerSettings
 from services.runner.executions import ENDED, grading_task, validate_launch
 from services.runner.harness import HARNESSES, RESERVED_ENV
@@ -39,7 +40,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
             task=grading_task(workspace_template=request.workspace_template, labels={}, task=request.task),
         )
         validate_launch(launch, harnesses=HARNESSES, reserved_env=RESERVED_ENV)
-        digest = fingerprint(request)
+        digest = request_fingerprint(request)
         async with self.sessions() as session:
             first = await self._first(session, request.request_id, "StartExecution", digest)
         if first is None:
@@ -67,7 +68,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         require_uuid("execution_id", request.execution_id, what="an execution")
         if len(request.reason) > MAX_REASON_CHARS:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_CHARS} characters")
-        digest = fingerprint(request)
+        digest = request_fingerprint(request)
         async with self.sessions() as session:
             first = await self._first(session, request.request_id, "CancelExecution", digest)
         if first is None:

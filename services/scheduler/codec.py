@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from gyre.common.v1 import ids_pb2
 from gyre.scheduler.v1 import events_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
@@ -32,14 +30,6 @@ def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_
     )
     msg.submitted_at.FromDatetime(task.submitted_at)
     return msg
-
-
-def request_fingerprint(request: pb.SubmitTasksRequest) -> bytes:
-    """Digest of everything but the request id: a reused id with another body is a conflict."""
-    body = pb.SubmitTasksRequest()
-    body.CopyFrom(request)
-    body.request_id = ""
-    return hashlib.sha256(body.SerializeToString(deterministic=True)).digest()
 
 
 def execution_scheduled(task: pb.Task, execution: ids_pb2.ExecutionRef) -> events_pb2.ExecutionScheduled:

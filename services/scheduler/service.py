@@ -8,13 +8,14 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, NotFound
 from gyre.events import new_event
 from gyre.ids import new_uuid7, require_uuid, validate_request_id
 from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
-from services.scheduler.codec import execution_scheduled, request_fingerprint, spec_from_proto, task_to_proto
+from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
 from services.scheduler.tasks import plan_tasks, validate_specs
 
 log = structlog.get_logger(__name__)
