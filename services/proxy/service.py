@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -13,6 +12,7 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument
 from gyre.events import new_event
 from gyre.ids import require_uuid, validate_request_id
@@ -64,7 +64,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     ) -> M:
         """Run `act` once per request id; its answer and events commit with the claim."""
         request_id: str = getattr(request, "request_id")  # noqa: B009
-        fingerprint = hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
+        fingerprint = request_fingerprint(request)
         async with self.sessions() as session:
             first = await repo.requests.load(session, request_id)
         if first is not None:

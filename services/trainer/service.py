@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +12,7 @@ from google.protobuf import message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
 from gyre.ids import new_uuid7, validate_request_id
@@ -25,10 +25,6 @@ from services.trainer.loop import PRODUCER, StepLoop, version_proto
 
 log = structlog.get_logger(__name__)
 LEAVE_WAIT_S = 120.0
-
-
-def _fingerprint(request: message.Message) -> bytes:
-    return hashlib.sha256(request.SerializeToString(deterministic=True)).digest()
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -48,7 +44,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             row = await repo.requests.load(session, request_id)
         if row is None:
             return None
-        if row[0] != method or row[1] != _fingerprint(request):
+        if row[0] != method or row[1] != request_fingerprint(request):
             raise Conflict(f"request_id {request_id!r} was already used for a different request")
         answer: message.Message = cls.FromString(row[2])
         return answer
@@ -66,7 +62,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 session,
                 request_id=request_id,
                 method=method,
-                fingerprint=_fingerprint(request),
+                fingerprint=request_fingerprint(request),
                 response=response.SerializeToString(),
             )
             await enqueue(
