@@ -27,6 +27,7 @@ from gyre.db.migrate import upgrade_all
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.sandbox.host import SHARED_TEMP
 from gyre.settings import KernelSettings, stack_state_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -92,9 +93,6 @@ def distinct_free_ports(count: int) -> list[int]:
     if len(ports) != count:
         raise RuntimeError(f"could not find {count} distinct free ports")
     return ports
-
-
-SHARED_TEMP = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 
 
 def sandboxes_dir(state_dir: Path) -> Path:
