@@ -39,10 +39,16 @@ class TrajectorySamples:
         self.j_max = j_max
         self.timeout_s = timeout_s
 
-    async def fetch(self, task_ids: Sequence[str], *, skip_without_calls: bool = False) -> list[Sample]:
-        request = trajectory_pb2.StreamSamplesRequest(
+    def request_for(
+        self, task_ids: Sequence[str], *, skip_without_calls: bool = False
+    ) -> trajectory_pb2.StreamSamplesRequest:
+        """The exact request `fetch` sends; the step records it so its batch can be re-derived."""
+        return trajectory_pb2.StreamSamplesRequest(
             task_ids=list(task_ids), j_max=self.j_max, skip_executions_without_calls=skip_without_calls
         )
+
+    async def fetch(self, task_ids: Sequence[str], *, skip_without_calls: bool = False) -> list[Sample]:
+        request = self.request_for(task_ids, skip_without_calls=skip_without_calls)
         try:
             return [
                 sample_from_proto(r.sample)

@@ -1,0 +1,229 @@
+"""The `gyre` command against real services (scheduler, trajectory, trainer in-process on real NATS
+and Postgres), run as users run it: `python -m gyre_app.cli ...` in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from trainer_stack import connect_bus, eventually, fresh_kernel, submit_group
+
+from gyre.bus import Bus
+from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.main import build as build_scheduler
+from services.trainer.config import TrainerSettings
+from services.trainer.main import build as build_trainer
+from services.trajectory.config import TrajectorySettings
+from services.trajectory.main import build as build_trajectory
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+REPO = Path(__file__).resolve().parents[1]
+TASK = {"name": "add", "family": "arith", "prompt": "2+2?", "group_size": 2, "timeout_s": 60}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    scheduler: Any
+    trainer: Any
+    trajectory_address: str
+    bus: Bus
+    tmp: Path
+
+    async def gyre(self, *args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gyre_app.cli", *args,
+            cwd=REPO, env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    async def gyre_json(self, *args: str) -> Any:
+        rc, out, err = await self.gyre(*args, "--json")
+        assert rc == 0, err
+        return json.loads(out.strip().splitlines()[-1])
+
+    async def submit(self) -> scheduler_pb2.Task:
+        request = scheduler_pb2.SubmitTasksRequest(
+            request_id=f"t-{uuid.uuid4().hex[:8]}",
+            tasks=[scheduler_pb2.TaskSpec(harness="gyre-agent", **TASK)],
+        )
+        return (await self.scheduler.SubmitTasks(request)).tasks[0]  # type: ignore[no-any-return]
+
+    async def step_done(self, version: int) -> None:
+        async def done() -> bool:
+            status = await self.trainer.GetStatus(trainer_pb2.GetStatusRequest())
+            return int(status.version.steps) >= version
+
+        await eventually(done, timeout_s=60, what=f"step {version}")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(
+    server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    tmp = tmp_path_factory.mktemp("gyre-command")
+    async with fresh_kernel(*server_urls) as kernel:
+        scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
+        trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
+        await scheduler.start()
+        await trajectory.start()
+        trainer = await build_trainer(
+            TrainerSettings(
+                port=0,
+                state_dir=tmp / "trainer",
+                trajectory_address=trajectory.address,
+                groups_per_step=1,
+                max_staleness_steps=100,
+            ),
+            kernel,
+        )
+        await trainer.start()
+        bus = await connect_bus(kernel)
+        channels = [grpc.aio.insecure_channel(scheduler.address), grpc.aio.insecure_channel(trainer.address)]
+        env = {
+            **os.environ,
+            "GYRE_STATE_DIR": str(tmp / "no-stack"),
+            "GYRE_SCHEDULER_ADDRESS": scheduler.address,
+            "GYRE_TRAJECTORY_ADDRESS": trajectory.address,
+            "GYRE_TRAINER_ADDRESS": trainer.address,
+            "GYRE_RUNNER_ADDRESS": f"127.0.0.1:{closed_port()}",
+        }
+        try:
+            yield Stack(
+                env=env,
+                scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[0]),
+                trainer=trainer_pb2_grpc.TrainerServiceStub(channels[1]),
+                trajectory_address=trajectory.address,
+                bus=bus,
+                tmp=tmp,
+            )
+        finally:
+            for channel in channels:
+                await channel.close()
+            await bus.close()
+            await trainer.stop()
+            await trajectory.stop()
+            await scheduler.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def two_steps(stack: Stack) -> list[scheduler_pb2.Task]:
+    """Two groups the scheduler accepted, trained as steps 1 and 2; both generated by version 0, so
+    step 2 (trainer at version 1) trains samples 1 version stale."""
+    tasks = []
+    for version in (1, 2):
+        task = await stack.submit()
+        await submit_group(stack.bus, stack.trajectory_address, index=version, task=task, policy_version=0)
+        await stack.step_done(version)
+        tasks.append(task)
+    return tasks
+
+
+async def test_submit_a_tasks_file_then_show_the_task(stack: Stack) -> None:
+    tasks_file = stack.tmp / "tasks.jsonl"
+    tasks_file.write_text(json.dumps(TASK) + "\n\n" + json.dumps({**TASK, "name": "two"}) + "\n")
+    submitted = await stack.gyre_json("submit", str(tasks_file))
+    assert [t["spec"]["name"] for t in submitted["tasks"]] == ["add", "two"]
+    shown = await stack.gyre_json("tasks", "show", submitted["tasks"][1]["task_id"])
+    assert shown["task"]["state"] == "pending" and len(shown["task"]["executions"]) == 2
+    assert shown["progress"]["group_size"] == 2
+
+
+async def test_a_malformed_tasks_file_names_the_line_and_field(stack: Stack) -> None:
+    tasks_file = stack.tmp / "bad.jsonl"
+    tasks_file.write_text(json.dumps(TASK) + "\n" + json.dumps({**TASK, "group_size": "two"}) + "\n")
+    rc, out, err = await stack.gyre("submit", str(tasks_file))
+    assert rc == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"gyre submit: {tasks_file} line 2, field group_size: must be an integer >= 1, got 'two'"
+    ]
+
+
+async def test_a_field_the_scheduler_refuses_is_named_by_its_line(stack: Stack) -> None:
+    tasks_file = stack.tmp / "refused.jsonl"
+    tasks_file.write_text(json.dumps(TASK) + "\n\n" + json.dumps({**TASK, "family": "Not-A-Family"}) + "\n")
+    rc, _, err = await stack.gyre("submit", str(tasks_file))
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert f"{tasks_file} line 3, field family: must be 1..64 of [a-z0-9_]" in err
+
+
+async def test_an_unknown_task_is_a_one_line_error(stack: Stack) -> None:
+    missing = str(uuid.uuid4())
+    rc, _, err = await stack.gyre("tasks", "show", missing)
+    assert (rc, err.strip()) == (1, f"gyre tasks show: task {missing} does not exist")
+
+
+async def test_an_unreachable_service_is_named_with_how_to_start_it(stack: Stack) -> None:
+    rc, _, err = await stack.gyre("executions", "show", str(uuid.uuid4()))
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert f"the runner service at {stack.env['GYRE_RUNNER_ADDRESS']} is not reachable: start" in err
+    assert "`gyre up`" in err and "GYRE_RUNNER_ADDRESS" in err
+
+
+async def test_listing_tasks_names_the_missing_scheduler_rpc(stack: Stack) -> None:
+    rc, _, err = await stack.gyre("tasks", "list")
+    assert rc == 1 and "needs the scheduler's ListTasks RPC" in err
+
+
+async def test_replay_step_re_derives_the_checksum_the_trainer_recorded(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    request = trainer_pb2.GetStepRequest()
+    request.version.steps = 1
+    recorded = (await stack.trainer.GetStep(request)).step
+    assert len(recorded.batch_sha256) == 64 and list(recorded.task_ids) == [two_steps[0].task_id]
+    replayed = await stack.gyre_json("replay", "step", "1")
+    assert replayed["recorded_sha256"] == recorded.batch_sha256
+    assert replayed["derived_sha256"] == recorded.batch_sha256 and replayed["match"] is True
+    assert replayed["num_trained"] == recorded.num_samples == 2
+
+
+async def test_replay_of_a_step_never_trained_is_refused(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    rc, out, err = await stack.gyre("replay", "step", "99")
+    assert rc == 1 and out == ""
+    assert err.strip() == "gyre replay step: step 99 was never trained: the latest step is 2"
+
+
+async def test_staleness_explains_a_stale_sample(stack: Stack, two_steps: list[scheduler_pb2.Task]) -> None:
+    [step] = (await stack.gyre_json("staleness", "--step", "2"))["steps"]
+    assert (step["trainer_version"], step["distribution"]) == (1, {"1": 2})
+    stale = step["stale"][0]
+    assert stale["staleness_steps"] == 1 and stale["trained"] is True
+    assert stale["tokens_by_version"] == [{"version": 0, "first_token": 3, "last_token": 5, "num_tokens": 3}]
+    assert stale["admitted_at"] is not None and stale["consumed_at"] is not None
+    assert stale["waited_most_for"].startswith("a rollout slot")  # the runner was not there to say more
+    assert any("runner" in note for note in stale["notes"])
+
+
+async def test_status_reports_the_version_and_the_last_steps_staleness(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    status = await stack.gyre_json("status")
+    assert status["version"] == 2
+    assert status["last_step"]["staleness_max_steps"] == 1
+    assert status["services"]["scheduler"].startswith("serving")
+    assert status["services"]["runner"].startswith("unreachable")
+    assert "GetCells" in status["cells"]["not_available"]
