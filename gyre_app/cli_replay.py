@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import dataclasses
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -16,6 +17,90 @@ from gyre_app.replay_step import StepReplay, replay_step
 from gyre_app.staleness import Timeline, distribution, version_runs, waited_most_for, waits
 
 replay_app = typer.Typer(help="Replay the event log: a step's exact batch, or a service's projections.")
+REPLAYABLE = ("trajectory",)
+
+
+def _projection_replay(
+    service: str, log_range: Any, keep_scratch: bool
+) -> Any:  # services.trajectory.log_replay.LogReplay, imported only when asked for
+    import asyncio
+
+    import asyncpg
+
+    from gyre.db.engine import libpq_url
+    from gyre.settings import KernelSettings
+    from services.trajectory.cli import database_url
+    from services.trajectory.log_replay import replay_and_diff
+
+    async def go() -> Any:
+        pg = await asyncpg.connect(libpq_url(database_url(KernelSettings())))
+        try:
+            return await replay_and_diff(pg, log_range, keep_scratch=keep_scratch)
+        finally:
+            await pg.close()
+
+    return asyncio.run(go())
+
+
+@replay_app.callback(invoke_without_command=True)
+def replay_projections(
+    ctx: typer.Context,
+    service: Annotated[
+        str, typer.Option(help="whose projections to rebuild (the trajectory service's)")
+    ] = "trajectory",
+    since: Annotated[
+        datetime | None, typer.Option(help="executions with a call recorded at or after this time (UTC)")
+    ] = None,
+    from_position: Annotated[
+        int | None, typer.Option(help="executions with a call at or after this log position (0 = first)")
+    ] = None,
+    execution: Annotated[list[str] | None, typer.Option(help="this execution (repeatable)")] = None,
+    keep_scratch: Annotated[bool, typer.Option(help="keep the scratch schema to inspect it")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rebuild a service's projections from its event log into a scratch schema and diff them against
+    the live ones (exit 1 when they differ). `gyre replay step N` audits one training step instead."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if service not in REPLAYABLE:
+        raise InvalidArgument(
+            "--service", f"replaying {service!r} is not built; replayable: {', '.join(REPLAYABLE)}"
+        )
+    from services.trajectory.log_replay import LogRange
+
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    result = _projection_replay(
+        service,
+        LogRange(execution_ids=tuple(execution or ()), since=since, from_position=from_position),
+        keep_scratch,
+    )
+    if as_json:
+        print_json(
+            {
+                "service": service,
+                "scratch_schema": result.schema if keep_scratch else None,
+                "num_executions": result.num_executions,
+                "num_calls": result.num_calls,
+                "events_per_s": round(result.num_calls / result.replay_s) if result.replay_s > 0 else None,
+                "same": result.same,
+                "diffs": [dataclasses.asdict(d) for d in result.diffs],
+            }
+        )
+    else:
+        table(
+            f"{service}: {result.num_calls} calls of {result.num_executions} executions replayed",
+            ("projection", "live rows", "replayed rows", "only live", "only replayed"),
+            (
+                (d.table, d.num_live, d.num_replayed, len(d.only_live), len(d.only_replayed))
+                for d in result.diffs
+            ),
+        )
+        if keep_scratch:
+            console.print(f"scratch schema kept: {result.schema}")
+    if not result.same:
+        differing = ", ".join(d.table for d in result.diffs if not d.same)
+        raise Conflict(f"the live {differing} projection(s) differ from what the {service} log rebuilds")
 
 
 def _sample_rows(r: StepReplay) -> list[dict[str, Any]]:
