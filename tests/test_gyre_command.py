@@ -1,5 +1,9 @@
-"""The `gyre` command against real services (scheduler, trajectory, trainer in-process on real NATS
-and Postgres), run as users run it: `python -m gyre_app.cli ...` in a subprocess."""
+"""The `gyre` command against real services (scheduler, runner, trajectory, trainer in-process on
+real NATS and Postgres), run as users run it: `python -m gyre_app.cli ...` in a subprocess.
+
+The runner runs the built-in agent in its sandbox against a scripted model (the model provider
+is the external boundary; no proxy or engine here), so the test itself records each execution's
+model calls and rewards, as the proxy and the evaluator would."""
 
 from __future__ import annotations
 
@@ -19,9 +23,13 @@ import pytest
 import pytest_asyncio
 from trainer_stack import connect_bus, eventually, fresh_kernel, submit_group
 
+from bench.scripted_model import ScriptedModel
 from gyre.bus import Bus
+from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from services.runner.config import RunnerSettings
+from services.runner.main import build_with_supervisor
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.main import build as build_scheduler
 from services.trainer.config import TrainerSettings
@@ -32,6 +40,13 @@ from services.trajectory.main import build as build_trajectory
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 REPO = Path(__file__).resolve().parents[1]
 TASK = {"name": "add", "family": "arith", "prompt": "2+2?", "group_size": 2, "timeout_s": 60}
+SLEEPY = {**TASK, "name": "sleepy", "prompt": "[script: sleep] wait"}
+SCRIPTS = {"sleep": {"main": [{"tool": "shell", "args": {"command": "sleep 60"}}]}}
+ENDED = (
+    runner_pb2.EXECUTION_STATE_FINISHED,
+    runner_pb2.EXECUTION_STATE_FAILED,
+    runner_pb2.EXECUTION_STATE_TIMED_OUT,
+)
 
 
 def closed_port() -> int:
@@ -44,15 +59,16 @@ def closed_port() -> int:
 class Stack:
     env: dict[str, str]
     scheduler: Any
+    runner: Any
     trainer: Any
     trajectory_address: str
     bus: Bus
     tmp: Path
 
-    async def gyre(self, *args: str) -> tuple[int, str, str]:
+    async def gyre(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gyre_app.cli", *args,
-            cwd=REPO, env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=REPO, env=env or self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
         assert proc.returncode is not None
@@ -63,12 +79,24 @@ class Stack:
         assert rc == 0, err
         return json.loads(out.strip().splitlines()[-1])
 
-    async def submit(self) -> scheduler_pb2.Task:
+    async def submit(self, spec: dict[str, Any] = TASK) -> scheduler_pb2.Task:
         request = scheduler_pb2.SubmitTasksRequest(
             request_id=f"t-{uuid.uuid4().hex[:8]}",
-            tasks=[scheduler_pb2.TaskSpec(harness="gyre-agent", **TASK)],
+            tasks=[scheduler_pb2.TaskSpec(harness="gyre-agent", **spec)],
         )
         return (await self.scheduler.SubmitTasks(request)).tasks[0]  # type: ignore[no-any-return]
+
+    async def execution_in(self, execution_id: str, states: tuple[int, ...]) -> None:
+        async def reached() -> bool:
+            request = runner_pb2.GetExecutionRequest(execution_id=execution_id)
+            try:
+                state = (await self.runner.GetExecution(request)).execution.state
+            except grpc.aio.AioRpcError as err:  # scheduled, not yet consumed by the runner
+                assert err.code() == grpc.StatusCode.NOT_FOUND, err
+                return False
+            return state in states
+
+        await eventually(reached, timeout_s=60, what=f"execution {execution_id} in {states}")
 
     async def step_done(self, version: int) -> None:
         async def done() -> bool:
@@ -83,11 +111,23 @@ async def stack(
     server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
     tmp = tmp_path_factory.mktemp("gyre-command")
+    model = ScriptedModel(script={"main": [{"final": "4"}]}, scripts=SCRIPTS)
+    runner_settings = RunnerSettings(
+        sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
+        proxy_base_url=model.start(),
+        memory_mb=1024,
+        max_procs=64,
+        disk_mb=64,
+        file_size_mb=16,
+        cpu_s=60,
+    )
     async with fresh_kernel(*server_urls) as kernel:
         scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
         trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
+        runner, supervisor = await build_with_supervisor(runner_settings, kernel)
         await scheduler.start()
         await trajectory.start()
+        await runner.start()
         trainer = await build_trainer(
             TrainerSettings(
                 port=0,
@@ -100,20 +140,22 @@ async def stack(
         )
         await trainer.start()
         bus = await connect_bus(kernel)
-        channels = [grpc.aio.insecure_channel(scheduler.address), grpc.aio.insecure_channel(trainer.address)]
+        channels = [grpc.aio.insecure_channel(h.address) for h in (scheduler, runner, trainer)]
         env = {
             **os.environ,
             "GYRE_STATE_DIR": str(tmp / "no-stack"),
             "GYRE_SCHEDULER_ADDRESS": scheduler.address,
             "GYRE_TRAJECTORY_ADDRESS": trajectory.address,
             "GYRE_TRAINER_ADDRESS": trainer.address,
-            "GYRE_RUNNER_ADDRESS": f"127.0.0.1:{closed_port()}",
+            "GYRE_RUNNER_ADDRESS": runner.address,
+            "GYRE_EVALUATOR_ADDRESS": f"127.0.0.1:{closed_port()}",
         }
         try:
             yield Stack(
                 env=env,
                 scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[0]),
-                trainer=trainer_pb2_grpc.TrainerServiceStub(channels[1]),
+                runner=runner_pb2_grpc.RunnerServiceStub(channels[1]),
+                trainer=trainer_pb2_grpc.TrainerServiceStub(channels[2]),
                 trajectory_address=trajectory.address,
                 bus=bus,
                 tmp=tmp,
@@ -123,17 +165,23 @@ async def stack(
                 await channel.close()
             await bus.close()
             await trainer.stop()
+            await runner.stop()
+            supervisor.host.sweep()
+            supervisor.host.root.rmdir()
             await trajectory.stop()
             await scheduler.stop()
+            model.stop()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def two_steps(stack: Stack) -> list[scheduler_pb2.Task]:
-    """Two groups the scheduler accepted, trained as steps 1 and 2; both generated by version 0, so
-    step 2 (trainer at version 1) trains samples 1 version stale."""
+    """Two groups the scheduler accepted and the runner ran, trained as steps 1 and 2; both generated
+    by version 0, so step 2 (trainer at version 1) trains samples 1 version stale."""
     tasks = []
     for version in (1, 2):
         task = await stack.submit()
+        for e in task.executions:
+            await stack.execution_in(e.execution_id, ENDED)
         await submit_group(stack.bus, stack.trajectory_address, index=version, task=task, policy_version=0)
         await stack.step_done(version)
         tasks.append(task)
@@ -175,10 +223,34 @@ async def test_an_unknown_task_is_a_one_line_error(stack: Stack) -> None:
 
 
 async def test_an_unreachable_service_is_named_with_how_to_start_it(stack: Stack) -> None:
-    rc, _, err = await stack.gyre("executions", "show", str(uuid.uuid4()))
+    env = {**stack.env, "GYRE_RUNNER_ADDRESS": f"127.0.0.1:{closed_port()}"}
+    rc, _, err = await stack.gyre("executions", "show", str(uuid.uuid4()), env=env)
     assert rc == 1 and len(err.strip().splitlines()) == 1
-    assert f"the runner service at {stack.env['GYRE_RUNNER_ADDRESS']} is not reachable: start" in err
+    assert f"the runner service at {env['GYRE_RUNNER_ADDRESS']} is not reachable: start" in err
     assert "`gyre up`" in err and "GYRE_RUNNER_ADDRESS" in err
+
+
+async def test_an_execution_shows_the_runners_record_and_its_tree(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    execution_id = two_steps[0].executions[0].execution_id
+    shown = await stack.gyre_json("executions", "show", execution_id)
+    assert shown["state"] == "finished" and shown["execution"]["execution"]["task_id"] == two_steps[0].task_id
+    assert [t["selected"] for t in shown["tree"]["trajectories"]] == [True]
+
+
+async def test_cancel_stops_a_running_execution(stack: Stack) -> None:
+    task = await stack.submit(SLEEPY)
+    ids = [e.execution_id for e in task.executions]
+    for e in ids:
+        await stack.execution_in(e, (runner_pb2.EXECUTION_STATE_RUNNING,))
+    cancelled = await stack.gyre_json("cancel", *ids)
+    assert [e["state"] for e in cancelled["executions"]] == ["cancelled", "cancelled"]
+
+
+async def test_cancelling_a_task_names_the_missing_scheduler_rpc(stack: Stack) -> None:
+    rc, _, err = await stack.gyre("cancel", "--task", str(uuid.uuid4()))
+    assert rc == 1 and "needs the scheduler's CancelTask RPC" in err
 
 
 async def test_listing_tasks_names_the_missing_scheduler_rpc(stack: Stack) -> None:
@@ -213,9 +285,14 @@ async def test_staleness_explains_a_stale_sample(stack: Stack, two_steps: list[s
     stale = step["stale"][0]
     assert stale["staleness_steps"] == 1 and stale["trained"] is True
     assert stale["tokens_by_version"] == [{"version": 0, "first_token": 3, "last_token": 5, "num_tokens": 3}]
-    assert stale["admitted_at"] is not None and stale["consumed_at"] is not None
-    assert stale["waited_most_for"].startswith("a rollout slot")  # the runner was not there to say more
-    assert any("runner" in note for note in stale["notes"])
+    assert None not in (stale["admitted_at"], stale["started_at"], stale["ended_at"], stale["consumed_at"])
+    assert list(stale["waited_s"]) == [
+        "a rollout slot",
+        "its own rollout",
+        "the rest of its group",
+        "the trainer (rewards, queue, earlier steps)",
+    ]
+    assert stale["waited_most_for"] in stale["waited_s"] and stale["notes"] == []
 
 
 async def test_status_reports_the_version_and_the_last_steps_staleness(
@@ -225,5 +302,5 @@ async def test_status_reports_the_version_and_the_last_steps_staleness(
     assert status["version"] == 2
     assert status["last_step"]["staleness_max_steps"] == 1
     assert status["services"]["scheduler"].startswith("serving")
-    assert status["services"]["runner"].startswith("unreachable")
+    assert status["services"]["evaluator"].startswith("unreachable")
     assert "GetCells" in status["cells"]["not_available"]
