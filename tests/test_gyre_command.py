@@ -32,6 +32,7 @@ from services.runner.config import RunnerSettings
 from services.runner.main import build_with_supervisor
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.main import build as build_scheduler
+from services.scheduler.sim.workload import load_workload
 from services.trainer.config import TrainerSettings
 from services.trainer.main import build as build_trainer
 from services.trajectory.config import TrajectorySettings
@@ -304,3 +305,23 @@ async def test_status_reports_the_version_and_the_last_steps_staleness(
     assert status["services"]["scheduler"].startswith("serving")
     assert status["services"]["evaluator"].startswith("unreachable")
     assert "GetCells" in status["cells"]["not_available"]
+
+
+async def test_trace_export_writes_a_workload_gyre_sim_reads(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    out = stack.tmp / "trace"
+    summary = await stack.gyre_json("trace", "export", str(out), "--name", "run1")
+    assert (summary["num_executions"], summary["num_calls"], summary["skipped"]) == (4, 4, {})
+    workload = load_workload(out / "run1.yaml")
+    assert (workload.steps, workload.groups_per_step, workload.group_size) == (2, 1, 2)
+    records = [json.loads(line) for line in (out / "run1.jsonl").read_text().splitlines()]
+    runner = {}
+    for task in two_steps:
+        for e in task.executions:
+            got = (
+                await stack.runner.GetExecution(runner_pb2.GetExecutionRequest(execution_id=e.execution_id))
+            ).execution
+            runner[e.execution_id] = (got.ended_at.ToDatetime() - got.started_at.ToDatetime()).total_seconds()
+    assert workload.duration.values == tuple(runner[r["execution_id"]] for r in records)
+    assert workload.tokens.values == (6.0, 6.0, 6.0, 6.0)  # prompt 3 + output 3, one selected trajectory each
