@@ -108,7 +108,7 @@ class Simulation:
         self.config = policy_config(workload)
         self.slots = workload.executions_per_cell
         self.now = 0.0
-        self.heap: list[tuple[float, int, int, int]] = []
+        self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         n = workload.cells
         self.cells = [_Cell(TRAINING if i < initial_training else ROLLOUT) for i in range(n)]
@@ -124,6 +124,7 @@ class Simulation:
         # Executions and groups.
         g_count = workload.total_groups
         self.exec_end = [0.0] * workload.total_executions
+        self.exec_generation = [0] * workload.total_executions
         self.exec_cell = [-1] * workload.total_executions
         self.group_left = [workload.group_size] * g_count
         self.group_version = [0] * g_count
@@ -142,6 +143,7 @@ class Simulation:
         self.round_members: tuple[int, ...] = ()
         self.in_round = False
         self.in_update = False
+        self.update_cell = -1  # the training cell running the step's update
         self.starved_since: float | None = 0.0
         # Accounting.
         self.rollout_busy = self.training_busy = self.switching = 0.0
@@ -155,9 +157,9 @@ class Simulation:
 
     # -- event plumbing -------------------------------------------------------------------------
 
-    def _at(self, time_s: float, kind: int, ref: int) -> None:
+    def _at(self, time_s: float, kind: int, ref: int, generation: int = 0) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (time_s, self.seq, kind, ref))
+        heapq.heappush(self.heap, (time_s, self.seq, kind, ref, generation))
 
     def run(self) -> Result:
         self._decide()
@@ -167,9 +169,9 @@ class Simulation:
             time_s = self.heap[0][0]
             self.now = time_s
             while self.heap and self.heap[0][0] == time_s:
-                _, _, kind, ref = heapq.heappop(self.heap)
+                _, _, kind, ref, generation = heapq.heappop(self.heap)
                 if kind == _EXEC_END:
-                    self._exec_end(ref, time_s)
+                    self._exec_end(ref, generation)
                 elif kind == _SWITCH_END:
                     self._switch_end(ref)
                 elif kind == _ROUND_END:
@@ -197,7 +199,7 @@ class Simulation:
             running_groups=tuple(sorted((v, n) for v, n in self.running_by_version.items() if n)),
             ready=tuple(self.ready),
             step_groups=self.step_groups,
-            step_untrained_tokens=self.pending_tokens,
+            step_untrained_tokens=self.pending_tokens + (self.round_tokens if self.in_round else 0),
             in_overhead=self.in_update,
             training_starved_since_s=self.starved_since,
             rollout_cell_s_per_group=(
@@ -279,8 +281,10 @@ class Simulation:
             self.hosting[e][-1] = (host_cell, start, self.now)
         return cell
 
-    def _exec_end(self, e: int, time_s: float) -> None:
-        if self.exec_end[e] != time_s:
+    def _exec_end(self, e: int, generation: int) -> None:
+        # Each move reschedules the end with a new generation; comparing end times instead would
+        # let a zero-cost move leave two live end events for one execution.
+        if self.exec_generation[e] != generation:
             return  # superseded: the execution migrated and ends later
         self._unhost(e)
         self.rollout_busy += self.x.duration_s[e] / self.slots
@@ -312,7 +316,8 @@ class Simulation:
                 self._unhost(e)
                 self._host(e, move.target)
                 self.exec_end[e] += self.w.migrate_s
-                self._at(self.exec_end[e], _EXEC_END, e)
+                self.exec_generation[e] += 1
+                self._at(self.exec_end[e], _EXEC_END, e, self.exec_generation[e])
                 self.migrations += 1
                 self.switching += self.w.migrate_s / self.slots
         moved_from = {m.source for m in plan.moves}
@@ -327,7 +332,8 @@ class Simulation:
             (c for c in self.training if c != core and not self.cells[c].leaving), reverse=True
         )
         for cell in candidates[:count]:
-            if self.in_round and cell in self.round_members:
+            busy = self.in_round and cell in self.round_members
+            if busy or (self.in_update and cell == self.update_cell):
                 self.cells[cell].leaving = True
                 self.to_rollout += 1
             else:
@@ -393,7 +399,7 @@ class Simulation:
         if self.in_round or self.in_update:
             return
         if self.pending_tokens == 0:
-            if self.step_groups == self.w.groups_per_step:
+            if self._step_complete():
                 self._start_update()
             return
         members = tuple(sorted(c for c in self.training if not self.cells[c].leaving))
@@ -413,15 +419,31 @@ class Simulation:
         self.in_round = False
         self.training_busy += self.round_tokens / self.w.tokens_per_s_per_cell
         self.trained_tokens += self.round_tokens
+        # The step's update runs on a training cell: if every cell was told to leave during the
+        # step's last round, one of them stays until the update is published.
+        holder = self._update_holder() if self._step_complete() else None
         for cell in self.round_members:
-            if self.cells[cell].leaving:
+            if self.cells[cell].leaving and cell != holder:
                 self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
         self.round_members = ()
         self._maybe_start_round()
         if not self.in_round and not self.in_update:
             self.starved_since = self.now
 
+    def _step_complete(self) -> bool:
+        return self.pending_tokens == 0 and self.step_groups == self.w.groups_per_step
+
+    def _update_holder(self) -> int | None:
+        """The training cell that runs the update: one staying in training if any, else one told
+        to leave (it leaves when the update is published); None while no cell trains."""
+        staying = [c for c in self.training if not self.cells[c].leaving]
+        return min(staying or self.training, default=None)
+
     def _start_update(self) -> None:
+        holder = self._update_holder()
+        if holder is None:
+            return  # a cell switching in to train will start it
+        self.update_cell = holder
         self.in_update = True
         self.starved_since = None
         self.training_busy += self.w.step_overhead_s
@@ -429,6 +451,9 @@ class Simulation:
 
     def _update_end(self) -> None:
         self.in_update = False
+        holder, self.update_cell = self.update_cell, -1
+        if self.cells[holder].leaving:
+            self._switch(holder, ROLLOUT, self.w.training_to_rollout_s)
         self.version += 1
         self.step_groups = 0
         self.step_end.append(self.now)
@@ -461,7 +486,7 @@ class Simulation:
         )
 
     def _switch_remaining(self, cell: int) -> float:
-        ends = [t for t, _, kind, ref in self.heap if kind == _SWITCH_END and ref == cell]
+        ends = [t for t, _, kind, ref, _ in self.heap if kind == _SWITCH_END and ref == cell]
         return max(0.0, max(ends, default=self.now) - self.now)
 
 
