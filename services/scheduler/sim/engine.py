@@ -7,23 +7,32 @@ What is modelled, and how:
   group's executions start in admission order as slots free up (the group's staleness counts
   from its admission). New executions go to the fullest cell with room, so the emptiest cells are
   cheap to free.
-- **Migration.** Freeing a rollout cell moves its executions to other cells (`policy.migration`):
-  each moved execution pauses `migrate_s` (its KV cache travels) and the freed cell spends
-  `migrate_s` on the transfer before its `rollout_to_training_s` switch.
+- **Migration.** Freeing a rollout cell moves its executions to other cells (`policy.migration`)
+  with their KV cache: the context an execution has built so far (its tokens in proportion to the
+  time it has run, at most `max_context_tokens`) times `kv_bytes_per_token`. The moves out of one
+  cell share its link (`link_bytes_per_s`), so each of them pauses `migrate_s` plus all of that
+  cell's KV bytes over the link, and the freed cell spends as long on the transfer.
+- **Joining and leaving training.** A satellite's switch to training also pays the weight
+  broadcast (`replica_bytes` over its link). A training round whose members differ from the
+  previous round's first forms the data-parallel group anew (`group_setup_s`): cells joining or
+  leaving make the whole group pay.
 - **Training in microbatches.** A step trains the tokens of its groups in lockstep rounds of one
   microbatch per training cell (`microbatch_tokens`); the last round of available tokens is split
-  evenly. Cells join or leave a step only between rounds: a satellite that finishes switching
-  waits for the running round, and one told to leave finishes its microbatch first.
+  evenly. Every round with n > 1 members ends with a ring all-reduce of the gradients
+  (`Workload.allreduce_s(n)`: 2(n-1)/n of the gradient bytes over each link). Cells join or leave
+  a step only between rounds: a satellite that finishes switching waits for the running round,
+  and one told to leave finishes its microbatch first.
 - **Weight publication.** After a step's B groups are trained, the optimizer update and weight
-  publication take `step_overhead_s`; no training happens meanwhile (the next step needs the new
-  weights); rollout goes on. The version then increments.
+  publication take `step_overhead_s` on one training cell (an update always holds one: if every
+  cell was told to leave, one stays until it is published); no training happens meanwhile (the
+  next step needs the new weights); rollout goes on. The version then increments.
 - **Staleness.** Groups carry their admission version; the engine asserts the policy kept the
   bound.
 
 Cell-time accounting (shares of cells x wall time): rollout_busy = sum of execution durations /
 slots (a half-full rollout cell is half idle); training_busy = tokens / rate plus one cell per
-update; switching = switch and transfer time plus the slot-time of paused executions; idle = the
-rest.
+update; switching = switch and transfer time plus the slot-time of paused executions; sync =
+group set-up and all-reduce time of every round member; idle = the rest.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ class Result:
     rollout_busy_s: float
     training_busy_s: float
     switching_s: float
+    sync_s: float  # cell-seconds of data-parallel group set-up and gradient all-reduce
     num_switches: int
     migrations: int
     steps: int
@@ -70,6 +80,7 @@ class Result:
     hosting: list[list[tuple[int, float, float]]] = field(default_factory=list)
     rounds: list[tuple[float, float, tuple[int, ...]]] = field(default_factory=list)
     trained_tokens: int = 0
+    paused_s: list[float] = field(default_factory=list)  # per execution: time its migrations paused it
 
     def shares(self) -> dict[str, float]:
         total = self.num_cells * self.wall_s
@@ -77,6 +88,7 @@ class Result:
             "rollout_busy": self.rollout_busy_s / total,
             "training_busy": self.training_busy_s / total,
             "switching": self.switching_s / total,
+            "sync": self.sync_s / total,
         }
         return {**busy, "idle": 1.0 - sum(busy.values())}
 
@@ -125,6 +137,8 @@ class Simulation:
         g_count = workload.total_groups
         self.exec_end = [0.0] * workload.total_executions
         self.exec_generation = [0] * workload.total_executions
+        self.exec_start = [0.0] * workload.total_executions
+        self.paused = [0.0] * workload.total_executions  # migration pauses, per execution
         self.exec_cell = [-1] * workload.total_executions
         self.group_left = [workload.group_size] * g_count
         self.group_version = [0] * g_count
@@ -141,12 +155,13 @@ class Simulation:
         self.pending_tokens = 0
         self.round_tokens = 0
         self.round_members: tuple[int, ...] = ()
+        self.group: tuple[int, ...] = ()  # the data-parallel group's members, as last formed
         self.in_round = False
         self.in_update = False
         self.update_cell = -1  # the training cell running the step's update
         self.starved_since: float | None = 0.0
         # Accounting.
-        self.rollout_busy = self.training_busy = self.switching = 0.0
+        self.rollout_busy = self.training_busy = self.switching = self.sync = 0.0
         self.num_switches = self.migrations = self.trained_tokens = 0
         self.staleness: list[int] = []
         self.step_end: list[float] = []
@@ -247,6 +262,7 @@ class Simulation:
         while self.waiting and self.serving * self.slots > self.serving_running:
             e = self.waiting.popleft()
             self._host(e, self._fullest_with_room())
+            self.exec_start[e] = self.now
             self.exec_end[e] = self.now + self.x.duration_s[e]
             self._at(self.exec_end[e], _EXEC_END, e)
 
@@ -310,21 +326,42 @@ class Simulation:
             return
         loads = {i: len(c.running) for i, c in enumerate(self.cells) if c.role == ROLLOUT}
         plan = plan_drain(loads=loads, slots_per_cell=self.slots, count=count)
+        moving: list[tuple[int, int, int]] = []  # (execution, source, target)
+        queues = {m.source: sorted(self.cells[m.source].running) for m in plan.moves}
         for move in plan.moves:
-            source = self.cells[move.source]
-            for e in sorted(source.running)[: move.executions]:
-                self._unhost(e)
-                self._host(e, move.target)
-                self.exec_end[e] += self.w.migrate_s
-                self.exec_generation[e] += 1
-                self._at(self.exec_end[e], _EXEC_END, e, self.exec_generation[e])
-                self.migrations += 1
-                self.switching += self.w.migrate_s / self.slots
-        moved_from = {m.source for m in plan.moves}
+            taken, queues[move.source] = (
+                queues[move.source][: move.executions],
+                queues[move.source][move.executions :],
+            )
+            moving.extend((e, move.source, move.target) for e in taken)
+        # The KV caches leaving one cell share its link: each of its moves pauses until all land.
+        transfer: dict[int, float] = {}
+        for e, source, _ in moving:
+            transfer[source] = (
+                transfer.get(source, self.w.migrate_s) + self._kv_bytes(e) / self.w.link_bytes_per_s
+            )
+        for e, source, target in moving:
+            self._unhost(e)
+            self._host(e, target)
+            self.exec_end[e] += transfer[source]
+            self.exec_generation[e] += 1
+            self._at(self.exec_end[e], _EXEC_END, e, self.exec_generation[e])
+            self.migrations += 1
+            self.switching += transfer[source] / self.slots
+            self.paused[e] += transfer[source]
         for cell in plan.freed:
             assert not self.cells[cell].running
-            transfer = self.w.migrate_s if cell in moved_from else 0.0
-            self._switch(cell, TRAINING, transfer + self.w.rollout_to_training_s)
+            # The freed cell sends its KV, switches, then receives the weights it trains with.
+            switch_s = transfer.get(cell, 0.0) + self.w.rollout_to_training_s + self.w.join_s
+            self._switch(cell, TRAINING, switch_s)
+
+    def _kv_bytes(self, e: int) -> float:
+        """KV cache of a running execution: its context so far (tokens in proportion to the time
+        it has run, up to `max_context_tokens`)."""
+        ran = self.now - self.exec_start[e] - self.paused[e]  # a pause under way counts as done: low
+        done = ran / self.x.duration_s[e]
+        context = min(float(self.w.max_context_tokens), self.x.tokens[e] * min(1.0, max(0.0, done)))
+        return context * self.w.kv_bytes_per_token
 
     def _release(self, count: int) -> None:
         core = 0 if self.core_cell else -1
@@ -408,9 +445,14 @@ class Simulation:
         rate = self.w.tokens_per_s_per_cell
         tokens = min(self.pending_tokens, len(members) * self.w.microbatch_tokens)
         self.pending_tokens -= tokens
+        # A new membership forms its data-parallel group first; every round all-reduces.
+        setup = self.w.group_setup_s if members != self.group else 0.0
+        sync = setup + self.w.allreduce_s(len(members))
+        self.group = members
+        self.sync += sync * len(members)
         self.round_tokens, self.round_members, self.in_round = tokens, members, True
         self.starved_since = None
-        end = self.now + tokens / (len(members) * rate)
+        end = self.now + sync + tokens / (len(members) * rate)
         if self.trace:
             self.rounds.append((self.now, end, members))
         self._at(end, _ROUND_END, 0)
@@ -472,6 +514,7 @@ class Simulation:
             rollout_busy_s=self.rollout_busy,
             training_busy_s=self.training_busy,
             switching_s=self.switching,
+            sync_s=self.sync,
             num_switches=self.num_switches,
             migrations=self.migrations,
             steps=self.version,
@@ -483,6 +526,7 @@ class Simulation:
             hosting=self.hosting,
             rounds=self.rounds,
             trained_tokens=self.trained_tokens,
+            paused_s=self.paused,
         )
 
     def _switch_remaining(self, cell: int) -> float:
