@@ -86,12 +86,13 @@ def fifo_chain(
             if start > last:
                 continue
             batch = c[a_prev:last]
+            batch_list = costs[a_prev:last]
             maxima = np.concatenate(([0.0], np.maximum.accumulate(batch)))[start - a_prev :]
             after = value[:, start - lo : last - lo + 1]
             must = (v + 1) * b - a_prev
             walk = o + after[0]
             if must > 0:
-                walk = walk + np.asarray(running_mth_smallest(batch, must))[start - a_prev - 1 :]
+                walk = walk + np.array(running_mth_smallest(batch_list, must), dtype=float)[start - a_prev - 1 :]
             if v + k + 1 >= steps:
                 jump = np.maximum(maxima + o, left * o)
             else:
