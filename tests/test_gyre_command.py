@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from trainer_stack import connect_bus, eventually, fresh_kernel, submit_group
+from trainer_stack import connect_bus, eventually, fresh_kernel, start_trainer, submit_group
 
 from bench.scripted_model import ScriptedModel
 from gyre.bus import Bus
@@ -33,8 +33,6 @@ from services.runner.main import build_with_supervisor
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.main import build as build_scheduler
 from services.scheduler.sim.workload import load_workload
-from services.trainer.config import TrainerSettings
-from services.trainer.main import build as build_trainer
 from services.trajectory.config import TrajectorySettings
 from services.trajectory.main import build as build_trajectory
 
@@ -129,17 +127,7 @@ async def stack(
         await scheduler.start()
         await trajectory.start()
         await runner.start()
-        trainer = await build_trainer(
-            TrainerSettings(
-                port=0,
-                state_dir=tmp / "trainer",
-                trajectory_address=trajectory.address,
-                groups_per_step=1,
-                max_staleness_steps=100,
-            ),
-            kernel,
-        )
-        await trainer.start()
+        trainer = await start_trainer(kernel, trajectory.address, tmp / "trainer")
         bus = await connect_bus(kernel)
         channels = [grpc.aio.insecure_channel(h.address) for h in (scheduler, runner, trainer)]
         env = {

@@ -12,7 +12,8 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 import nats
@@ -26,6 +27,7 @@ from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event, stream_name
 from gyre.proxy.v1 import events_pb2 as proxy_events
 from gyre.proxy.v1 import proxy_pb2
+from gyre.runtime import ServiceHost
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings
@@ -150,3 +152,21 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float, 
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s} s")
         await asyncio.sleep(0.2)
+
+
+async def start_trainer(
+    kernel: KernelSettings, trajectory_address: str, state_dir: Path, **settings: Any
+) -> ServiceHost:
+    """A started trainer taking one group per step, with a staleness bound no test reaches."""
+    from services.trainer.config import TrainerSettings
+    from services.trainer.main import build as build_trainer
+
+    defaults: dict[str, Any] = {"groups_per_step": 1, "max_staleness_steps": 100}
+    trainer = await build_trainer(
+        TrainerSettings(
+            port=0, state_dir=state_dir, trajectory_address=trajectory_address, **{**defaults, **settings}
+        ),
+        kernel,
+    )
+    await trainer.start()
+    return trainer
