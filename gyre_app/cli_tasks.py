@@ -97,37 +97,39 @@ def submit(
     numbered = _specs(file, task, group_size, timeout_s, harness)
     source = str(file) if file is not None else "--task"
 
-    async def go(client: GyreClient) -> tuple[list[Task], list[TaskProgress]]:
+    async def send(client: GyreClient) -> list[Task]:
         try:
-            tasks = await client.submit([n.spec for n in numbered], request_id=request_id)
+            return await client.submit([n.spec for n in numbered], request_id=request_id)
         except InvalidArgument as exc:
             where = line_of(exc.field, numbered, source=source) if file is not None else None
             raise (TasksFileError(f"{where}: {exc.problem}") if where else exc) from None
-        seen: list[TaskProgress] = []
-        if watch:
-            async for p in client.watch([t.task_id for t in tasks], timeout_s=watch_timeout_s):
-                seen.append(p)
-                if not as_json:
-                    console.print(
-                        f"{p.task_id} {p.state}: {p.num_rewarded}/{p.group_size} rewarded, ready={p.ready}"
-                    )
-        return tasks, seen
 
-    tasks, seen = run(go)
+    async def follow(client: GyreClient) -> list[TaskProgress]:
+        seen: list[TaskProgress] = []
+        async for p in client.watch([t.task_id for t in tasks], timeout_s=watch_timeout_s):
+            seen.append(p)
+            if not as_json:
+                console.print(
+                    f"{p.task_id} {p.state}: {p.num_rewarded}/{p.group_size} rewarded, ready={p.ready}"
+                )
+        return seen
+
+    tasks = run(send)
+    if not as_json:
+        table(
+            "submitted",
+            ("task_id", "name", "group_size", "executions"),
+            (
+                (t.task_id, t.spec.name, t.spec.group_size, " ".join(e.execution_id for e in t.executions))
+                for t in tasks
+            ),
+        )
+    seen = run(follow) if watch else []
     if as_json:
         out: dict[str, Any] = {"tasks": [task_dict(t) for t in tasks]}
         if watch:
             out["progress"] = [progress_dict(p) for p in seen]
         print_json(out)
-        return
-    table(
-        "submitted",
-        ("task_id", "name", "group_size", "executions"),
-        (
-            (t.task_id, t.spec.name, t.spec.group_size, " ".join(e.execution_id for e in t.executions))
-            for t in tasks
-        ),
-    )
 
 
 def status(as_json: JsonOpt = False) -> None:

@@ -28,7 +28,7 @@ def print_json(data: Any) -> None:
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     t = Table(title=title, title_justify="left")
     for c in columns:
-        t.add_column(c)
+        t.add_column(c, overflow="fold")  # ids are copied from here: never cut them
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
     console.print(t)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import grpc
 import pytest
 import pytest_asyncio
@@ -25,9 +26,11 @@ from trainer_stack import connect_bus, eventually, fresh_kernel, start_trainer, 
 
 from bench.scripted_model import ScriptedModel
 from gyre.bus import Bus
+from gyre.db.engine import libpq_url
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from gyre_app.client import GyreClient, ServiceAddresses, TaskProgress
 from services.runner.config import RunnerSettings
 from services.runner.main import build_with_supervisor
 from services.scheduler.config import SchedulerSettings
@@ -63,6 +66,7 @@ class Stack:
     trajectory_address: str
     bus: Bus
     tmp: Path
+    database_url: str
 
     async def gyre(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
@@ -148,6 +152,7 @@ async def stack(
                 trajectory_address=trajectory.address,
                 bus=bus,
                 tmp=tmp,
+                database_url=kernel.database_url or "",
             )
         finally:
             for channel in channels:
@@ -260,6 +265,21 @@ async def test_replay_step_re_derives_the_checksum_the_trainer_recorded(
     assert replayed["num_trained"] == recorded.num_samples == 2
 
 
+async def test_replay_step_detects_a_batch_that_changed_since(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    execution_id = two_steps[0].executions[0].execution_id
+    pg = await asyncpg.connect(libpq_url(stack.database_url))
+    try:  # a reward rewritten behind the trainer's back changes the advantages the step trained on
+        await pg.execute("UPDATE trajectory.rewards SET reward = 0.25 WHERE execution_id = $1", execution_id)
+        rc, out, err = await stack.gyre("replay", "step", "1", "--json")
+    finally:
+        await pg.execute("UPDATE trajectory.rewards SET reward = 1.0 WHERE execution_id = $1", execution_id)
+        await pg.close()
+    assert rc == 1 and json.loads(out)["match"] is False
+    assert "the re-derived batch" in err and "differs from the one the trainer recorded" in err
+
+
 async def test_replay_of_a_step_never_trained_is_refused(
     stack: Stack, two_steps: list[scheduler_pb2.Task]
 ) -> None:
@@ -313,3 +333,25 @@ async def test_trace_export_writes_a_workload_gyre_sim_reads(
             runner[e.execution_id] = (got.ended_at.ToDatetime() - got.started_at.ToDatetime()).total_seconds()
     assert workload.duration.values == tuple(runner[r["execution_id"]] for r in records)
     assert workload.tokens.values == (6.0, 6.0, 6.0, 6.0)  # prompt 3 + output 3, one selected trajectory each
+
+
+async def test_the_client_watches_a_task_until_its_group_is_ready(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    """Last in the file: the group it makes ready is trained as step 3."""
+    addresses = ServiceAddresses.resolve(env=stack.env)
+    async with GyreClient(addresses) as client:
+        [task] = await client.submit([scheduler_pb2.TaskSpec(harness="gyre-agent", **TASK)])
+        seen: list[TaskProgress] = []
+
+        async def follow() -> None:
+            async for progress in client.watch([task.task_id], poll_s=0.2, timeout_s=90):
+                seen.append(progress)
+
+        watching = asyncio.create_task(follow())
+        for e in task.executions:
+            await stack.execution_in(e.execution_id, ENDED)
+        await submit_group(stack.bus, stack.trajectory_address, index=9, task=task)
+        await asyncio.wait_for(watching, timeout=90)
+    assert seen[-1].ready and seen[-1].rewards == (1.0, 0.0)
+    assert not seen[0].ready
