@@ -125,13 +125,16 @@ async def stack(
         cpu_s=60,
     )
     async with fresh_kernel(*server_urls) as kernel:
+        # The trainer first: building its torch model holds the GIL for seconds, which on a busy
+        # machine starves the other services' NATS requests past their time-out.
+        trajectory_port = closed_port()
+        trainer = await start_trainer(kernel, f"127.0.0.1:{trajectory_port}", tmp / "trainer")
         scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
-        trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
+        trajectory = await build_trajectory(TrajectorySettings(port=trajectory_port), kernel)
         runner, supervisor = await build_with_supervisor(runner_settings, kernel)
         await scheduler.start()
         await trajectory.start()
         await runner.start()
-        trainer = await start_trainer(kernel, trajectory.address, tmp / "trainer")
         bus = await connect_bus(kernel)
         channels = [grpc.aio.insecure_channel(h.address) for h in (scheduler, runner, trainer)]
         env = {
