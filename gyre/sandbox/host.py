@@ -5,11 +5,16 @@ Layout of one sandbox (a size-limited tmpfs when the kernel allows it, so the qu
     <root>/<name>/        root 0711
         work/             the workspace, sandbox uid 0700 (what gets graded)
         home/             $HOME of the harness, sandbox uid 0700
-        tmp/              bind-mounted over /tmp, /var/tmp, /dev/shm, /run/lock inside
-        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (pid 1's own)
+        tmp/              the sandbox's /tmp, /var/tmp and /dev/shm
+        etc/              root: the passwd and group files the sandbox sees
+        forward/          root 0711: the forwarder's Unix socket (the one way out)
+        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (set-up's own)
 
-The workspace is kept after the process ends (timeouts earn partial credit); `release` removes
-it, the user and the cgroups.
+With namespaces, a process inside sees only the minimal root of `gyre.sandbox.rootfs`, started
+by bubblewrap as the sandbox user; without them (not root, or no bwrap) it runs on the host
+under rlimits only, and `Isolation.fallbacks` says what that leaves open. The workspace is kept
+after the process ends (timeouts earn partial credit); `release` wipes it, the user and the
+cgroups.
 """
 
 from __future__ import annotations
@@ -33,18 +38,40 @@ from typing import BinaryIO
 import structlog
 
 from gyre.errors import InvalidArgument
+from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
+from gyre.sandbox.rootfs import (
+    ETC_FILES,
+    FORWARD_DIR,
+    INIT_PATH,
+    TOP_LEVEL,
+    RootPlan,
+    bwrap_argv,
+    passwd_text,
+)
+from gyre.sandbox.seccomp import program_for
 
 log = structlog.get_logger(__name__)
 SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-# The code harnesses import (the built-in agent, installed editable) stays visible in a sandbox
-# even when the checkout lies under a covered folder (/tmp, /root).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+INIT_SCRIPT = Path(__file__).resolve().with_name("init.py")
+LAUNCHER = r"""
+for f in $GYRE_CGROUP_PROCS; do echo 0 > "$f" || exit 125; done
+printf '%s' "$GYRE_STAGE" | while IFS="$(printf '\t')" read -r src dst; do
+    mount --bind "$src" "$dst" && mount -o remount,bind,ro "$dst" || exit 125
+done || exit 125
+unset GYRE_CGROUP_PROCS GYRE_STAGE
+exec "$@"
+"""
+"""Runs as root in a mount namespace of its own (`unshare --mount`): joins the sandbox's cgroups
+(`0`: the writer itself, so every process of the sandbox starts inside them), binds the runtime
+folders where the sandbox user can reach them (the Python installation may sit under /root,
+which that user cannot enter), then becomes setpriv -> bwrap as the sandbox user. The staging
+mounts die with that namespace; the host's mount table never sees them."""
 RELOCATED_ROOTS = Path("/var/lib/gyre/sandboxes")
 WATCH_S = 0.5
 HIDDEN = ("/root", "/home")
-"""Covered by an empty folder inside; paths the harness needs below them are mounted back."""
+"""Absent inside; a sandbox root under them moves (see `usable_root`)."""
 KILL_WAIT_S = 10.0
 
 
@@ -100,10 +127,13 @@ class SandboxHost:
         mode: str = "auto",
         uid_base: int = 62000,
         uid_count: int = 1000,
-        hide: tuple[str, ...] = (),
+        runtime: Sequence[str] = (),
     ):
-        self.hide = tuple(str(Path(h).resolve()) for h in hide)
-        """More folders covered by an empty one inside (e.g. the task set with its hidden tests)."""
+        self.runtime = tuple(
+            sorted({sys.base_prefix, sys.prefix, *(str(Path(r).resolve()) for r in runtime)})
+        )
+        """Read-only inside at the same path: the Python installation and what the caller adds
+        (a harness's own files); nothing else of the host's folders is there."""
         self.root = usable_root(Path(root))
         self.caps = probe()
         self.isolation: Isolation = plan_isolation(self.caps, mode=mode)
@@ -139,7 +169,7 @@ class SandboxHost:
             owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
             shutil.rmtree(path, ignore_errors=True)
-            for base in (self.caps.cgroup_memory, self.caps.cgroup_pids):
+            for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
                     with contextlib.suppress(OSError):
                         (Path(base) / f"gyre-{path.name}").rmdir()
@@ -217,6 +247,7 @@ class Sandbox:
         self.mounted = False
         self.cgroups: list[Path] = []
         self.proc: asyncio.subprocess.Process | None = None
+        self.forwarder: Forwarder | None = None
         self._kill_reason = ""
 
     @property
@@ -249,36 +280,41 @@ class Sandbox:
                 timeout=30,
             )
             self.mounted = True
-        for sub, owner_mode in (("work", 0o700), ("home", 0o700), ("tmp", 0o700), ("log", 0o700)):
+        for sub in ("work", "home", "tmp", "log"):
             d = self.path / sub
             d.mkdir(exist_ok=True)
-            os.chmod(d, owner_mode)
+            os.chmod(d, 0o700)
             if sub != "log" and self.uid is not None:
                 os.chown(d, self.uid, self.gid if self.gid is not None else self.uid)
         if self.isolation.cgroups:
             self._make_cgroups()
 
     def _make_cgroups(self) -> None:
-        mem = Path(self.host.caps.cgroup_memory) / f"gyre-{self.name}"
-        pids = Path(self.host.caps.cgroup_pids) / f"gyre-{self.name}"
-        for d in (mem, pids):
-            d.mkdir(exist_ok=True)
-            self.cgroups.append(d)
+        caps = self.host.caps
+        mem, pids = (Path(base) / f"gyre-{self.name}" for base in (caps.cgroup_memory, caps.cgroup_pids))
+        cpu = Path(caps.cgroup_cpu) / f"gyre-{self.name}" if caps.cgroup_cpu else None
+        for d in (mem, pids, cpu):
+            if d is not None:
+                d.mkdir(exist_ok=True)
+                self.cgroups.append(d)
         (mem / "memory.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
         with contextlib.suppress(OSError):  # without swap accounting the file is missing
             (mem / "memory.memsw.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
-        (pids / "pids.max").write_text(str(self.limits.max_procs + 8))  # +8: pid 1 and its helpers
+        (pids / "pids.max").write_text(str(self.limits.max_procs + 8))  # +8: set-up and its helpers
+        if cpu is not None:
+            period_us, quota_us = self.limits.cfs_quota()
+            (cpu / "cpu.cfs_period_us").write_text(str(period_us))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota_us))
 
     def own_files(self) -> None:
-        """Give everything in work/ and home/ to the sandbox user (after the host filled them)."""
+        """Give everything in work/ and home/ to the sandbox user, folders 0700 at the top (after
+        the host filled them): another sandbox's user can read nothing of it."""
         if self.uid is None:
             return
         gid = self.gid if self.gid is not None else self.uid
         for top in (self.work, self.home):
-            for dirpath, dirnames, filenames in os.walk(top):
-                os.lchown(dirpath, self.uid, gid)
-                for n in dirnames + filenames:
-                    os.lchown(os.path.join(dirpath, n), self.uid, gid)
+            chown_tree(top, self.uid, gid)
+            os.chmod(top, 0o700)
 
     async def launch(
         self,
@@ -288,12 +324,15 @@ class Sandbox:
         forward: Forward | None = None,
         cwd: Path | None = None,
         pass_fds: Sequence[int] = (),
+        read_only: Sequence[Path] = (),
     ) -> None:
         """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
-        the host holds) are inherited at the same numbers through unshare and pid 1."""
+        the host holds) are inherited at the same numbers; `read_only`: host-written folders of
+        this sandbox (the grader's files) the process may read but not change."""
         if self.proc is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
-        spec = {
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        spec: dict[str, object] = {
             "argv": list(argv),
             "env": {"HOME": str(self.home), "TMPDIR": "/tmp", "PATH": os.defpath, **env},
             "cwd": str(cwd or self.work),
@@ -301,27 +340,33 @@ class Sandbox:
             "gid": self.gid,
             "rlimits": self.limits.rlimits(),
             "namespaces": self.isolation.namespaces,
-            "private_tmp": str(self.path / "tmp"),
-            "forward": None
-            if forward is None or not self.isolation.namespaces
-            else {
-                "host": forward.host,
-                "port": forward.port,
-                "listen_port": forward.listen_port,
-            },
-            "log_path": str(self.log_path),
-            "hide": [*HIDDEN, *self.host.hide],
-            "expose": sorted({sys.base_prefix, sys.prefix, str(PROJECT_ROOT)}),
-            "stage": str(self.path / "log" / "stage"),
-            "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
+            "log_fd": log_fd,
             "pass_fds": list(pass_fds),
         }
-        init = [sys.executable, "-m", "gyre.sandbox.init"]
-        cmd = (
-            ["unshare", "--pid", "--mount", "--fork", "--kill-child", *init]
-            if self.isolation.namespaces
-            else init
-        )
+        own_fds = [log_fd]  # closed here once the child holds them
+        if self.isolation.namespaces:
+            if forward is not None:
+                self.forwarder = Forwarder(
+                    folder=self.path / "forward",
+                    host=forward.host,
+                    port=forward.port,
+                    max_connections=self.limits.max_connections,
+                    uid=self.uid,
+                )
+                await self.forwarder.start()
+                spec["forward"] = {
+                    "listen_port": forward.listen_port,
+                    "socket_path": f"{FORWARD_DIR}/proxy.sock",
+                }
+            seccomp_fd = self._seccomp_fd()
+            if seccomp_fd is not None:
+                own_fds.append(seccomp_fd)
+            cmd, staging = self._bwrap_command(
+                cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
+            )
+        else:
+            spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
+            cmd, staging = [sys.executable, "-I", "-S", str(INIT_SCRIPT)], ""
         setup_log = self._open_setup_log()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -330,18 +375,86 @@ class Sandbox:
                 stdout=setup_log,
                 stderr=setup_log,
                 start_new_session=True,
-                pass_fds=tuple(pass_fds),
+                pass_fds=(*own_fds, *pass_fds),
                 env={
                     "PATH": os.environ.get("PATH", os.defpath),
-                    "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                    "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
+                    "GYRE_STAGE": staging,
                 },
             )
         finally:
             setup_log.close()
+            for fd in own_fds:
+                os.close(fd)
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(spec).encode())
         await self.proc.stdin.drain()
         self.proc.stdin.close()
+
+    def _seccomp_fd(self) -> int | None:
+        program = program_for(os.uname().machine)
+        if program is None:
+            return None
+        path = self.path / "log" / "seccomp.bpf"
+        path.write_bytes(program)
+        return os.open(path, os.O_RDONLY)
+
+    def _bwrap_command(
+        self, cwd: Path, *, read_only: Sequence[Path], seccomp_fd: int | None, fds: list[int]
+    ) -> tuple[list[str], str]:
+        """The launcher's command line and its staging list; the descriptors it needs are opened
+        here and appended to `fds`."""
+
+        def opened(path: Path) -> int:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(fd)
+            return fd
+
+        uid = self.uid if self.uid is not None else os.geteuid()
+        gid = self.gid if self.gid is not None else os.getegid()
+        passwd, group = passwd_text(uid=uid, gid=gid, user=self.user, home=str(self.home))
+        etc = self.path / "etc"
+        etc.mkdir(mode=0o700, exist_ok=True)
+        for name, text in (("passwd", passwd), ("group", group)):
+            (etc / name).write_text(text)
+        stage = self.path / "runtime"
+        stage.mkdir(mode=0o711, exist_ok=True)
+        runtime = [p for p in self.host.runtime if os.path.exists(p)]
+        for n, p in enumerate(runtime):  # mount points: a folder for a folder, a file for a file
+            if os.path.isdir(p):
+                (stage / str(n)).mkdir(mode=0o755, exist_ok=True)
+            else:
+                (stage / str(n)).touch(mode=0o644)
+        extra = [(str(p), str(p)) for p in read_only]
+        if self.forwarder is not None:
+            extra.append((str(self.forwarder.folder), FORWARD_DIR))
+        plan = RootPlan(
+            bwrap=self.host.caps.bwrap,
+            top_links={n: os.readlink(f"/{n}") for n in TOP_LEVEL if os.path.islink(f"/{n}")},
+            top_dirs=[n for n in TOP_LEVEL if not os.path.islink(f"/{n}") and os.path.isdir(f"/{n}")],
+            etc=[n for n in ETC_FILES if os.path.exists(f"/etc/{n}")],
+            files=[
+                (opened(etc / "passwd"), "/etc/passwd"),
+                (opened(etc / "group"), "/etc/group"),
+                (opened(INIT_SCRIPT), INIT_PATH),
+            ],
+            runtime=[(str(stage / str(n)), p) for n, p in enumerate(runtime)],
+            read_write=[(str(self.work), str(self.work)), (str(self.home), str(self.home))],
+            private_tmp=str(self.path / "tmp"),
+            read_only=extra,
+            seccomp_fd=seccomp_fd,
+            cwd=str(cwd),
+        )
+        init = [sys.executable, "-I", "-S", INIT_PATH]
+        drop = []
+        if self.uid is not None:  # bwrap runs unprivileged, as the sandbox user, from the start
+            drop = [self.host.caps.setpriv, f"--reuid={self.uid}", f"--regid={gid}", "--clear-groups"]
+        staging = "".join(f"{p}\t{stage / str(n)}\n" for n, p in enumerate(runtime))
+        launcher = (
+            [self.host.caps.unshare, "--mount", "--propagation", "private"] if self.uid is not None else []
+        )
+        cmd = [*launcher, "/bin/sh", "-c", LAUNCHER, "gyre-sandbox", *drop, *bwrap_argv(plan, init)]
+        return cmd, staging
 
     def _open_setup_log(self) -> BinaryIO:
         return (self.path / "log" / "sandbox.log").open("ab")
@@ -373,6 +486,7 @@ class Sandbox:
                 await self.kill("disk_quota")
                 break
         duration = time.monotonic() - started
+        await self._close_forwarder()
         if self._kill_reason:
             return Outcome(exit_code=None, killed=self._kill_reason, duration_s=duration)
         code = self.proc.returncode
@@ -384,7 +498,7 @@ class Sandbox:
             return
         self._kill_reason = self._kill_reason or reason
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # unshare (--kill-child takes pid 1 along) or init
+            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap (--die-with-parent takes the rest) or init
         await asyncio.to_thread(self._kill_leftovers)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.proc.wait(), timeout=KILL_WAIT_S)
@@ -402,7 +516,12 @@ class Sandbox:
         """Remove the folder, the cgroups and the user; the workspace is gone afterwards."""
         if self.proc is not None and self.proc.returncode is None:
             await self.kill("released")
+        await self._close_forwarder()
         await asyncio.to_thread(self._release)
+
+    async def _close_forwarder(self) -> None:
+        if self.forwarder is not None:
+            await self.forwarder.close()
 
     def _release(self) -> None:
         if self.mounted:
@@ -414,6 +533,18 @@ class Sandbox:
                 d.rmdir()
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
+
+
+def chown_tree(top: Path, uid: int, gid: int) -> None:
+    """lchown everything under `top` (iterative: no recursion limit; links are not followed)."""
+    stack = [str(top)]
+    os.lchown(top, uid, gid)
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                os.lchown(entry.path, uid, gid)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
 
 
 def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:

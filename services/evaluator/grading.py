@@ -155,7 +155,7 @@ class Grader:
             "PATH": _path(),
         }
         try:
-            await box.launch(argv, env=env, pass_fds=(write_end,))
+            await box.launch(argv, env=env, pass_fds=(write_end,), read_only=[trusted])
         except BaseException:
             os.close(write_end)
             await asyncio.to_thread(pipe.finish)  # EOF now: no writer is left
@@ -178,10 +178,11 @@ class Grader:
         return run
 
     async def _run_script(self, task: TaskDef, box: Sandbox) -> GraderRun:
-        script = _trusted_folder(box) / "check.sh"
+        trusted = _trusted_folder(box)
+        script = trusted / "check.sh"
         _write_trusted(script, (task.folder / task.check_script).read_text())
         box.own_files()
-        await box.launch(["/bin/sh", str(script)], env={"PATH": _path()})
+        await box.launch(["/bin/sh", str(script)], env={"PATH": _path()}, read_only=[trusted])
         outcome = await box.wait(timeout_s=task.grader_timeout_s)
         if outcome.killed:
             return GraderRun(

