@@ -78,7 +78,7 @@ def run(argv: list[str]) -> int:
             mode=settings.sandbox_mode,
             uid_base=settings.uid_base,
         )
-        graded = await Grader(host, settings.limits(), attempts=settings.attempts).grade(
+        graded = await Grader(host, settings.limits(), **settings.grader_bounds()).grade(
             task, Path(ns.workspace)
         )
         return report(task, graded, partial=ns.partial)

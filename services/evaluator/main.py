@@ -24,7 +24,7 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
         mode=settings.sandbox_mode,
         uid_base=settings.uid_base,
     )
-    grader = Grader(sandboxes, settings.limits(), attempts=settings.attempts)
+    grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
     conns = await connect(kernel, service=NAME)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     runner = Consumer(conns.bus, RunnerEvents(conns.sessions, relay, grader, settings).spec())
