@@ -141,3 +141,48 @@ def _copy_bytes(fin: int, fout: int, *, limit: int, bounds: CopyBounds) -> None:
         left -= len(data)
         if time.monotonic() > bounds.deadline:
             raise CopyRefused("copying the tree took past the deadline")
+
+
+def remove_tree(path: Path) -> None:
+    """Delete the tree under `path` and `path` itself; iterative (a chain of 1,100 folders is fine,
+    where shutil.rmtree recurses past Python's limit) and by descriptor (links are unlinked, never
+    followed). Missing is fine."""
+    try:
+        root = os.open(path.parent, DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    stack: list[tuple[str, ...]] = [(path.name,)]
+    try:
+        while stack:
+            parts = stack.pop()
+            try:
+                fd = _open_below(root, parts)
+            except FileNotFoundError:
+                continue
+            except NotADirectoryError:  # a file or a link where a folder was: unlink it
+                parent = _open_below(root, parts[:-1])
+                try:
+                    os.unlink(parts[-1], dir_fd=parent)
+                finally:
+                    os.close(parent)
+                continue
+            try:
+                subdirs = []
+                for entry in _entries(fd):
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+            finally:
+                os.close(fd)
+            if subdirs:  # come back to this folder once its subfolders are gone
+                stack.append(parts)
+                stack.extend((*parts, name) for name in subdirs)
+                continue
+            parent = _open_below(root, parts[:-1])
+            try:
+                os.rmdir(parts[-1], dir_fd=parent)
+            finally:
+                os.close(parent)
+    finally:
+        os.close(root)

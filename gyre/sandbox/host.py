@@ -38,6 +38,7 @@ from typing import BinaryIO
 import structlog
 
 from gyre.errors import InvalidArgument
+from gyre.sandbox.copy import remove_tree
 from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
@@ -73,6 +74,7 @@ WATCH_S = 0.5
 HIDDEN = ("/root", "/home")
 """Absent inside; a sandbox root under them moves (see `usable_root`)."""
 KILL_WAIT_S = 10.0
+USERADD_UID_TAKEN, USERADD_NAME_TAKEN = 4, 9
 
 
 def usable_root(root: Path) -> Path:
@@ -168,7 +170,7 @@ class SandboxHost:
         for path in sorted(p for p in self.root.iterdir() if p.is_dir()):
             owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
             for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
                     with contextlib.suppress(OSError):
@@ -192,7 +194,7 @@ class SandboxHost:
                 pass
             user = f"gyre{uid}"
             if self.caps.useradd:
-                subprocess.run(
+                made = subprocess.run(
                     [
                         "useradd",
                         "--no-create-home",
@@ -203,10 +205,14 @@ class SandboxHost:
                         "/usr/sbin/nologin",
                         user,
                     ],
-                    check=True,
                     capture_output=True,
                     timeout=30,
+                    check=False,
                 )
+                if made.returncode in (USERADD_UID_TAKEN, USERADD_NAME_TAKEN):
+                    continue  # another process (a parallel runner) took it since the look-up
+                if made.returncode != 0:
+                    raise OSError(f"useradd {user} failed: {made.stderr.decode(errors='replace').strip()}")
                 gid = pwd.getpwnam(user).pw_gid
             else:
                 user, gid = "", uid  # a bare uid works for setuid without a passwd entry
@@ -527,7 +533,7 @@ class Sandbox:
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30, check=False)
             self.mounted = False
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)  # the workspace is wiped: nothing of it is left for a later uid
         for d in self.cgroups:
             with contextlib.suppress(OSError):
                 d.rmdir()

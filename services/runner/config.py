@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gyre.sandbox.limits import SandboxLimits
+from services.runner.workspace import TemplateSources
 
 BUNDLED_TASKS = Path(__file__).resolve().parents[1] / "evaluator" / "tasks"
 _SERVICES = Path(__file__).resolve().parents[1]
@@ -69,3 +70,8 @@ class RunnerSettings(BaseSettings):
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits.of(self)
+
+    def template_sources(self) -> TemplateSources:
+        return TemplateSources(
+            tasks_dir=self.tasks_dir, task_sets=dict(self.task_sets), template_urls=tuple(self.template_urls)
+        )
