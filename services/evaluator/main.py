@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gyre.consume import Consumer
 from gyre.db.outbox import OutboxRelay
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
@@ -16,6 +18,7 @@ from services.evaluator.grading import Grader
 from services.evaluator.service import EvaluatorServicer
 
 NAME = "evaluator"
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceHost:
@@ -25,7 +28,7 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
         uid_base=settings.uid_base,
     )
     grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     runner = Consumer(conns.bus, RunnerEvents(conns.sessions, relay, grader, settings).spec())
     server = GrpcServer(
