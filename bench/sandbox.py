@@ -44,8 +44,9 @@ from gyre.devstack.scratch import scratch_kernel
 from gyre.events import stream_name
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
-from gyre.sandbox.host import Forward, SandboxHost, folder_bytes
+from gyre.sandbox.host import Forward, SandboxHost
 from gyre.sandbox.limits import MIB, SandboxLimits
+from gyre.sandbox.trees import folder_bytes
 from gyre.settings import KernelSettings
 from services.evaluator.grading import Grader
 from services.evaluator.taskset import BUNDLED, load_task

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gyre.sandbox.copy import remove_tree
+from gyre.sandbox.trees import remove_tree
 from services.evaluator.cli import run as evaluate
 from services.evaluator.taskset import BUNDLED
 

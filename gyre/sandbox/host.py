@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,37 +37,15 @@ from typing import BinaryIO
 import structlog
 
 from gyre.errors import InvalidArgument
-from gyre.sandbox.copy import remove_tree
+from gyre.sandbox import launcher
 from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
-from gyre.sandbox.rootfs import (
-    ETC_FILES,
-    FORWARD_DIR,
-    INIT_PATH,
-    TOP_LEVEL,
-    RootPlan,
-    bwrap_argv,
-    passwd_text,
-)
-from gyre.sandbox.seccomp import program_for
+from gyre.sandbox.rootfs import FORWARD_DIR
+from gyre.sandbox.trees import chown_tree, folder_bytes, remove_tree
 
 log = structlog.get_logger(__name__)
 SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-INIT_SCRIPT = Path(__file__).resolve().with_name("init.py")
-LAUNCHER = r"""
-for f in $GYRE_CGROUP_PROCS; do echo 0 > "$f" || exit 125; done
-printf '%s' "$GYRE_STAGE" | while IFS="$(printf '\t')" read -r src dst; do
-    mount --bind "$src" "$dst" && mount -o remount,bind,ro "$dst" || exit 125
-done || exit 125
-unset GYRE_CGROUP_PROCS GYRE_STAGE
-exec "$@"
-"""
-"""Runs as root in a mount namespace of its own (`unshare --mount`): joins the sandbox's cgroups
-(`0`: the writer itself, so every process of the sandbox starts inside them), binds the runtime
-folders where the sandbox user can reach them (the Python installation may sit under /root,
-which that user cannot enter), then becomes setpriv -> bwrap as the sandbox user. The staging
-mounts die with that namespace; the host's mount table never sees them."""
 RELOCATED_ROOTS = Path("/var/lib/gyre/sandboxes")
 WATCH_S = 0.5
 HIDDEN = ("/root", "/home")
@@ -364,15 +341,15 @@ class Sandbox:
                     "listen_port": forward.listen_port,
                     "socket_path": f"{FORWARD_DIR}/proxy.sock",
                 }
-            seccomp_fd = self._seccomp_fd()
+            seccomp_fd = launcher.seccomp_fd(self)
             if seccomp_fd is not None:
                 own_fds.append(seccomp_fd)
-            cmd, staging = self._bwrap_command(
-                cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
+            cmd, staging = launcher.bwrap_command(
+                self, cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
             )
         else:
             spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
-            cmd, staging = [sys.executable, "-I", "-S", str(INIT_SCRIPT)], ""
+            cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
         setup_log = self._open_setup_log()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -396,71 +373,6 @@ class Sandbox:
         self.proc.stdin.write(json.dumps(spec).encode())
         await self.proc.stdin.drain()
         self.proc.stdin.close()
-
-    def _seccomp_fd(self) -> int | None:
-        program = program_for(os.uname().machine)
-        if program is None:
-            return None
-        path = self.path / "log" / "seccomp.bpf"
-        path.write_bytes(program)
-        return os.open(path, os.O_RDONLY)
-
-    def _bwrap_command(
-        self, cwd: Path, *, read_only: Sequence[Path], seccomp_fd: int | None, fds: list[int]
-    ) -> tuple[list[str], str]:
-        """The launcher's command line and its staging list; the descriptors it needs are opened
-        here and appended to `fds`."""
-
-        def opened(path: Path) -> int:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            fds.append(fd)
-            return fd
-
-        uid = self.uid if self.uid is not None else os.geteuid()
-        gid = self.gid if self.gid is not None else os.getegid()
-        passwd, group = passwd_text(uid=uid, gid=gid, user=self.user, home=str(self.home))
-        etc = self.path / "etc"
-        etc.mkdir(mode=0o700, exist_ok=True)
-        for name, text in (("passwd", passwd), ("group", group)):
-            (etc / name).write_text(text)
-        stage = self.path / "runtime"
-        stage.mkdir(mode=0o711, exist_ok=True)
-        runtime = [p for p in self.host.runtime if os.path.exists(p)]
-        for n, p in enumerate(runtime):  # mount points: a folder for a folder, a file for a file
-            if os.path.isdir(p):
-                (stage / str(n)).mkdir(mode=0o755, exist_ok=True)
-            else:
-                (stage / str(n)).touch(mode=0o644)
-        extra = [(str(p), str(p)) for p in read_only]
-        if self.forwarder is not None:
-            extra.append((str(self.forwarder.folder), FORWARD_DIR))
-        plan = RootPlan(
-            bwrap=self.host.caps.bwrap,
-            top_links={n: os.readlink(f"/{n}") for n in TOP_LEVEL if os.path.islink(f"/{n}")},
-            top_dirs=[n for n in TOP_LEVEL if not os.path.islink(f"/{n}") and os.path.isdir(f"/{n}")],
-            etc=[n for n in ETC_FILES if os.path.exists(f"/etc/{n}")],
-            files=[
-                (opened(etc / "passwd"), "/etc/passwd"),
-                (opened(etc / "group"), "/etc/group"),
-                (opened(INIT_SCRIPT), INIT_PATH),
-            ],
-            runtime=[(str(stage / str(n)), p) for n, p in enumerate(runtime)],
-            read_write=[(str(self.work), str(self.work)), (str(self.home), str(self.home))],
-            private_tmp=str(self.path / "tmp"),
-            read_only=extra,
-            seccomp_fd=seccomp_fd,
-            cwd=str(cwd),
-        )
-        init = [sys.executable, "-I", "-S", INIT_PATH]
-        drop = []
-        if self.uid is not None:  # bwrap runs unprivileged, as the sandbox user, from the start
-            drop = [self.host.caps.setpriv, f"--reuid={self.uid}", f"--regid={gid}", "--clear-groups"]
-        staging = "".join(f"{p}\t{stage / str(n)}\n" for n, p in enumerate(runtime))
-        launcher = (
-            [self.host.caps.unshare, "--mount", "--propagation", "private"] if self.uid is not None else []
-        )
-        cmd = [*launcher, "/bin/sh", "-c", LAUNCHER, "gyre-sandbox", *drop, *bwrap_argv(plan, init)]
-        return cmd, staging
 
     def _open_setup_log(self) -> BinaryIO:
         return (self.path / "log" / "sandbox.log").open("ab")
@@ -516,7 +428,7 @@ class Sandbox:
                     with contextlib.suppress(ProcessLookupError, ValueError):
                         os.kill(int(pid), signal.SIGKILL)
         if self.uid is not None:  # kill(-1) as the sandbox uid reaches exactly its processes
-            kill_all_of_uid(self.uid, self.gid if self.gid is not None else self.uid)
+            launcher.kill_all_of_uid(self.uid, self.gid if self.gid is not None else self.uid)
 
     async def release(self) -> None:
         """Remove the folder, the cgroups and the user; the workspace is gone afterwards."""
@@ -539,65 +451,3 @@ class Sandbox:
                 d.rmdir()
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
-
-
-def chown_tree(top: Path, uid: int, gid: int) -> None:
-    """lchown everything under `top` (iterative: no recursion limit; links are not followed)."""
-    stack = [str(top)]
-    os.lchown(top, uid, gid)
-    while stack:
-        with os.scandir(stack.pop()) as it:
-            for entry in it:
-                os.lchown(entry.path, uid, gid)
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-
-
-def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:
-    """Bytes under `path` (allocated blocks, links not followed); bounded number of entries."""
-    total = 0
-    seen = 0
-    stack = [str(path)]
-    while stack and seen < max_entries:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                for entry in it:
-                    seen += 1
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:
-            continue
-    return total
-
-
-def kill_all_of_uid(uid: int, gid: int) -> None:
-    """SIGKILL every process of `uid`: `kill -KILL -1` run as that uid reaches exactly those.
-
-    The uid is switched by `setpriv` after exec, so Python spawns with vfork: a plain fork in a
-    process with gRPC threads runs gRPC's fork handlers in the child, which can crash it before
-    the exec (seen under load). Without setpriv, subprocess switches the uid in C (fork).
-    """
-    kill = shutil.which("kill", path="/usr/bin:/bin")
-    if kill is None:
-        log.warning("no_kill_binary", uid=uid)
-        return
-    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
-    if setpriv is not None:
-        argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", kill, "-KILL", "-1"]
-        subprocess.run(argv, capture_output=True, timeout=30, check=False)
-        return
-    subprocess.run(
-        [kill, "-KILL", "-1"],
-        user=uid,
-        group=gid,
-        extra_groups=[],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )

@@ -1,6 +1,6 @@
 """Grade a workspace inside a sandbox, never outside it (shell: sandboxes, files, processes).
 
-The workspace is copied (`gyre.sandbox.copy`: by descriptor, folders, regular files and links
+The workspace is copied (`gyre.sandbox.trees`: by descriptor, folders, regular files and links
 only, bounded in files, depth, bytes and time) into a fresh sandbox with its own user, quota and
 no network; the hidden tests or check script go into a root-owned folder beside it that the
 sandbox user can read but not write (the expected values never go in); the grader runs there
@@ -31,9 +31,9 @@ from typing import Any
 import structlog
 
 from gyre.errors import InvalidArgument
-from gyre.sandbox.copy import CopyBounds, CopyRefused, bounded_copy
 from gyre.sandbox.host import Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB, SandboxLimits
+from gyre.sandbox.trees import CopyBounds, CopyRefused, bounded_copy
 from services.evaluator.integrity import judge_records, with_canary
 from services.evaluator.scoring import (
     GraderRun,

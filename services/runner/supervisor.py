@@ -29,9 +29,9 @@ from gyre.errors import GyreError
 from gyre.events import new_event
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
-from gyre.sandbox.copy import CopyBounds
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB
+from gyre.sandbox.trees import CopyBounds
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre.errors import InvalidArgument
-from gyre.sandbox.copy import CopyBounds, CopyRefused, bounded_copy
+from gyre.sandbox.trees import CopyBounds, CopyRefused, bounded_copy
 
 GIT_TIMEOUT_S = 300.0
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")

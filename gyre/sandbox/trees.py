@@ -1,7 +1,7 @@
-"""Copy a folder someone else controls, safely and within bounds (shell: files).
+"""Folder trees someone else controls: copy, remove, chown and measure them safely (shell: files).
 
-Used where a host process (root) copies a tree the sandbox user could have shaped: a workspace
-into a grading sandbox, a template into a workspace. It walks with descriptors (`openat` with
+`bounded_copy` is used where a host process (root) copies a tree the sandbox user could have
+shaped: a workspace into a grading sandbox, a template into a workspace. It walks with descriptors (`openat` with
 O_NOFOLLOW relative to the folder already opened), so swapping a folder for a symlink mid-copy
 cannot redirect a read or a write outside the two trees; it copies folders, regular files and
 symlinks (as links, never followed) and skips everything else (fifos, sockets, devices); it is
@@ -186,3 +186,38 @@ def remove_tree(path: Path) -> None:
                 os.close(parent)
     finally:
         os.close(root)
+
+
+def chown_tree(top: Path, uid: int, gid: int) -> None:
+    """lchown everything under `top` (iterative: no recursion limit; links are not followed)."""
+    stack = [str(top)]
+    os.lchown(top, uid, gid)
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                os.lchown(entry.path, uid, gid)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+
+
+def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:
+    """Bytes under `path` (allocated blocks, links not followed); bounded number of entries."""
+    total = 0
+    seen = 0
+    stack = [str(path)]
+    while stack and seen < max_entries:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                for entry in it:
+                    seen += 1
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total
