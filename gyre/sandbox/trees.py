@@ -3,11 +3,11 @@
 `bounded_copy` is used where a host process (root) copies a tree the sandbox user could have
 shaped: a workspace into a grading sandbox, a template into a workspace. It walks with
 descriptors (`openat` with O_NOFOLLOW relative to the folder already opened), so swapping a
-folder for a symlink mid-copy cannot redirect a read or a write outside the two trees; it copies folders, regular files and
-symlinks (as links, never followed) and skips everything else (fifos, sockets, devices); it is
-iterative (no recursion limit) and stops with `CopyRefused` at the first bound passed: files,
-depth, bytes or the deadline. Everything it creates is owned by the caller; `dest` must be an
-existing empty folder.
+folder for a symlink mid-copy cannot redirect a read or a write outside the two trees; it copies
+folders, regular files and symlinks (as links, never followed) and skips everything else (fifos,
+sockets, devices); it is iterative (no recursion limit) and stops with `CopyRefused` at the
+first bound passed: files, depth, bytes or the deadline. Everything it creates is owned by the
+caller; `dest` must be an existing empty folder.
 """
 
 from __future__ import annotations
