@@ -30,6 +30,8 @@ class Forwarder:
         self.max_connections = max_connections
         self.uid = uid
         self.open = 0
+        self.peak = 0
+        """Most connections open at once (what the cap bounds)."""
         self.accepted = 0
         self.refused = 0
         self._server: asyncio.AbstractServer | None = None
@@ -52,6 +54,7 @@ class Forwarder:
             inner_w.close()
             return
         self.open += 1
+        self.peak = max(self.peak, self.open)
         self.accepted += 1
         task = asyncio.current_task()
         if task is not None:
@@ -65,7 +68,10 @@ class Forwarder:
                 log.warning("sandbox_proxy_unreachable", error=str(exc))
                 inner_w.close()
                 return
-            await asyncio.gather(_pump(inner_r, outer_w), _pump(outer_r, inner_w))
+            try:
+                await asyncio.gather(_pump(inner_r, outer_w), _pump(outer_r, inner_w))
+            except asyncio.CancelledError:  # close(): the sandbox is gone; end quietly (a callback task)
+                pass
             for w in (outer_w, inner_w):
                 w.close()
         finally:

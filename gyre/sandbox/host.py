@@ -420,13 +420,16 @@ class Sandbox:
         await asyncio.to_thread(self._kill_leftovers)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.proc.wait(), timeout=KILL_WAIT_S)
+        for _ in range(int(KILL_WAIT_S / 0.05)):  # bounded: SIGKILLed processes exit in moments
+            if not any(_cgroup_pids(d) for d in self.cgroups):
+                break
+            await asyncio.sleep(0.05)
 
     def _kill_leftovers(self) -> None:
         for d in self.cgroups:
-            with contextlib.suppress(OSError):
-                for pid in (d / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
+            for pid in _cgroup_pids(d):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.uid is not None:  # kill(-1) as the sandbox uid reaches exactly its processes
             launcher.kill_all_of_uid(self.uid, self.gid if self.gid is not None else self.uid)
 
@@ -451,3 +454,10 @@ class Sandbox:
                 d.rmdir()
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
+
+
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
