@@ -17,7 +17,7 @@ from gyre.trainer.v1 import trainer_pb2
 from gyre_app.client import GyreClient
 from services.trainer.batch_digest import batch_sha256
 from services.trainer.samples import Sample, StalenessAction, admit, staleness_steps
-from services.trainer.source import sample_from_proto
+from services.trainer.source import samples_from_response
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,8 +53,9 @@ async def replay_step(client: GyreClient, version: int) -> StepReplay:
         raise Conflict(
             f"step {version} was recorded before the trainer kept batch checksums: nothing to audit"
         )
-    protos = await client.samples(step.samples_request)
-    fetched = tuple(sample_from_proto(s) for s in protos)
+    fetched: tuple[Sample, ...] = ()
+    for response in await client.stream_samples(step.samples_request):
+        fetched += samples_from_response(response, index=len(fetched))
     # The step committed, so under `fail` no sample passed the bound either: dropping is the same rule.
     admission = admit(
         fetched,
@@ -67,5 +68,9 @@ async def replay_step(client: GyreClient, version: int) -> StepReplay:
         fetched=fetched,
         trained=admission.kept,
         derived_sha256=batch_sha256(admission.kept),
-        task_of={s.execution_id: s.task_id for s in protos},
+        task_of={
+            e.execution_id: task_id
+            for task_id in step.task_ids
+            for e in (await client.group(task_id)).executions
+        },
     )

@@ -26,7 +26,7 @@ from google.protobuf import message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavailable
-from gyre.rpc import ERROR_FIELD_TRAILER
+from gyre.rpc import ERROR_FIELD_TRAILER, MAX_MESSAGE_BYTES
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
@@ -106,7 +106,10 @@ class GyreClient:
 
     def _channel(self, service: str) -> grpc.aio.Channel:
         if service not in self._channels:
-            self._channels[service] = grpc.aio.insecure_channel(self.addresses.of(service))
+            self._channels[service] = grpc.aio.insecure_channel(
+                self.addresses.of(service),
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],  # packed samples
+            )
         return self._channels[service]
 
     async def _call(self, service: str, call: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
@@ -230,13 +233,14 @@ class GyreClient:
             "trajectory", lambda c: self._trajectory(c).GetCall(request, timeout=self.timeout_s)
         )
 
-    async def samples(
+    async def stream_samples(
         self, request: trajectory_pb2.StreamSamplesRequest, *, timeout_s: float = 120.0
-    ) -> list[trajectory_pb2.Sample]:
-        """Replay executions or groups into loss-weighted samples, in the service's order."""
+    ) -> list[trajectory_pb2.StreamSamplesResponse]:
+        """Replay executions or groups into loss-weighted samples: the service's responses in order,
+        one sample each or packed arrays (`request.encoding`)."""
 
-        async def stream(c: grpc.aio.Channel) -> list[trajectory_pb2.Sample]:
-            return [r.sample async for r in self._trajectory(c).StreamSamples(request, timeout=timeout_s)]
+        async def stream(c: grpc.aio.Channel) -> list[trajectory_pb2.StreamSamplesResponse]:
+            return [r async for r in self._trajectory(c).StreamSamples(request, timeout=timeout_s)]
 
         return await self._call("trajectory", stream)
 
