@@ -146,7 +146,8 @@ def status(as_json: JsonOpt = False) -> None:
         except GyreError as exc:  # reported in the output; the rest is still shown
             out["cells"] = {"not_available": str(exc)}
         try:
-            out["executions_by_state"] = await client.list_executions()
+            states = [scheduler_state(e) for e in await client.list_executions()]
+            out["executions_by_state"] = {s: states.count(s) for s in sorted(set(states))}
         except GyreError as exc:
             out["executions_by_state"] = {"not_available": str(exc)}
         return out
@@ -173,6 +174,16 @@ def status(as_json: JsonOpt = False) -> None:
     for key in ("cells", "executions_by_state"):
         if "not_available" in out[key]:
             rows.append((key.replace("_", " "), f"not available: {out[key]['not_available']}"))
+    if "not_available" not in out["cells"]:
+        cells = out["cells"]
+        roles = ", ".join(
+            f"{c['cell_id']}: {c['role'].removeprefix('CELL_ROLE_').lower()}" for c in cells["cells"]
+        )
+        rows.append(("cells", f"{roles} (mode {cells.get('mode', '')})"))
+    if "not_available" not in out["executions_by_state"]:
+        rows.append(
+            ("executions by state", ", ".join(f"{k}: {v}" for k, v in out["executions_by_state"].items()))
+        )
     pairs("trainer", rows)
 
 
@@ -221,10 +232,33 @@ def tasks_show(
     )
 
 
+def scheduler_state(e: Any) -> str:
+    return (
+        str(e.DESCRIPTOR.fields_by_name["state"].enum_type.values_by_number[e.state].name)
+        .removeprefix("EXECUTION_STATE_")
+        .lower()
+    )
+
+
 @executions_app.command("list")
-def executions_list(as_json: JsonOpt = False) -> None:
-    """List executions by state (needs the scheduler's ListExecutions RPC)."""
-    run(lambda c: c.list_executions())
+def executions_list(
+    task: Annotated[str, typer.Option(help="only this task's executions")] = "",
+    limit: Annotated[int, typer.Option(help="at most this many (0: the scheduler's default)")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """List executions with their states, as the scheduler tracks them (its ListExecutions RPC)."""
+    found = run(lambda c: c.list_executions(task_id=task, limit=limit))
+    if as_json:
+        print_json({"executions": [message_dict(e) | {"state": scheduler_state(e)} for e in found]})
+        return
+    table(
+        "executions",
+        ("execution_id", "task_id", "index", "state"),
+        (
+            (e.execution.execution_id, e.execution.task_id, e.execution.index_in_group, scheduler_state(e))
+            for e in found
+        ),
+    )
 
 
 @executions_app.command("show")
@@ -281,10 +315,21 @@ def cancel(
 ) -> None:
     """Cancel executions (the runner kills the harness, keeps the workspace) or, with --task, tasks."""
 
+    if task:
+        answers = run(lambda c: _cancel_tasks(c, ids, reason))
+        if as_json:
+            print_json(
+                {"tasks": [{"task_id": t} | message_dict(a) for t, a in zip(ids, answers, strict=True)]}
+            )
+        else:
+            table(
+                "cancelled tasks",
+                ("task_id", "answer"),
+                ((t, message_dict(a)) for t, a in zip(ids, answers, strict=True)),
+            )
+        return
+
     async def go(client: GyreClient) -> list[runner_pb2.Execution]:
-        if task:
-            for task_id in ids:
-                await client.cancel_task(task_id)
         return [await client.cancel_execution(e, reason=reason) for e in ids]
 
     done = run(go)
@@ -294,6 +339,10 @@ def cancel(
     table(
         "cancelled", ("execution_id", "state"), ((e.execution.execution_id, execution_state(e)) for e in done)
     )
+
+
+async def _cancel_tasks(client: GyreClient, task_ids: list[str], reason: str) -> list[Any]:
+    return [await client.cancel_task(t, reason=reason) for t in task_ids]
 
 
 def register(app: typer.Typer) -> None:

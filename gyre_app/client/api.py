@@ -159,21 +159,37 @@ class GyreClient:
     async def list_tasks(self) -> list[Task]:
         raise self._unbuilt("ListTasks", "listing tasks")
 
-    async def list_executions(self) -> list[Any]:
-        raise self._unbuilt("ListExecutions", "listing executions")
+    async def _scheduler_rpc(self, name: str, purpose: str, **fields: Any) -> Any:
+        """Call a scheduler RPC that not every contract version has (issue 12 adds them): by name,
+        its request built from `fields`; `RpcNotServed` when this contract lacks it."""
+        if not self._scheduler_serves(name):
+            raise self._unbuilt(name, purpose)
+        request = getattr(scheduler_pb2, f"{name}Request")(**fields)
+        return await self._call(
+            "scheduler", lambda c: getattr(self._scheduler(c), name)(request, timeout=self.timeout_s)
+        )
 
-    async def cancel_task(self, task_id: str) -> Any:
-        raise self._unbuilt("CancelTask", f"cancelling task {task_id}")
+    async def list_executions(self, *, task_id: str = "", limit: int = 0) -> list[Any]:
+        """The scheduler's executions with their states (`ListExecutions`), oldest task first."""
+        response = await self._scheduler_rpc(
+            "ListExecutions", "listing executions", task_id=task_id, limit=limit
+        )
+        return list(response.executions)
+
+    async def cancel_task(self, task_id: str, *, reason: str = "", request_id: str | None = None) -> Any:
+        """Cancel a whole task (`CancelTask`): unstarted executions never start, running ones stop."""
+        return await self._scheduler_rpc(
+            "CancelTask",
+            f"cancelling task {task_id}",
+            request_id=request_id or f"gyre-cancel-{uuid.uuid4().hex}",
+            task_id=task_id,
+            reason=reason,
+        )
 
     async def cells(self) -> message.Message:
         """The scheduler's cells and mode (`GetCells`), where the scheduler serves it."""
-        if not self._scheduler_serves("GetCells"):
-            raise self._unbuilt("GetCells", "showing cells")
-        request = getattr(scheduler_pb2, "GetCellsRequest")()  # noqa: B009 - not in every contract version
-        return await self._call(
-            "scheduler",
-            lambda c: getattr(self._scheduler(c), "GetCells")(request, timeout=self.timeout_s),  # noqa: B009
-        )
+        response: message.Message = await self._scheduler_rpc("GetCells", "showing cells")
+        return response
 
     # --- runner ----------------------------------------------------------------------------
 
