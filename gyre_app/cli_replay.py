@@ -1,4 +1,5 @@
-"""`gyre replay step N` and `gyre staleness`: audit a step's batch, explain stale samples (shell)."""
+"""`gyre replay`, `gyre replay step N` and `gyre staleness`: rebuild projections from the event log,
+audit a step's batch, explain stale samples (shell)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from google.protobuf import timestamp_pb2
 
-from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound
+from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavailable
 from gyre_app.cli_tasks import JsonOpt, run
 from gyre_app.client import GyreClient
 from gyre_app.output import console, pairs, print_json, table
@@ -21,7 +22,7 @@ REPLAYABLE = ("trajectory",)
 
 
 def _projection_replay(
-    service: str, log_range: Any, keep_scratch: bool
+    log_range: Any, keep_scratch: bool
 ) -> Any:  # services.trajectory.log_replay.LogReplay, imported only when asked for
     import asyncio
 
@@ -33,9 +34,18 @@ def _projection_replay(
     from services.trajectory.log_replay import replay_and_diff
 
     async def go() -> Any:
-        pg = await asyncpg.connect(libpq_url(database_url(KernelSettings())))
+        url = database_url(KernelSettings())
+        try:
+            pg = await asyncpg.connect(libpq_url(url), timeout=10)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise Unavailable(
+                f"the trajectory service's database is not reachable ({exc}): start the stack with "
+                "`gyre up`, or point GYRE_DATABASE_URL at it"
+            ) from None
         try:
             return await replay_and_diff(pg, log_range, keep_scratch=keep_scratch)
+        except asyncpg.UndefinedTableError:
+            raise Unavailable("the database holds no trajectory tables: run `gyre migrate`") from None
         finally:
             await pg.close()
 
@@ -71,7 +81,6 @@ def replay_projections(
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     result = _projection_replay(
-        service,
         LogRange(execution_ids=tuple(execution or ()), since=since, from_position=from_position),
         keep_scratch,
     )
