@@ -124,6 +124,8 @@ def sweep_splits(cells: int, *, most: int = 24) -> Sequence[int]:
 
 def best_split(mode: str, w: Workload, x: Executions) -> tuple[int, Result]:
     """The fixed split (rollout cells) with the shortest wall time for a fixed-split mode."""
-    feasible = [a for a in sweep_splits(w.cells) if a * w.executions_per_cell >= w.group_size]
+    # The workload's own split is always tried, so a mode at its best is never slower than at it.
+    candidates = sorted({*sweep_splits(w.cells), w.async_rollout_cells})
+    feasible = [a for a in candidates if a * w.executions_per_cell >= w.group_size]
     runs = [(a, simulate(mode, w, x, rollout_cells=a)) for a in feasible]
     return min(runs, key=lambda run: (run[1].wall_s, run[0]))
