@@ -24,6 +24,10 @@ def random_workload(seed: int) -> dict[str, Any]:
     group_size = rng.randint(1, 4)
     slots = rng.randint(math.ceil(group_size / 2), 6)
     rollout_cells = rng.randint(math.ceil(group_size / slots), cells - 1)  # one group fits
+
+    def cost(high: float) -> float:  # every cost is sometimes 0, which the engine must honour
+        return 0.0 if rng.random() < 0.2 else rng.uniform(0, high)
+
     return {
         "name": f"random-{seed}",
         "seed": seed,
@@ -38,13 +42,24 @@ def random_workload(seed: int) -> dict[str, Any]:
             "timeout_s": rng.uniform(100, 900),
             "tokens": {"dist": "lognormal", "median": rng.uniform(1000, 50000), "sigma": rng.uniform(0, 1)},
         },
-        "rollout": {"executions_per_cell": slots, "migrate_s": rng.uniform(0, 5)},
+        "rollout": {
+            "executions_per_cell": slots,
+            "migrate_s": cost(5),
+            "kv_bytes_per_token": cost(4e5),
+            "max_context_tokens": rng.randint(1000, 200_000),
+        },
         "training": {
             "tokens_per_s_per_cell": rng.uniform(200, 5000),
-            "step_overhead_s": rng.uniform(0, 40),
+            "step_overhead_s": cost(40),
             "microbatch_tokens": rng.choice([1024, 8192, 65536]),
+            "group_setup_s": cost(4),
+            "weight_bytes": cost(2e11),
         },
-        "switch": {"rollout_to_training_s": rng.uniform(0, 15), "training_to_rollout_s": rng.uniform(0, 6)},
+        "switch": {
+            "rollout_to_training_s": cost(15),
+            "training_to_rollout_s": cost(6),
+            "link_bytes_per_s": rng.uniform(1e9, 1e11),
+        },
     }
 
 
