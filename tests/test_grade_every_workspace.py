@@ -14,17 +14,10 @@ from typing import Any
 
 import pytest
 
+from bench.forgery import CORRECT
 from gyre.sandbox.trees import remove_tree
 from services.evaluator.cli import run as evaluate
 from services.evaluator.taskset import BUNDLED
-
-TOKENIZE = 'import re\n\ndef words(text):\n    return re.findall(r"[a-z\']+", text.lower())\n'
-COUNT = (
-    "from collections import Counter\nfrom wordfreq.tokenize import words\n\n"
-    "def top(text, n):\n    c = Counter(words(text))\n"
-    "    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:n]\n"
-)
-CORRECT = {"wordfreq/__init__.py": "", "wordfreq/tokenize.py": TOKENIZE, "wordfreq/count.py": COUNT}
 
 
 def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
