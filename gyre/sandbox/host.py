@@ -147,7 +147,8 @@ class SandboxHost:
         for path in sorted(p for p in self.root.iterdir() if p.is_dir()):
             owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
-            remove_tree(path)
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                remove_tree(path)
             for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
                     with contextlib.suppress(OSError):
@@ -448,7 +449,10 @@ class Sandbox:
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30, check=False)
             self.mounted = False
-        remove_tree(self.path)  # the workspace is wiped: nothing of it is left for a later uid
+        try:
+            remove_tree(self.path)  # the workspace is wiped: nothing of it is left for a later uid
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("sandbox_not_removed", path=str(self.path), error=str(exc))
         for d in self.cgroups:
             with contextlib.suppress(OSError):
                 d.rmdir()
