@@ -327,47 +327,46 @@ class Sandbox:
             "log_fd": log_fd,
             "pass_fds": list(pass_fds),
         }
-        own_fds = [log_fd]  # closed here once the child holds them
-        if self.isolation.namespaces:
-            if forward is not None:
-                self.forwarder = Forwarder(
-                    folder=self.path / "forward",
-                    host=forward.host,
-                    port=forward.port,
-                    max_connections=self.limits.max_connections,
-                    uid=self.uid,
-                )
-                await self.forwarder.start()
-                spec["forward"] = {
-                    "listen_port": forward.listen_port,
-                    "socket_path": f"{FORWARD_DIR}/proxy.sock",
-                }
-            seccomp_fd = launcher.seccomp_fd(self)
-            if seccomp_fd is not None:
-                own_fds.append(seccomp_fd)
-            cmd, staging = launcher.bwrap_command(
-                self, cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
-            )
-        else:
-            spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
-            cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
-        setup_log = self._open_setup_log()
+        own_fds = [log_fd]  # closed here once the child holds them (or on failure)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=setup_log,
-                stderr=setup_log,
-                start_new_session=True,
-                pass_fds=(*own_fds, *pass_fds),
-                env={
-                    "PATH": os.environ.get("PATH", os.defpath),
-                    "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
-                    "GYRE_STAGE": staging,
-                },
-            )
+            if self.isolation.namespaces:
+                if forward is not None:
+                    self.forwarder = Forwarder(
+                        folder=self.path / "forward",
+                        host=forward.host,
+                        port=forward.port,
+                        max_connections=self.limits.max_connections,
+                        uid=self.uid,
+                    )
+                    await self.forwarder.start()
+                    spec["forward"] = {
+                        "listen_port": forward.listen_port,
+                        "socket_path": f"{FORWARD_DIR}/proxy.sock",
+                    }
+                seccomp_fd = launcher.seccomp_fd(self)
+                if seccomp_fd is not None:
+                    own_fds.append(seccomp_fd)
+                cmd, staging = launcher.bwrap_command(
+                    self, cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
+                )
+            else:
+                spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
+                cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
+            with self._open_setup_log() as setup_log:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *cmd,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=setup_log,
+                    stderr=setup_log,
+                    start_new_session=True,
+                    pass_fds=(*own_fds, *pass_fds),
+                    env={
+                        "PATH": os.environ.get("PATH", os.defpath),
+                        "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
+                        "GYRE_STAGE": staging,
+                    },
+                )
         finally:
-            setup_log.close()
             for fd in own_fds:
                 os.close(fd)
         assert self.proc.stdin is not None
