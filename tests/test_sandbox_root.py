@@ -119,7 +119,9 @@ def _shm_exists(key: int) -> int:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def probed() -> AsyncIterator[Probed]:
-    host = SandboxHost(REPO / ".gyre" / "test-root" / uuid.uuid4().hex[:8], uid_base=61000, uid_count=100)
+    # Deep enough that the forwarder's socket path passes the 107 bytes a Unix socket path may hold.
+    deep = REPO / ".gyre" / "test-root" / ("deep-" * 12) / uuid.uuid4().hex[:8]
+    host = SandboxHost(deep, uid_base=61000, uid_count=100)
     counting = CountingServer()
     server = await asyncio.start_server(counting.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -156,6 +158,7 @@ async def probed() -> AsyncIterator[Probed]:
         await other.release()
         host.sweep()
         host.root.rmdir()
+        host.root.parent.rmdir()
 
 
 async def test_no_host_unix_socket_is_reachable(probed: Probed) -> None:
@@ -203,6 +206,7 @@ async def test_the_cpu_quota_is_set(probed: Probed) -> None:
 
 
 async def test_connections_through_the_proxy_port_are_capped(probed: Probed) -> None:
+    assert len(str(probed.other.path / "forward" / "proxy.sock")) > 107
     assert probed.report["connections_open"] >= LIMITS.max_connections
     assert 0 < probed.proxy_peak <= LIMITS.max_connections
 
