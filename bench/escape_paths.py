@@ -137,7 +137,8 @@ def _write(ws: Path, files: dict[str, str]) -> None:
         (ws / rel).write_text(text)
 
 
-def _deep_chain(ws: Path, depth: int) -> None:
+def deep_chain(ws: Path, depth: int) -> None:
+    """`depth` nested folders `d/d/...` under `ws`."""
     fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     for _ in range(depth):  # relative to a descriptor: no path grows past PATH_MAX
         os.mkdir("d", dir_fd=fd)
@@ -169,7 +170,7 @@ async def ungraded_case(grader: Grader, name: str, work: Path) -> dict[str, Any]
     task = "wordfreq"
     if name == "deep_chain":  # a correct solution beside 1,100 nested folders
         _write(ws, CORRECT)
-        _deep_chain(ws, 1100)
+        deep_chain(ws, 1100)
     elif name == "many_files":  # a correct solution beside 150k empty files
         _write(ws, CORRECT)
         (ws / "junk").mkdir()

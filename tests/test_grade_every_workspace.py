@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.escape_paths import deep_chain
 from bench.forgery import CORRECT
 from gyre.sandbox.trees import remove_tree
 from services.evaluator.cli import run as evaluate
@@ -56,13 +57,7 @@ def test_a_folder_chain_1100_deep_scores_0_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ws = workspace(tmp_path, CORRECT)
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(1100):  # relative to a descriptor: no path grows past PATH_MAX
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    os.close(fd)
+    deep_chain(ws, 1100)
     try:
         result = grade(capsys, "wordfreq", ws)
     finally:

@@ -8,17 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.escape_paths import deep_chain
 from gyre.sandbox.trees import CopyBounds, CopyRefused, bounded_copy, remove_tree
-
-
-def chain(top: Path, depth: int) -> None:
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):  # relative to a descriptor: no path grows past PATH_MAX
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    os.close(fd)
 
 
 @pytest.fixture
@@ -68,7 +59,7 @@ def test_a_chain_deeper_than_allowed_is_refused_and_removed_without_recursion(
     trees: tuple[Path, Path],
 ) -> None:
     src, dest = trees
-    chain(src, 1100)
+    deep_chain(src, 1100)
     with pytest.raises(CopyRefused, match="deeper than 64"):
         bounded_copy(src, dest, CopyBounds())
     remove_tree(src)
