@@ -79,6 +79,7 @@ report = {
     "mountinfo": open("/proc/self/mountinfo").read(),
     "root_writable": os.access("/", os.W_OK),
     "connections_open": len(conns),
+    "ptrace_traceme": libc.ptrace(0, 0, 0, 0),  # PTRACE_TRACEME: 0 where ptrace is allowed
 }
 print(json.dumps(report), flush=True)
 time.sleep(1.5)  # hold the connections while the host counts them
@@ -199,6 +200,10 @@ async def test_no_new_privs_seccomp_and_no_capabilities(probed: Probed) -> None:
     assert int(probed.report["cap_eff"], 16) == 0
     assert probed.report["unshare_user"] != 0
     assert not probed.report["root_writable"]
+
+
+async def test_the_seccomp_filter_denies_ptrace(probed: Probed) -> None:
+    assert probed.report["ptrace_traceme"] == -1
 
 
 async def test_the_cpu_quota_is_set(probed: Probed) -> None:
