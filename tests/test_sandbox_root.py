@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gyre.errors import InvalidArgument
 from gyre.sandbox.host import Forward, Sandbox, SandboxHost
-from gyre.sandbox.limits import SandboxLimits
+from gyre.sandbox.limits import Capabilities, SandboxLimits, plan_isolation
 from gyre.sandbox.rootfs import RootPlan, bwrap_argv
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -233,3 +234,18 @@ async def test_ipc_helper_sees_host_segments() -> None:
     shmid = libc.shmget(key, 4096, IPC_CREAT | 0o600)
     assert shmid >= 0
     assert _shm_exists(key) == shmid
+
+
+async def test_strict_mode_refuses_a_host_without_working_bwrap() -> None:
+    caps = Capabilities(
+        root=True, namespaces=False, tmpfs=True, cgroup_memory="m", cgroup_pids="p", cgroup_cpu="c"
+    )
+    with pytest.raises(InvalidArgument, match="namespaces: bwrap cannot start"):
+        plan_isolation(caps, mode="strict")
+
+
+async def test_bwrap_never_runs_as_root_when_it_cannot_drop_to_the_sandbox_user() -> None:
+    caps = Capabilities(
+        root=True, namespaces=True, bwrap="/x/bwrap", setpriv="", unshare="/usr/bin/unshare", tmpfs=True
+    )
+    assert plan_isolation(caps, mode="auto").namespaces is False
