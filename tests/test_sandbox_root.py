@@ -249,3 +249,10 @@ async def test_bwrap_never_runs_as_root_when_it_cannot_drop_to_the_sandbox_user(
         root=True, namespaces=True, bwrap="/x/bwrap", setpriv="", unshare="/usr/bin/unshare", tmpfs=True
     )
     assert plan_isolation(caps, mode="auto").namespaces is False
+
+
+async def test_the_address_space_limit_can_exceed_the_memory_limit() -> None:
+    """A harness runtime (Claude Code's Node) reserves far more address space than it touches."""
+    limits = SandboxLimits(memory_mb=2048, address_space_mb=8192)
+    assert limits.rlimits()["RLIMIT_AS"] == (8192 << 20, 8192 << 20)
+    assert SandboxLimits(memory_mb=2048).rlimits()["RLIMIT_AS"] == (2048 << 20, 2048 << 20)
