@@ -151,8 +151,7 @@ class SandboxHost:
                 remove_tree(path)
             for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
-                    with contextlib.suppress(OSError):
-                        (Path(base) / f"gyre-{path.name}").rmdir()
+                    _remove_cgroup(Path(base) / f"gyre-{path.name}")
             if self.uid_base <= owner < self.uid_base + self.uid_count:
                 with contextlib.suppress(KeyError):
                     self._free_user(owner, pwd.getpwuid(owner).pw_name)
@@ -453,8 +452,7 @@ class Sandbox:
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("sandbox_not_removed", path=str(self.path), error=str(exc))
         for d in self.cgroups:
-            with contextlib.suppress(OSError):
-                d.rmdir()
+            _remove_cgroup(d)
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
 
@@ -464,3 +462,21 @@ def _cgroup_pids(cgroup: Path) -> list[int]:
         return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    """rmdir a sandbox's cgroup. Its last processes may still be exiting (bwrap's pid 1 takes the
+    namespace down as it goes), and rmdir fails while any is in it: kill and retry, bounded."""
+    for _ in range(100):
+        pids = _cgroup_pids(cgroup)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            cgroup.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+    log.warning("sandbox_cgroup_left", cgroup=str(cgroup))
