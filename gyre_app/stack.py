@@ -25,10 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gyre.db.engine import libpq_url, with_database
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
-from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.sandbox.host import SHARED_TEMP
 from gyre.settings import KernelSettings, stack_state_path
 from gyre_app.migrations import upgrade_all
+from gyre_app.register import register_engine as register_engine_at
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Start order. The engine comes first: on a fresh clone it writes the tiny model the proxy and
@@ -226,24 +226,10 @@ def up(
 
 
 def register_engine(state: StackState) -> None:
-    """Route the proxy to the local engine.
-
-    In a cluster the scheduler's cell control registers each engine as its cell turns to
-    rollout; that part of the live scheduler is not built yet, so `gyre up` does it for its one
-    engine. The request id names the address: a restarted stack (new ports) registers anew,
-    a repeat of the same stack is answered from the first.
-    """
-    address = state.address_of("engine")
-    with grpc.insecure_channel(state.address_of("proxy")) as channel:
-        proxy_pb2_grpc.ProxyServiceStub(channel).RegisterEngine(
-            proxy_pb2.RegisterEngineRequest(
-                request_id=f"gyre-up:{CELL_ID}:{ENGINE_ID}:{address}",
-                cell_id=CELL_ID,
-                engine_id=ENGINE_ID,
-                address=address,
-            ),
-            timeout=30.0,
-        )
+    """Route the proxy to the local engine (see `gyre_app.register` for why `gyre up` does it)."""
+    register_engine_at(
+        state.address_of("proxy"), cell_id=CELL_ID, engine_id=ENGINE_ID, address=state.address_of("engine")
+    )
 
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:
