@@ -36,6 +36,8 @@ class KernelSettings(BaseSettings):
     """Prometheus metrics endpoint (`/metrics`); unset: none is served; 0: a free port (logged)."""
     metrics_host: str = "127.0.0.1"
     """Where the metrics endpoint binds; containers set 0.0.0.0 so a scraper on their network reaches it."""
+    trace_exporter: Literal["none", "console"] = "none"
+    """Trace ids always travel with RPCs and events; `console` also records spans and prints them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

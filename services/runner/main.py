@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
-
 from gyre.consume import Consumer
 from gyre.db.outbox import OutboxRelay
 from gyre.proxy.v1 import proxy_pb2_grpc
 from gyre.rpc import GrpcServer
+from gyre.rpc_telemetry import channel as traced_channel
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
@@ -43,7 +42,7 @@ async def build_with_supervisor(
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     proxy = (
-        proxy_pb2_grpc.ProxyServiceStub(grpc.aio.insecure_channel(settings.proxy_address))
+        proxy_pb2_grpc.ProxyServiceStub(traced_channel(settings.proxy_address))
         if settings.proxy_address
         else None
     )

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import grpc
 
 from gyre.errors import Unavailable
+from gyre.rpc_telemetry import channel as traced_channel
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trainer.samples import Sample
 
@@ -34,7 +35,7 @@ class TrajectorySamples:
     """Streams the samples of whole groups; weights are computed over exactly these groups."""
 
     def __init__(self, address: str, *, j_max: int, timeout_s: float = 120.0) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = traced_channel(address)
         self.stub = trajectory_pb2_grpc.TrajectoryServiceStub(self.channel)
         self.j_max = j_max
         self.timeout_s = timeout_s
