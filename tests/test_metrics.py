@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from test_bus import run_until, task_submitted
 
-from gyre.bus import Bus, BusConfig
+from gyre.bus import Bus
 from gyre.consume import Consumer, ConsumerSpec
 from gyre.devstack.embedded import free_port
 from gyre.devstack.processes import is_our_process, spawn_detached, terminate
@@ -26,7 +26,6 @@ from gyre.events import DecodedEvent
 from gyre.healthcheck import check
 from gyre.metrics import observe_published, register_gauge, serve_metrics
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
-from gyre.settings import KernelSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 GET_TASK = "/gyre.scheduler.v1.SchedulerService/GetTask"
@@ -119,19 +118,11 @@ async def test_a_real_service_reports_what_its_outbox_published(scheduler_proces
     assert sample(scraped, "gyre_rpc_duration_seconds_count", method=SUBMIT_TASKS, code="OK") == 1.0
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def bus(kernel: KernelSettings, bus_prefix: str) -> AsyncIterator[Bus]:
-    assert kernel.nats_url is not None
-    b = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=f"{bus_prefix}metricsbus"))
-    yield b
-    await b.close()
-
-
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_consumer_reports_outcomes_dead_letters_and_lag(bus: Bus) -> None:
+async def test_a_consumer_reports_outcomes_dead_letters_and_lag(own_bus: Bus) -> None:
     bad = task_submitted()
     for envelope in (task_submitted(), bad, task_submitted()):
-        await bus.publish(envelope)
+        await own_bus.publish(envelope)
     handled: list[str] = []
 
     async def handle(event: DecodedEvent) -> None:
@@ -141,7 +132,7 @@ async def test_a_consumer_reports_outcomes_dead_letters_and_lag(bus: Bus) -> Non
 
     durable = "metrics-consumer"
     consumer = Consumer(
-        bus,
+        own_bus,
         ConsumerSpec(
             durable=durable, producer="scheduler", handlers={events_pb2.TaskSubmitted: handle}, batch=1
         ),

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
-import pytest_asyncio
 import sqlalchemy as sa
 from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from proxy_support import start_rig, write_tokenizer
 from test_bus import run_until, task_submitted
 
-from gyre.bus import Bus, BusConfig
+from gyre.bus import Bus
 from gyre.consume import Consumer, ConsumerSpec
 from gyre.db.engine import make_engine
 from gyre.db.outbox import OutboxRelay, enqueue
@@ -38,15 +36,6 @@ CALLER_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER = {TRACEPARENT: f"00-{CALLER_TRACE_ID}-00f067aa0ba902b7-01"}
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def bus(kernel: KernelSettings, bus_prefix: str) -> AsyncIterator[Bus]:
-    assert kernel.nats_url is not None
-    # A prefix per test: each consumer reads its stream from the start and must see only its events.
-    b = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=f"{bus_prefix}trace{uuid.uuid4().hex[:6]}"))
-    yield b
-    await b.close()
-
-
 async def consume_trace_ids(bus: Bus, durable: str, expected: int) -> list[str]:
     """Run a consumer of TaskSubmitted until `expected` events arrived; the trace id each saw."""
     seen: list[str] = []
@@ -60,25 +49,25 @@ async def consume_trace_ids(bus: Bus, durable: str, expected: int) -> list[str]:
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_published_event_arrives_in_the_consumers_trace(bus: Bus) -> None:
+async def test_a_published_event_arrives_in_the_consumers_trace(own_bus: Bus) -> None:
     with continued_from(CALLER, "submit"):
         envelope = task_submitted()
-    await bus.publish(envelope)
-    assert await consume_trace_ids(bus, "trace-direct", 1) == [CALLER_TRACE_ID]
+    await own_bus.publish(envelope)
+    assert await consume_trace_ids(own_bus, "trace-direct", 1) == [CALLER_TRACE_ID]
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_the_trace_context_rides_in_the_nats_headers(bus: Bus) -> None:
+async def test_the_trace_context_rides_in_the_nats_headers(own_bus: Bus) -> None:
     with continued_from(CALLER, "submit"):
         envelope = task_submitted()
-    ack = await bus.publish(envelope)
-    stored = await bus.js.get_msg(ack.stream, ack.seq)
+    ack = await own_bus.publish(envelope)
+    stored = await own_bus.js.get_msg(ack.stream, ack.seq)
     assert stored.headers is not None
     assert stored.headers[TRACEPARENT].split("-")[1] == CALLER_TRACE_ID
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_the_trace_survives_the_outbox(bus: Bus, kernel: KernelSettings) -> None:
+async def test_the_trace_survives_the_outbox(own_bus: Bus, kernel: KernelSettings) -> None:
     """Enqueued in the request's trace, published later by the relay's own task: same trace id."""
     assert kernel.database_url is not None
     engine = make_engine(kernel.database_url)
@@ -99,8 +88,8 @@ async def test_the_trace_survives_the_outbox(bus: Bus, kernel: KernelSettings) -
         with continued_from(CALLER, "submit"):
             async with engine.begin() as conn:
                 await enqueue(conn, outbox, task_submitted())  # type: ignore[arg-type]
-        assert await OutboxRelay(engine, bus, outbox).publish_pending() == 1
-        assert await consume_trace_ids(bus, "trace-outbox", 1) == [CALLER_TRACE_ID]
+        assert await OutboxRelay(engine, own_bus, outbox).publish_pending() == 1
+        assert await consume_trace_ids(own_bus, "trace-outbox", 1) == [CALLER_TRACE_ID]
     finally:
         async with engine.begin() as conn:
             await conn.execute(sa.text("DROP SCHEMA trace_test CASCADE"))
@@ -108,11 +97,11 @@ async def test_the_trace_survives_the_outbox(bus: Bus, kernel: KernelSettings) -
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_an_event_published_outside_any_trace_starts_one_the_consumer_continues(bus: Bus) -> None:
+async def test_an_event_published_outside_any_trace_starts_one_the_consumer_continues(own_bus: Bus) -> None:
     envelope = task_submitted()
     assert dict(envelope.trace_context) == {}
-    await bus.publish(envelope)
-    (seen,) = await consume_trace_ids(bus, "trace-root", 1)
+    await own_bus.publish(envelope)
+    (seen,) = await consume_trace_ids(own_bus, "trace-root", 1)
     assert len(seen) == 32 and int(seen, 16) != 0
 
 
