@@ -13,7 +13,7 @@ from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
 from gyre.settings import KernelSettings
-from services.runner import repo
+from services.runner import metrics, repo
 from services.runner.config import RunnerSettings
 from services.runner.consumer import ScheduledEvents
 from services.runner.service import RunnerServicer
@@ -50,6 +50,7 @@ async def build_with_supervisor(
         sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy
     )
     await supervisor.recover()
+    metrics.register(supervisor)
     scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())
     server = GrpcServer(
         service_names=[runner_pb2.DESCRIPTOR.services_by_name["RunnerService"].full_name],

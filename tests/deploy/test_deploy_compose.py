@@ -135,3 +135,16 @@ def test_the_proxy_is_registered_with_the_engine_once_both_serve(compose: dict[s
         "engine": "service_healthy",
         "proxy": "service_healthy",
     }
+
+
+def test_the_image_holds_every_package_and_installs_it_in_place() -> None:
+    """A package the project ships but the image lacks breaks `gyre migrate` or a service at
+    start; an install that is not editable leaves the migrations folders behind."""
+    import tomllib
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text().splitlines()
+    copied = {line.split()[1] for line in dockerfile if line.startswith("COPY ")}
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages <= copied
+    assert any(line.startswith("RUN pip install") and " -e ." in line for line in dockerfile)
