@@ -102,6 +102,7 @@ async def _start(request: web.Request, parse: Callable[[Any], ChatRequest]) -> t
     execution_id = await _authenticate(request)
     chat = parse(await _json_body(request))
     run = await request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
+    structlog.contextvars.bind_contextvars(execution_id=execution_id, call_id=run.call_id)
     return chat, run
 
 
