@@ -179,3 +179,9 @@ def test_every_gyre_variable_is_a_setting_some_service_reads(docs: list[dict[str
             word.strip("\"'{},:").split("=")[0] for word in kustomization.split() if word.startswith("GYRE_")
         ]
     assert unknown_gyre_variables(names) == []
+
+
+def test_the_harness_job_runs_under_a_runtime_class_the_base_defines() -> None:
+    job = harness_job()[0]
+    runtime_classes = named(load_kustomization(K8S / "base"), "RuntimeClass")
+    assert pod_spec(job)["runtimeClassName"] in runtime_classes
