@@ -35,6 +35,8 @@ def configure_tracing(exporter: str) -> None:
     global _recording
     if exporter == "none":
         return
+    if exporter != "console":
+        raise RuntimeError(f"GYRE_TRACE_EXPORTER={exporter!r}: expected none or console")
     try:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -42,8 +44,6 @@ def configure_tracing(exporter: str) -> None:
         raise RuntimeError(
             f"GYRE_TRACE_EXPORTER={exporter} needs opentelemetry-sdk: pip install -e '.[otel]'"
         ) from exc
-    if exporter != "console":
-        raise RuntimeError(f"GYRE_TRACE_EXPORTER={exporter!r}: expected none or console")
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)

@@ -7,6 +7,9 @@ as in a default deployment.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -29,7 +32,7 @@ from gyre.rpc import Context, GrpcServer
 from gyre.rpc_telemetry import channel
 from gyre.scheduler.v1 import events_pb2
 from gyre.settings import KernelSettings
-from gyre.tracing import TRACEPARENT, continued_from, current_trace_id
+from gyre.tracing import TRACEPARENT, configure_tracing, continued_from, current_trace_id
 
 # A trace a harness (or any caller) started: W3C traceparent, version 00, sampled.
 CALLER_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -184,3 +187,26 @@ async def test_a_model_call_continues_the_harness_trace_into_its_recorded_event(
     finally:
         await rig.close()
     assert traces == [CALLER_TRACE_ID]
+
+
+def test_the_console_exporter_records_a_hops_span_in_the_callers_trace() -> None:
+    """With GYRE_TRACE_EXPORTER=console (and the SDK) a hop is a real span; run apart, since a
+    tracer provider is set once per process."""
+    script = (
+        "from gyre.tracing import configure_tracing, continued_from\n"
+        "from opentelemetry import trace\n"
+        "configure_tracing('console')\n"
+        f"with continued_from({CALLER!r}, 'consume TaskSubmitted'): pass\n"
+        "trace.get_tracer_provider().shutdown()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    span = json.loads(run.stdout)
+    assert span["name"] == "consume TaskSubmitted"
+    assert span["context"]["trace_id"] == f"0x{CALLER_TRACE_ID}"
+    assert span["parent_id"] == "0x" + CALLER[TRACEPARENT].split("-")[2]
+
+
+def test_an_unknown_exporter_is_refused_naming_the_choices() -> None:
+    with pytest.raises(RuntimeError, match="expected none or console"):
+        configure_tracing("zipkin")
