@@ -23,6 +23,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
+from gyre.errors import InvalidArgument
+
 TRACEPARENT = "traceparent"
 TRACE_HEADERS = (TRACEPARENT, "tracestate")
 _recording = False
@@ -36,13 +38,13 @@ def configure_tracing(exporter: str) -> None:
     if exporter == "none":
         return
     if exporter != "console":
-        raise RuntimeError(f"GYRE_TRACE_EXPORTER={exporter!r}: expected none or console")
+        raise InvalidArgument("GYRE_TRACE_EXPORTER", f"expected none or console, got {exporter!r}")
     try:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError as exc:
-        raise RuntimeError(
-            f"GYRE_TRACE_EXPORTER={exporter} needs opentelemetry-sdk: pip install -e '.[otel]'"
+        raise InvalidArgument(
+            "GYRE_TRACE_EXPORTER", "console needs opentelemetry-sdk: pip install -e '.[otel]'"
         ) from exc
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))

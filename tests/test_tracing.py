@@ -26,6 +26,7 @@ from gyre.bus import Bus
 from gyre.consume import Consumer, ConsumerSpec
 from gyre.db.engine import make_engine
 from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.errors import InvalidArgument
 from gyre.events import DecodedEvent, parse_envelope
 from gyre.proxy.v1 import events_pb2 as proxy_events
 from gyre.rpc import Context, GrpcServer
@@ -208,5 +209,5 @@ def test_the_console_exporter_records_a_hops_span_in_the_callers_trace() -> None
 
 
 def test_an_unknown_exporter_is_refused_naming_the_choices() -> None:
-    with pytest.raises(RuntimeError, match="expected none or console"):
+    with pytest.raises(InvalidArgument, match="GYRE_TRACE_EXPORTER: expected none or console"):
         configure_tracing("zipkin")
