@@ -38,7 +38,7 @@ def test_tree_packed_loss_and_gradients_equal_separate_sequences() -> None:
         assert packed.stats.loss == pytest.approx(flat.stats.loss, rel=1e-5, abs=1e-7)
         scale = flat.grad_P.abs().max()
         assert scale > 0
-        assert float((packed.grad_P - flat.grad_P).abs().max() / scale) < 1e-4
+        assert float((packed.grad_P - flat.grad_P).abs().max() / scale) <= 1e-5
 
 
 def test_microbatches_keep_executions_together_within_the_budget() -> None:

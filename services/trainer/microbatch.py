@@ -10,6 +10,7 @@ Legend: P number of parameters, K predicted tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from transformers import PreTrainedModel
 
 from gyre.errors import InvalidArgument
 from gyre.trajectory.v1 import trajectory_pb2
+from services.trainer.device import DevicePlan, autocast
 from services.trainer.loss import LossConfig, LossStats, policy_loss, token_targets
 from services.trainer.policy import flat_logprobs, packed_logprobs
 from services.trainer.sample_arrays import PackedSamplesInvalid, decode_samples, encode_samples
@@ -111,14 +113,29 @@ class MicrobatchResult:
 
 
 def microbatch_gradient(
-    model: PreTrainedModel, samples: Sequence[Sample], config: LossConfig, *, packed: bool = True
+    model: PreTrainedModel,
+    samples: Sequence[Sample],
+    config: LossConfig,
+    *,
+    packed: bool = True,
+    autocast_bf16: bool = False,
 ) -> MicrobatchResult:
+    """Forward and backward of one microbatch on the model's device; the loss is taken in float32."""
     params = flat_parameters(model)
     for p in params:
         p.grad = None
     sequences = [s.token_ids for s in samples]
-    logprobs_K = packed_logprobs(model, sequences) if packed else flat_logprobs(model, sequences)
+    with autocast(DevicePlan(device=str(model.device), autocast_bf16=autocast_bf16)):
+        logprobs_K = packed_logprobs(model, sequences) if packed else flat_logprobs(model, sequences)
     targets = token_targets(samples)
+    if logprobs_K.device != targets.weight_K.device:
+        targets = dataclasses.replace(
+            targets,
+            token_ids_K=targets.token_ids_K.to(logprobs_K.device),
+            old_logprobs_K=targets.old_logprobs_K.to(logprobs_K.device),
+            weight_K=targets.weight_K.to(logprobs_K.device),
+            advantage_K=targets.advantage_K.to(logprobs_K.device),
+        )
     loss, stats = policy_loss(logprobs_K, targets, config)
     loss.backward()  # type: ignore[no-untyped-call]
     grad_P = torch.cat(
