@@ -29,7 +29,7 @@ TRACEPARENT = "traceparent"
 TRACE_HEADERS = (TRACEPARENT, "tracestate")
 _recording = False
 """True once an SDK tracer provider is configured: spans then come from it instead of being minted."""
-_ids = random.SystemRandom()
+_ids = random.Random()  # ids need uniqueness, not secrecy (the OpenTelemetry SDK does the same)
 
 
 def configure_tracing(exporter: str) -> None:
