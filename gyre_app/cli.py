@@ -61,6 +61,7 @@ SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
     "trajectory": ("services.trajectory.cli", "import call records, print replayed samples"),
     "model": ("services.engine.cli", "create a tiny local model checkpoint"),
     "evaluate": ("services.evaluator.cli", "grade one workspace offline"),
+    "tasks": ("services.evaluator.generate.cli", "generate seeded task sets (repo-gen, repair, terminal)"),
 }
 
 

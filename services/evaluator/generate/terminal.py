@@ -26,8 +26,10 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
     columns = rng.sample(COLUMNS, 3)
     target = rng.randrange(3)
     op = rng.choice(sorted(OPS))
-    rows = [(rng.choice(NAMES), *(rng.randint(1, 50) for _ in columns)) for _ in range(rng.randint(3, 7))]
-    values = [r[1 + target] for r in rows]
+    names = [rng.choice(NAMES) for _ in range(rng.randint(3, 7))]
+    table = [[rng.randint(1, 50) for _ in columns] for _ in names]
+    rows = [(n, *v) for n, v in zip(names, table, strict=True)]
+    values = [v[target] for v in table]
     answer = {"sum": sum(values), "max": max(values), "min": min(values)}[op]
     header = ",".join(("name", *columns))
     csv = "\n".join([header, *(",".join(map(str, r)) for r in rows)]) + "\n"
