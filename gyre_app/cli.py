@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
+        from gyre_app.warmstart.cli import main as warm_start
+
+        return warm_start(argv[1:])
     if argv and argv[0] in SERVICE_COMMANDS:
         return _run_service_command(argv[0], argv[1:])
     ns = build_parser().parse_args(argv)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedModel
 
-from services.trainer.loss import LossConfig, LossStats, policy_loss, token_targets
+from services.trainer.loss import LossConfig, LossStats, microbatch_loss, token_targets
 from services.trainer.policy import flat_logprobs, packed_logprobs
 from services.trainer.samples import Sample
 
@@ -81,7 +81,7 @@ def microbatch_gradient(
     sequences = [s.token_ids for s in samples]
     logprobs_K = packed_logprobs(model, sequences) if packed else flat_logprobs(model, sequences)
     targets = token_targets(samples)
-    loss, stats = policy_loss(logprobs_K, targets, config)
+    loss, stats = microbatch_loss(logprobs_K, targets, config)
     loss.backward()  # type: ignore[no-untyped-call]
     grad_P = torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params]
