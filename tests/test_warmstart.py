@@ -85,7 +85,7 @@ def test_a_supervised_gradient_step_raises_the_targets_likelihood() -> None:
     from gyre_app.warmstart.tokens import RenderedChain
 
     chain = RenderedChain(token_ids=tuple(range(3, 23)), target=(False,) * 10 + (True,) * 10)
-    samples = supervised_samples([[chain]], execution_id="e", version=0)
+    samples = supervised_samples([[chain]], names=["e"], version=0)
     with torch.no_grad():
         before = float(flat_logprobs(model, [chain.token_ids])[9:].sum())
     grad = microbatch_gradient(model, samples, LossConfig(mode=SUPERVISED)).grad_P

@@ -49,9 +49,8 @@ class WarmStartConfig:
     """Instances generated per family; the train split (3 of every 4) becomes transcripts."""
     compact_every: int = 3
     """Every n-th instance runs with a small context budget, so its transcript holds a compaction."""
-    vocab_size: int = 4096
-    """Merges fitted to the transcripts across word boundaries (`split_words=False`): the tool list
-    every prompt repeats becomes a few dozen tokens, which is most of what makes the fine-tuning cheap."""
+    vocab_size: int = 2048
+    """Merges fitted to the transcripts (whole words of the tool list, code and commands)."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
 
@@ -107,9 +106,7 @@ def _build(dest: Path, config: WarmStartConfig, inputs: dict[str, Any], say: Cal
     say(f"recorded {len(recorded)} scripted transcripts ({sum(len(r) for r in recorded)} calls)")
     base = cast(Tokenizer, model_init.build_tokenizer())
     corpus = [text for calls in recorded for text in transcript_texts(base, calls)]
-    model_init.init_model(
-        dest, seed=config.seed, vocab_size=config.vocab_size, corpus=corpus, split_words=False
-    )
+    model_init.init_model(dest, seed=config.seed, vocab_size=config.vocab_size, corpus=corpus)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(dest)

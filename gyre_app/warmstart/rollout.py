@@ -35,7 +35,7 @@ from services.runner.agent.tools import Workspace
 class LocalPolicy:
     model: Any
     tokenizer: Any
-    max_tokens: int = 192
+    max_tokens: int = 160
     num_calls: int = 0
     num_valid_tool_calls: int = 0
     transcript: list[str] = field(default_factory=list)

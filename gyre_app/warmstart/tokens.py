@@ -127,26 +127,25 @@ def render_transcript(tokenizer: Tokenizer, calls: Sequence[RecordedCall]) -> li
 
 
 def supervised_samples(
-    transcripts: Sequence[Sequence[RenderedChain]], *, execution_id: str, version: int
+    transcripts: Sequence[Sequence[RenderedChain]], *, names: Sequence[str], version: int
 ) -> list[Sample]:
     """Trainer samples of whole transcripts: one per chain, targets the replies, weighted 1/(E*U_e).
 
-    A target token of transcript `i` weighs 1/(E*U_i) as in DESIGN section 4 (E transcripts,
-    U_i targets in transcript i), so every transcript counts the same whatever its length. All
-    samples carry one `execution_id`, so the trainer packs them into one tree and computes the
-    system prompt and tool list they all start with once. `version` is the trainer's:
-    supervised data is never stale.
+    Each transcript is one execution (its chains pack into one tree: they share the system
+    prompt); a target token of transcript `i` weighs 1/(E*U_i) as in DESIGN section 4, so every
+    transcript counts the same whatever its length. `version` is the trainer's: supervised data
+    is never stale.
     """
     e = len(transcripts)
     out: list[Sample] = []
-    for i, rendered in enumerate(transcripts):
+    for name, rendered in zip(names, transcripts, strict=True):
         u = sum(sum(c.target) for c in rendered)
         for j, c in enumerate(rendered):
             n = len(c.token_ids)
             out.append(
                 Sample(
-                    execution_id=execution_id,
-                    trajectory_id=f"{execution_id}/{i}.{j}",
+                    execution_id=name,
+                    trajectory_id=f"{name}/{j}",
                     agent_role="main",
                     token_ids=c.token_ids,
                     loss_mask=c.target,

@@ -23,8 +23,8 @@ from services.trainer.steps import OptimConfig, PolicyTrainer, make_optimizer
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    steps: int = 300
-    transcripts_per_step: int = 8
+    steps: int = 150
+    transcripts_per_step: int = 4
     learning_rate: float = 3e-3
     final_learning_rate: float = 3e-4
     """Cosine decay from `learning_rate` to this over the steps."""
@@ -54,7 +54,6 @@ def fine_tune(
     optim = OptimConfig(
         learning_rate=config.learning_rate,
         max_grad_norm=1.0,
-        microbatch_max_tokens=1 << 20,  # one packed tree per step (see supervised_samples)
         loss=LossConfig(mode=SUPERVISED),
     )
     core = DataParallelCore(model_config=model.config, loss_config=optim.loss, port=0, cell_id="warm-start")
@@ -75,7 +74,7 @@ def fine_tune(
                 rng.shuffle(order)
             batch.append(order.pop())
         samples = supervised_samples(
-            [transcripts[i] for i in batch], execution_id=f"step-{step}", version=trainer.version
+            [transcripts[i] for i in batch], names=[f"t{i}" for i in batch], version=trainer.version
         )
         report = trainer.step(samples)
         losses.append(report.loss)

@@ -96,20 +96,19 @@ def build_tokenizer(
     vocab_size: int = 768,
     corpus: Sequence[str] = (),
     max_length: int = CONTEXT_TOKENS,
-    split_words: bool = True,
 ) -> object:
     """A byte-level BPE tokenizer trained on `_CORPUS` (plus `corpus`), wrapped as a PreTrainedTokenizerFast.
 
     `corpus` lets a caller fit the merges to its own text (the warm start passes its rendered
-    transcripts, so tool schemas and code take a few tokens, not one per byte). With
-    `split_words=False` merges may span spaces and punctuation, so text that recurs whole (a
-    harness's tool list in every prompt) becomes a handful of tokens.
+    transcripts, so tool schemas and code take whole-word tokens, not one per byte). Merges never
+    span words: loading the folder with `AutoTokenizer` (as every service does) gives Qwen2's
+    tokenizer class, which splits words with Qwen's pattern before the merges apply.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -141,7 +140,6 @@ def init_model(
     max_position_embeddings: int = CONTEXT_TOKENS,
     vocab_size: int = 768,
     corpus: Sequence[str] = (),
-    split_words: bool = True,
 ) -> Path:
     """Write a random-weight tiny Qwen2 checkpoint with its tokenizer into `directory`.
 
@@ -153,9 +151,7 @@ def init_model(
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(
-        vocab_size=vocab_size, corpus=corpus, max_length=max_position_embeddings, split_words=split_words
-    )
+    tokenizer = build_tokenizer(vocab_size=vocab_size, corpus=corpus, max_length=max_position_embeddings)
     vocab_size = len(tokenizer)  # type: ignore[arg-type]
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)  # type: ignore[attr-defined]
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)  # type: ignore[attr-defined]
