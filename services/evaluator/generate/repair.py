@@ -7,6 +7,8 @@ and a passing one (`pass_to_pass`, weight 0.3: the functions that work, also vis
 
 from __future__ import annotations
 
+import json
+
 from services.evaluator.generate.instance import Check, Step, TaskInstance, rng_for
 
 FAMILY = "repo_repair"
@@ -29,13 +31,34 @@ def _value(body: str, x: int) -> object:
     return eval(body, {"__builtins__": {"min": min, "max": max}}, {"x": x})  # our own template text
 
 
-def _tests(package: str, bodies: dict[str, str]) -> str:
-    names = ", ".join(bodies)
-    out = [f"from {package}.ops import {names}\n"]
+def _tests(package: str, bodies: dict[str, str]) -> tuple[str, str]:
+    """A hidden test file whose tests return the value under test, and its expected values (JSON)."""
+    out = ["# Each test returns the value under test; the grader compares it with the .expected.json.\n"]
+    out.append(f"from {package}.ops import {', '.join(bodies)}\n")
+    expected = {}
     for name, body in bodies.items():
         for x in FUNCTIONS[name][3]:
-            out.append(f"\ndef test_{name}_{x}() -> None:\n    assert {name}({x}) == {_value(body, x)!r}\n")
+            out.append(f"\n\ndef test_{name}_{x}():\n    return {name}({x})\n")
+            expected[f"test_{name}_{x}"] = _value(body, x)
+    return "".join(out), json.dumps(expected)
+
+
+def _visible_tests(package: str, bodies: dict[str, str]) -> str:
+    """The workspace's own tests (plain asserts: the agent runs them with pytest)."""
+    out = [f"from {package}.ops import {', '.join(bodies)}\n"]
+    for name, body in bodies.items():
+        for x in FUNCTIONS[name][3]:
+            out.append(f"\n\ndef test_{name}_{x}() -> None:\n    assert {name}({x}) == {_value(body, x)!r}\n")
     return "".join(out)
+
+
+def _hidden(package: str, checks: dict[str, dict[str, str]]) -> dict[str, str]:
+    files = {}
+    for check, bodies in checks.items():
+        tests, expected = _tests(package, bodies)
+        files[f"hidden/test_{check}.py"] = tests
+        files[f"hidden/test_{check}.expected.json"] = expected
+    return files
 
 
 def generate(*, name: str, seed: int, index: int) -> TaskInstance:
@@ -60,12 +83,9 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
         workspace={
             f"{package}/__init__.py": "",
             path: _module(bad),
-            "tests/test_ops.py": _tests(package, working),
+            "tests/test_ops.py": _visible_tests(package, working),
         },
-        hidden={
-            "hidden/test_fail_to_pass.py": _tests(package, {broken: good[broken]}),
-            "hidden/test_pass_to_pass.py": _tests(package, working),
-        },
+        hidden=_hidden(package, {"fail_to_pass": {broken: good[broken]}, "pass_to_pass": working}),
         checks=(
             Check(name="fail_to_pass", tests="hidden/test_fail_to_pass.py", weight=0.7),
             Check(name="pass_to_pass", tests="hidden/test_pass_to_pass.py", weight=0.3),

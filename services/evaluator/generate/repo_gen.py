@@ -8,6 +8,8 @@ is a policy outcome scored 0, not an unassessable one.
 
 from __future__ import annotations
 
+import json
+
 from services.evaluator.generate.instance import Check, Step, TaskInstance, rng_for
 
 FAMILY = "repo_generation"
@@ -28,13 +30,25 @@ def _source(name: str, k: int) -> str:
     return f"def {name}({arg}):\n    return {body.format(k=k)}\n"
 
 
-def _test(package: str, name: str, k: int) -> str:
+def _test(package: str, name: str, k: int) -> tuple[str, str]:
+    """A hidden test file whose tests return the value under test, and its expected values (JSON)."""
     body, _, samples, arg = FUNCTIONS[name]
-    out = [f"from {package}.core import {name}\n"]
+    out = ["# Each test returns the value under test; the grader compares it with the .expected.json.\n"]
+    out.append(f"from {package}.core import {name}\n")
+    expected = {}
     for i, sample in enumerate(samples):
-        expected = eval(body.format(k=k), {}, {arg: eval(sample)})  # our own template text
-        out.append(f"\ndef test_{name}_{i}() -> None:\n    assert {name}({sample}) == {expected!r}\n")
-    return "".join(out)
+        expected[f"test_{name}_{i}"] = eval(
+            body.format(k=k), {}, {arg: eval(sample)}
+        )  # our own template text
+        out.append(f"\n\ndef test_{name}_{i}():\n    return {name}({sample})\n")
+    return "".join(out), json.dumps(expected)
+
+
+def _hidden(package: str, chosen: list[str], k: int) -> dict[str, str]:
+    files = {}
+    for f in chosen:
+        files[f"hidden/test_{f}.py"], files[f"hidden/test_{f}.expected.json"] = _test(package, f, k)
+    return files
 
 
 def generate(*, name: str, seed: int, index: int) -> TaskInstance:
@@ -56,7 +70,7 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
         prompt=prompt,
         requires=("README.md",),
         workspace={"README.md": f"# {package}\n"},
-        hidden={f"hidden/test_{f}.py": _test(package, f, k) for f in chosen},
+        hidden=_hidden(package, chosen, k),
         checks=tuple(
             Check(name=f"{package}.{f}", tests=f"hidden/test_{f}.py", weight=weight) for f in chosen
         ),
