@@ -62,6 +62,7 @@ SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
     "trajectory": ("services.trajectory.cli", "import call records, print replayed samples"),
     "model": ("services.engine.cli", "create a tiny local model checkpoint"),
     "evaluate": ("services.evaluator.cli", "grade one workspace offline"),
+    "tasks": ("services.evaluator.generate.cli", "generate seeded task sets (repo-gen, repair, terminal)"),
 }
 
 
@@ -99,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
+        from gyre_app.warmstart.cli import main as warm_start
+
+        return warm_start(argv[1:])
     if argv and argv[0] in SERVICE_COMMANDS:
         return _run_service_command(argv[0], argv[1:])
     ns = build_parser().parse_args(argv)
