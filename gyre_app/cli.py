@@ -29,11 +29,15 @@ app = typer.Typer(
 
 
 @app.command()
-def up() -> None:
+def up(
+    metrics: Annotated[
+        bool, typer.Option(help="each service serves Prometheus metrics on 127.0.0.1")
+    ] = False,
+) -> None:
     """Start NATS, Postgres (embedded unless configured) and every service."""
     from gyre_app.stack import up as stack_up
 
-    state = stack_up(KernelSettings())
+    state = stack_up(KernelSettings(), metrics=metrics)
     print(
         json.dumps(
             {
@@ -42,6 +46,7 @@ def up() -> None:
                 "services": {s.name: s.address for s in state.services},
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
+                **({"metrics": {s.name: s.metrics_url for s in state.services}} if metrics else {}),
             },
             indent=2,
         )
@@ -117,8 +122,11 @@ for _name, (_, _summary) in SERVICE_COMMANDS.items():
 
 
 def _run_service_command(name: str, argv: list[str]) -> int:
-    module = importlib.import_module(SERVICE_COMMANDS[name][0])
-    return int(module.main(argv))
+    return _run_module(SERVICE_COMMANDS[name][0], argv)
+
+
+def _run_module(module_name: str, argv: list[str]) -> int:
+    return int(importlib.import_module(module_name).main(argv))
 
 
 def command_path(argv: list[str]) -> str:
@@ -138,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
+        from gyre_app.warmstart.cli import main as warm_start
+
+        return warm_start(argv[1:])
+    if argv[:2] == ["tasks", "generate"]:  # the evaluator's task-set generator has its own parser
+        return _run_module("services.evaluator.generate.cli", argv[1:])
     if argv and argv[0] in SERVICE_COMMANDS:
         return _run_service_command(argv[0], argv[1:])
     command = command_path(argv)

@@ -193,6 +193,21 @@ executions_app = typer.Typer(
 )
 
 
+@tasks_app.command(
+    "generate",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def tasks_generate(ctx: typer.Context) -> None:
+    """Write a seeded task set (`gyre tasks generate --help` for its options)."""
+    # Reached only through typer's own dispatch (help listings); `main` forwards it before typer.
+    from services.evaluator.generate.cli import main as generate
+
+    code = generate(["generate", *ctx.args])
+    if code:
+        raise typer.Exit(code)
+
+
 @tasks_app.command("list")
 def tasks_list(as_json: JsonOpt = False) -> None:
     """List tasks (needs the scheduler's ListTasks RPC)."""
