@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -386,3 +387,16 @@ async def test_the_client_watches_a_task_until_its_group_is_ready(
         await asyncio.wait_for(watching, timeout=90)
     assert seen[-1].ready and seen[-1].rewards == (1.0, 0.0)
     assert not seen[0].ready
+
+
+async def test_tasks_generate_still_reaches_the_evaluators_generator(tmp_path: Path) -> None:
+    """`gyre tasks` holds list/show and the evaluator's `generate`, whose own parser takes its options."""
+    out = tmp_path / "set"
+    argv = ["tasks", "generate", "--family", "repair", "--count", "1", "--out", str(out)]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gyre_app.cli", *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["out"] == str(out) and out.is_dir()
