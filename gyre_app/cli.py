@@ -17,7 +17,7 @@ from typer.exceptions import TyperException
 
 from gyre.errors import GyreError
 from gyre.settings import KernelSettings
-from gyre_app import cli_replay, cli_tasks, cli_trace
+from gyre_app import cli_replay, cli_report, cli_tasks, cli_trace
 
 app = typer.Typer(
     name="gyre",
@@ -92,6 +92,7 @@ def demo(keep: Annotated[bool, typer.Option(help="leave the stack running afterw
 cli_tasks.register(app)
 cli_replay.register(app)
 cli_trace.register(app)
+cli_report.register(app)
 
 # Commands that belong to a service live in that service and are loaded only when named, so
 # `gyre up` does not pay for torch. Each module has `main(argv: list[str]) -> int`; its own

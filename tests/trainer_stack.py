@@ -54,8 +54,11 @@ async def submit_group(
     num_calling: int = 2,
     task: scheduler_pb2.Task | None = None,
     policy_version: int = 0,
+    scores: tuple[float, float] = (1.0, 0.0),
+    checks: tuple[tuple[evaluator_pb2.CheckResult, ...], ...] = ((), ()),
 ) -> str:
-    """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
+    """A ready group of two executions (rewards `scores`, graded with `checks`), one model call each;
+    returns its task id.
 
     Only the first `num_calling` executions record their call (the others failed before calling).
     With `task` (a group of two the real scheduler accepted, which published `TaskSubmitted`),
@@ -115,7 +118,7 @@ async def submit_group(
         await eventually(known, timeout_s=30, what=f"group {task_id} and its calls in the trajectory service")
     for k, execution_id in enumerate(executions):
         grade = evaluator_pb2.Grade(
-            execution_id=execution_id, task_id=task_id, score=1.0 - k, assessable=True
+            execution_id=execution_id, task_id=task_id, score=scores[k], assessable=True, checks=checks[k]
         )
         await publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
     return task_id

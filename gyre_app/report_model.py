@@ -1,0 +1,169 @@
+"""What `gyre report` shows, computed from what the services answered (pure).
+
+A run is the trainer's steps; `--run NAME` keeps the steps that trained a task labelled
+`run=NAME`. Tasks labelled `split=heldout` are scored, not counted in the training reward: each
+carries `heldout_at=<policy version>`, the version it was scored with.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from statistics import fmean
+
+HELDOUT = "heldout"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRow:
+    """One trained step: the mean reward of its training tasks' assessable executions."""
+
+    version: int
+    reward_mean: float | None
+    """None when the step trained no assessable execution of the run's training tasks."""
+    num_rewards: int
+    num_unassessable: int
+    loss: float
+    staleness_mean: float
+    staleness_max: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckShare:
+    """One check of the graders, over every assessable grade of the run that has it."""
+
+    name: str
+    weight: float
+    """Its mean weight (a family's checks keep their weights)."""
+    mean_score: float
+    num_grades: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellSegment:
+    """A cell held `role` from `start` to `end` (seconds since the first cell event)."""
+
+    cell_id: str
+    role: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeLane:
+    """One trajectory of the execution drawn: its calls' sequence numbers and output tokens."""
+
+    trajectory_id: str
+    role: str
+    seqs: tuple[int, ...]
+    output_tokens: tuple[int, ...]
+    selected: bool
+    shared_prefix_with: str
+    num_shared_prefix_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """Everything the report draws; an empty part says why in `notes`."""
+
+    run: str
+    steps: tuple[StepRow, ...]
+    heldout: Mapping[int, float]
+    """Policy version -> mean held-out score at it."""
+    staleness: Mapping[int, int]
+    """Staleness in versions -> trained samples."""
+    checks: tuple[CheckShare, ...]
+    num_grades: int
+    num_unassessable: int
+    tree_execution: str
+    tree_lanes: tuple[TreeLane, ...]
+    cells: tuple[CellSegment, ...]
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """Part -> why it is empty (no held-out tasks, no cells in this scheduler, ...)."""
+
+    def summary(self) -> dict[str, object]:
+        rewards = [s.reward_mean for s in self.steps if s.reward_mean is not None]
+        versions = sorted(self.heldout)
+        return {
+            "run": self.run,
+            "steps": len(self.steps),
+            "reward_first": window_mean(rewards, first=True),
+            "reward_last": window_mean(rewards, first=False),
+            "heldout_first": self.heldout[versions[0]] if versions else None,
+            "heldout_last": self.heldout[versions[-1]] if versions else None,
+            "num_grades": self.num_grades,
+            "num_unassessable": self.num_unassessable,
+            "checks": {
+                c.name: {"weight": round(c.weight, 6), "mean_score": round(c.mean_score, 6)}
+                for c in self.checks
+            },
+            "staleness": {str(k): v for k, v in self.staleness.items()},
+        }
+
+
+def window_mean(values: Sequence[float], *, first: bool, size: int = 3) -> float | None:
+    """Mean of the first (or last) `size` values; None for none. Example: (1, 2, 3, 4), last -> 3.0."""
+    part = values[:size] if first else values[-size:]
+    return round(fmean(part), 6) if part else None
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    return fmean(values) if values else None
+
+
+def heldout_scores(points: Iterable[tuple[int, float]]) -> dict[int, float]:
+    """(version, score) pairs -> mean score per version, oldest first.
+
+    Example: [(0, 0.3), (0, 0.5), (4, 1.0)] -> {0: 0.4, 4: 1.0}
+    """
+    by_version: dict[int, list[float]] = defaultdict(list)
+    for version, score in points:
+        by_version[version].append(score)
+    return {v: fmean(s) for v, s in sorted(by_version.items())}
+
+
+def check_shares(grades: Iterable[Sequence[tuple[str, float, float]]]) -> tuple[CheckShare, ...]:
+    """Each grade's (check, score, weight) triples -> one share per check name, by name.
+
+    Example: [[("f2p", 0, 0.7), ("p2p", 1, 0.3)], [("f2p", 1, 0.7), ("p2p", 1, 0.3)]]
+        -> f2p mean 0.5 weight 0.7 (2 grades), p2p mean 1.0 weight 0.3 (2 grades)
+    """
+    scores: dict[str, list[float]] = defaultdict(list)
+    weights: dict[str, list[float]] = defaultdict(list)
+    for grade in grades:
+        for name, score, weight in grade:
+            scores[name].append(score)
+            weights[name].append(weight)
+    return tuple(
+        CheckShare(name=n, weight=fmean(weights[n]), mean_score=fmean(scores[n]), num_grades=len(scores[n]))
+        for n in sorted(scores)
+    )
+
+
+def cell_segments(
+    changes: Iterable[tuple[datetime, str, str]], *, until: datetime
+) -> tuple[CellSegment, ...]:
+    """(time, cell, role) changes, any order -> each cell's roles as segments ending at the next
+    change of that cell (the last one at `until`); times in seconds since the first change.
+
+    Example: (t0, c1, rollout), (t0+10, c1, training), until t0+15
+        -> c1 rollout 0-10, c1 training 10-15
+    """
+    ordered = sorted(changes)
+    if not ordered:
+        return ()
+    t0 = ordered[0][0]
+    current: dict[str, tuple[str, float]] = {}
+    out: list[CellSegment] = []
+    for at, cell, role in ordered:
+        now = (at - t0).total_seconds()
+        if cell in current:
+            old_role, since = current[cell]
+            out.append(CellSegment(cell_id=cell, role=old_role, start_s=since, end_s=now))
+        current[cell] = (role, now)
+    end = max(0.0, (until - t0).total_seconds())
+    for cell, (role, since) in current.items():
+        out.append(CellSegment(cell_id=cell, role=role, start_s=since, end_s=max(since, end)))
+    return tuple(sorted(out, key=lambda s: (s.cell_id, s.start_s)))
