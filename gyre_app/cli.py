@@ -80,11 +80,29 @@ def migrate() -> None:
 
 
 @app.command()
-def demo(keep: Annotated[bool, typer.Option(help="leave the stack running afterwards")] = False) -> None:
-    """Run the end-to-end slice on the local stack and narrate it."""
-    from gyre_app.demo import main as run_demo
+def demo(
+    keep: Annotated[bool, typer.Option(help="leave the stack running afterwards")] = False,
+    learn: Annotated[
+        bool, typer.Option(help="train the warm-started policy on generated tasks and write a report")
+    ] = False,
+    quick: Annotated[bool, typer.Option(help="the narrated one-task loop (the default)")] = False,
+    steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 12,
+    group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 4,
+    timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 45,
+) -> None:
+    """Run the end-to-end slice on the local stack and narrate it (`--learn`: a training run)."""
+    if learn and quick:
+        raise typer.BadParameter("choose one of --learn and --quick")
+    if learn:
+        from gyre_app.demo_learn import LearnConfig
+        from gyre_app.demo_learn import main as learn_demo
 
-    code = run_demo(KernelSettings(), keep=keep)
+        config = LearnConfig(steps=steps, group_size=group_size, timeout_s=timeout_s)
+        code = learn_demo(KernelSettings(), config, keep=keep)
+    else:
+        from gyre_app.demo import main as run_demo
+
+        code = run_demo(KernelSettings(), keep=keep)
     if code:
         raise typer.Exit(code)
 

@@ -10,7 +10,7 @@ scheduler contract has cells (issue 12), `CellRegistered` / `CellRoleChanged` fo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -149,8 +149,19 @@ async def _cells(bus: Bus) -> tuple[list[tuple[datetime, str, str]], str]:
     return changes, "" if changes else "the scheduler published no cell events: no cell-role timeline"
 
 
-async def gather(client: GyreClient, bus: Bus, *, run: str = "", execution_id: str = "") -> Report:
-    """The report of `run` (every step when empty); `NotFound` naming what is missing."""
+async def gather(
+    client: GyreClient,
+    bus: Bus,
+    *,
+    run: str = "",
+    execution_id: str = "",
+    heldout: Mapping[int, float] | None = None,
+) -> Report:
+    """The report of `run` (every step when empty); `NotFound` naming what is missing.
+
+    `heldout` (policy version -> mean score) replaces the scores of held-out tasks submitted to the
+    scheduler, for a run that scored its held-out split outside the stack (`gyre demo --learn`).
+    """
     submitted = [t.task for _, t in await history(bus, "scheduler", scheduler_events.TaskSubmitted)]
     labels = {t.task_id: dict(t.spec.labels) for t in submitted}
     steps = await _steps(client)
@@ -208,6 +219,8 @@ async def gather(client: GyreClient, bus: Bus, *, run: str = "", execution_id: s
     assessable = [g for g in grades if g.assessable]
 
     notes: dict[str, str] = {}
+    if heldout is not None:
+        heldout_points = list(heldout.items())
     if not heldout_points:
         notes["heldout"] = "this run scored no held-out task (tasks labelled split=heldout, heldout_at=N)"
     if not execution_id:

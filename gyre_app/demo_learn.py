@@ -1,0 +1,270 @@
+"""`gyre demo --learn`: train the warm-started tiny policy through the live stack and report (shell).
+
+1. The warm-started model (`gyre model init --warm-start`, cached in the state folder) is
+   installed as the stack's model; a task set of the three families is generated (train and
+   held-out splits).
+2. The held-out split is scored in-process (the built-in agent driven by the model, greedy, graded
+   by the evaluator in its sandbox), so the held-out tasks never reach the trainer.
+3. The stack starts on embedded servers in its own state folder (`<state>/learn-run/`, removed
+   first, so every run starts at policy v0) and every training task is submitted at once, `G`
+   executions each with a short deadline: the trainer takes one group per step, the engine
+   follows its weights, and groups that wait are trained stale. Progress is shown live.
+4. The held-out split is scored again with the trainer's last weights, `gyre report` writes the
+   report, and the last line printed is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gyre.bus import Bus, BusConfig
+from gyre.errors import GyreError
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import DecodedEvent
+from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import scheduler_pb2
+from gyre.settings import KernelSettings
+from gyre.trainer.v1 import events_pb2 as trainer_events
+from gyre_app.client import GyreClient, ServiceAddresses
+from gyre_app.demo import EventTap
+from gyre_app.report_gather import gather
+from gyre_app.report_model import Report
+from gyre_app.report_render import write_report
+from gyre_app.stack import LOCAL_AGENT_ENV, StackState, down, up
+
+console = Console(highlight=False, stderr=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnConfig:
+    steps: int = 12
+    """Training tasks submitted, one group (one step) each; the train split is cycled."""
+    group_size: int = 4
+    timeout_s: int = 45
+    """Each execution's deadline: short enough that some time out and earn partial credit."""
+    count_per_family: int = 4
+    """Instances per family; every 4th is held out."""
+    tasks_seed: int = 1
+    """Another seed than the warm start's (0), so no instance was in its transcripts."""
+    warm_start_seed: int = 0
+    max_turns: int = int(LOCAL_AGENT_ENV["GYRE_AGENT_MAX_TURNS"])
+    deadline_s: float = 1800.0
+    """The whole training phase's bound."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the live table shows, from the bus."""
+
+    executions: set[str]
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("started", "finished", "timed out", "failed", "rewarded"), 0)
+    )
+    rewards: list[float] = field(default_factory=list)
+    partial: int = 0
+    step: int = 0
+    step_rewards: list[float] = field(default_factory=list)
+    staleness: list[float] = field(default_factory=list)
+
+    def see(self, event: DecodedEvent) -> None:
+        p = event.payload
+        ref = getattr(p, "execution", None)
+        if ref is not None and ref.execution_id not in self.executions:
+            return
+        match p:
+            case runner_events.ExecutionStarted():
+                self.counts["started"] += 1
+            case runner_events.ExecutionFinished():
+                self.counts["finished"] += 1
+            case runner_events.ExecutionTimedOut():
+                self.counts["timed out"] += 1
+            case runner_events.ExecutionFailed():
+                self.counts["failed"] += 1
+            case evaluator_events.RewardAssigned() if p.grade.execution_id in self.executions:
+                self.counts["rewarded"] += 1
+                self.rewards.append(p.grade.score)
+                self.partial += int(p.grade.partial)
+            case trainer_events.StepCompleted():
+                self.step = max(self.step, int(p.version.steps))
+                self.staleness.append(p.staleness_mean_steps)
+
+    def table(self, target_steps: int, started: float) -> Table:
+        t = Table(title=f"gyre demo --learn ({time.monotonic() - started:.0f} s)", title_justify="left")
+        for c in ("step", "executions", "reward (last 8)", "partial credit", "staleness (last)"):
+            t.add_column(c)
+        n = self.counts
+        recent = self.rewards[-8:]
+        t.add_row(
+            f"{self.step}/{target_steps}",
+            ", ".join(f"{v} {k}" for k, v in n.items() if k != "rewarded"),
+            f"{sum(recent) / len(recent):.2f}" if recent else "-",
+            f"{self.partial} timed-out graded",
+            f"{self.staleness[-1]:.1f}" if self.staleness else "-",
+        )
+        return t
+
+
+def score_heldout(
+    model_dir: Path, tokenizer_dir: Path, tasks: Path, names: list[str], max_turns: int
+) -> float:
+    """Mean held-out score of the built-in agent driven by the model in-process (greedy)."""
+    from transformers import AutoTokenizer
+
+    from gyre_app.warmstart.rollout import LocalPolicy, make_grader, solve
+    from services.trainer.policy import load_model
+
+    policy = LocalPolicy(
+        model=load_model(model_dir),
+        tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir),
+        max_tokens=int(LOCAL_AGENT_ENV["GYRE_AGENT_MAX_TOKENS"]),  # as the stack's agent replies
+    )
+    grader = make_grader()
+    scores = [solve(policy, tasks / n, grader=grader, max_turns=max_turns).score for n in names]
+    return sum(scores) / len(scores)
+
+
+def prepare(kernel: KernelSettings, run_dir: Path, config: LearnConfig) -> tuple[Path, list[str], list[str]]:
+    """Warm start into `run_dir/model`, task set into `run_dir/tasks`; (tasks, train, held-out)."""
+    from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, install
+    from services.evaluator.generate.families import GENERATORS, plan
+    from services.evaluator.generate.writer import load_split, write_taskset
+
+    started = time.monotonic()
+    folder, built = cached_warm_start(
+        kernel.state_dir.resolve(),
+        WarmStartConfig(seed=config.warm_start_seed),
+        say=lambda m: console.print(f"  warm start: {m}"),
+    )
+    install(folder, run_dir / "model")
+    console.print(
+        f"warm start {'built' if built else 'reused'} ({folder}) in {time.monotonic() - started:.0f} s"
+    )
+    tasks = run_dir / "tasks"
+    write_taskset(tasks, plan(sorted(GENERATORS), count=config.count_per_family), seed=config.tasks_seed)
+    return tasks, load_split(tasks, "train"), load_split(tasks, "heldout")
+
+
+def specs(tasks: Path, names: list[str], config: LearnConfig, run: str) -> list[scheduler_pb2.TaskSpec]:
+    from services.evaluator.taskset import load_task
+
+    out = []
+    for i in range(config.steps):
+        task = load_task(str(tasks / names[i % len(names)]))
+        out.append(
+            scheduler_pb2.TaskSpec(
+                name=f"{task.name} #{i}",
+                family=task.family,
+                prompt=task.prompt,
+                group_size=config.group_size,
+                timeout_s=config.timeout_s,
+                harness="gyre-agent",
+                workspace_template=f"task:{task.name}",
+                labels={"run": run, "split": "train"},
+            )
+        )
+    return out
+
+
+async def train(
+    state: StackState, prefix: str, run: str, config: LearnConfig, todo: list[scheduler_pb2.TaskSpec]
+) -> str:
+    """Submit every training task, follow the bus until the trainer has taken `steps` steps; returns
+    the last weights' folder."""
+    bus = await Bus.connect(BusConfig(url=state.nats_url, prefix=prefix), name="gyre-demo-learn")
+    tap = EventTap(bus)
+    await tap.start()
+    started = time.monotonic()
+    try:
+        async with GyreClient(ServiceAddresses.resolve()) as client:
+            submitted = await client.submit(todo, request_id=f"learn-{run}")
+            progress = Progress({e.execution_id for t in submitted for e in t.executions})
+            deadline = started + config.deadline_s
+            with Live(progress.table(config.steps, started), console=console, refresh_per_second=2) as live:
+                while progress.step < config.steps:
+                    if time.monotonic() > deadline:
+                        raise GyreError(
+                            f"gave up after {config.deadline_s:.0f} s at step {progress.step} of "
+                            f"{config.steps}; the service logs in the run's state folder say why"
+                        )
+                    try:
+                        event = await asyncio.wait_for(tap.queue.get(), timeout=1.0)
+                        progress.see(event)
+                    except TimeoutError:
+                        pass
+                    live.update(progress.table(config.steps, started))
+            weights_uri = (await client.trainer_status()).weights_uri
+    finally:
+        await bus.close()
+    return urlparse(weights_uri).path or weights_uri
+
+
+async def make_report(
+    state: StackState, prefix: str, run: str, heldout: dict[int, float], out: Path
+) -> tuple[Report, Path]:
+    bus = await Bus.connect(BusConfig(url=state.nats_url, prefix=prefix), name="gyre-demo-report")
+    try:
+        async with GyreClient(ServiceAddresses.resolve()) as client:
+            report = await gather(client, bus, run=run, heldout=heldout)
+    finally:
+        await bus.close()
+    return report, write_report(report, out)
+
+
+def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> int:
+    started = time.monotonic()
+    run = uuid.uuid4().hex[:8]
+    run_dir = kernel.state_dir.resolve() / "learn-run"
+    # Its own embedded servers and state folder, emptied first: every run starts at policy v0.
+    learn_kernel = kernel.model_copy(update={"state_dir": run_dir, "nats_url": None, "database_url": None})
+    down(learn_kernel)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    tasks, train_names, heldout_names = prepare(kernel, run_dir, config)
+    model = run_dir / "model"
+    console.print(
+        f"task set {tasks}: {len(train_names)} train, {len(heldout_names)} held out; "
+        "scoring held-out at v0 ..."
+    )
+    heldout_first = score_heldout(model, model, tasks, heldout_names, config.max_turns)
+    console.print(f"held-out mean score at v0: {heldout_first:.3f}")
+    os.environ["GYRE_RUNNER_TASKS_DIR"] = str(tasks)
+    os.environ["GYRE_EVALUATOR_TASKS_DIR"] = str(tasks)
+    os.environ["GYRE_STATE_DIR"] = str(run_dir)  # the client finds the stack's addresses there
+    state = up(learn_kernel)
+    console.print(
+        f"stack up ({time.monotonic() - started:.0f} s so far); training {config.steps} steps, "
+        f"groups of {config.group_size}, deadline {config.timeout_s} s"
+    )
+    try:
+        weights = asyncio.run(
+            train(state, learn_kernel.bus_prefix, run, config, specs(tasks, train_names, config, run))
+        )
+        console.print(f"scoring held-out with v{config.steps} ({weights}) ...")
+        heldout_last = score_heldout(Path(weights), model, tasks, heldout_names, config.max_turns)
+        out = kernel.state_dir.resolve() / "reports" / f"learn-{run}.html"
+        heldout = {0: heldout_first, config.steps: heldout_last}
+        report, path = asyncio.run(make_report(state, learn_kernel.bus_prefix, run, heldout, out))
+    finally:
+        if not keep:
+            down(learn_kernel)
+    summary = {
+        **report.summary(),
+        "report": str(path),
+        "group_size": config.group_size,
+        "timeout_s": config.timeout_s,
+        "duration_s": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(summary), flush=True)
+    return 0
