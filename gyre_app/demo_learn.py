@@ -59,6 +59,9 @@ class LearnConfig:
     tasks_seed: int = 1
     """Another seed than the warm start's (0), so no instance was in its transcripts."""
     warm_start_seed: int = 0
+    in_flight: int = 2
+    """Training tasks submitted at a time: the next goes in as a step completes, so samples stay
+    within the trainer's staleness bound and executions do not all contend for 2 cores at once."""
     max_turns: int = int(LOCAL_AGENT_ENV["GYRE_AGENT_MAX_TURNS"])
     deadline_s: float = 1800.0
     """The whole training phase's bound."""
@@ -69,6 +72,7 @@ class Progress:
     """What the live table shows, from the bus."""
 
     executions: set[str]
+    submitted: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(("started", "finished", "timed out", "failed", "rewarded"), 0)
     )
@@ -180,16 +184,24 @@ def specs(tasks: Path, names: list[str], config: LearnConfig, run: str) -> list[
 async def train(
     state: StackState, prefix: str, run: str, config: LearnConfig, todo: list[scheduler_pb2.TaskSpec]
 ) -> str:
-    """Submit every training task, follow the bus until the trainer has taken `steps` steps; returns
-    the last weights' folder."""
+    """Keep `in_flight` training tasks submitted (the next one as each step completes) and follow
+    the bus until the trainer has taken `steps` steps; returns the last weights' folder."""
     bus = await Bus.connect(BusConfig(url=state.nats_url, prefix=prefix), name="gyre-demo-learn")
     tap = EventTap(bus)
     await tap.start()
     started = time.monotonic()
+    progress = Progress(set())
     try:
         async with GyreClient(ServiceAddresses.resolve()) as client:
-            submitted = await client.submit(todo, request_id=f"learn-{run}")
-            progress = Progress({e.execution_id for t in submitted for e in t.executions})
+
+            async def submit_next() -> None:
+                spec = todo[len(progress.submitted)]
+                [task] = await client.submit([spec], request_id=f"learn-{run}-{len(progress.submitted)}")
+                progress.submitted.append(task.task_id)
+                progress.executions |= {e.execution_id for e in task.executions}
+
+            while len(progress.submitted) < min(config.in_flight, len(todo)):
+                await submit_next()
             deadline = started + config.deadline_s
             with Live(progress.table(config.steps, started), console=console, refresh_per_second=2) as live:
                 while progress.step < config.steps:
@@ -199,10 +211,11 @@ async def train(
                             f"{config.steps}; the service logs in the run's state folder say why"
                         )
                     try:
-                        event = await asyncio.wait_for(tap.queue.get(), timeout=1.0)
-                        progress.see(event)
+                        progress.see(await asyncio.wait_for(tap.queue.get(), timeout=1.0))
                     except TimeoutError:
                         pass
+                    while len(progress.submitted) < min(progress.step + config.in_flight, len(todo)):
+                        await submit_next()
                     live.update(progress.table(config.steps, started))
             weights_uri = (await client.trainer_status()).weights_uri
     finally:
