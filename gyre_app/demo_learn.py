@@ -59,6 +59,9 @@ class LearnConfig:
     tasks_seed: int = 1
     """Another seed than the warm start's (0), so no instance was in its transcripts."""
     warm_start_seed: int = 0
+    temperature: float = 0.5
+    """The agent's sampling temperature: at 1.0 the tiny warm-started model's second call is noise
+    (every execution of a group then earns the same reward); greedy would make them all alike."""
     in_flight: int = 2
     """Training tasks submitted at a time: the next goes in as a step completes, so samples stay
     within the trainer's staleness bound and executions do not all contend for 2 cores at once."""
@@ -157,7 +160,16 @@ def prepare(kernel: KernelSettings, run_dir: Path, config: LearnConfig) -> tuple
     )
     tasks = run_dir / "tasks"
     write_taskset(tasks, plan(sorted(GENERATORS), count=config.count_per_family), seed=config.tasks_seed)
-    return tasks, load_split(tasks, "train"), load_split(tasks, "heldout")
+    return tasks, interleave(load_split(tasks, "train")), load_split(tasks, "heldout")
+
+
+def interleave(names: list[str]) -> list[str]:
+    """Families taken in turn, so any three consecutive steps train one task of each.
+
+    Example: [repair-0000, repair-0001, terminal-0000, terminal-0001]
+        -> [repair-0000, terminal-0000, repair-0001, terminal-0001]
+    """
+    return sorted(names, key=lambda n: (n.rsplit("-", 1)[1], n))
 
 
 def specs(tasks: Path, names: list[str], config: LearnConfig, run: str) -> list[scheduler_pb2.TaskSpec]:
@@ -255,7 +267,7 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
     os.environ["GYRE_RUNNER_TASKS_DIR"] = str(tasks)
     os.environ["GYRE_EVALUATOR_TASKS_DIR"] = str(tasks)
     os.environ["GYRE_STATE_DIR"] = str(run_dir)  # the client finds the stack's addresses there
-    state = up(learn_kernel)
+    state = up(learn_kernel, agent_env={"GYRE_AGENT_TEMPERATURE": str(config.temperature)})
     console.print(
         f"stack up ({time.monotonic() - started:.0f} s so far); training {config.steps} steps, "
         f"groups of {config.group_size}, deadline {config.timeout_s} s"

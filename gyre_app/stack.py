@@ -147,11 +147,13 @@ def up(
     services: tuple[str, ...] = SERVICES,
     timeout_s: float = 120.0,
     metrics: bool = False,
+    agent_env: dict[str, str] | None = None,
 ) -> StackState:
     """Start (or find running) servers and services; returns what runs. Idempotent.
 
     With `metrics` (or GYRE_METRICS_PORT set) every service also serves Prometheus metrics on a
-    port of its own, on 127.0.0.1, recorded as its `metrics_url`."""
+    port of its own, on 127.0.0.1, recorded as its `metrics_url`. `agent_env` adds to (or
+    overrides) the built-in agent's settings (`LOCAL_AGENT_ENV`)."""
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
     if (
@@ -204,6 +206,11 @@ def up(
     deadline = time.monotonic() + timeout_s
 
     def start(name: str) -> ServiceProcess:
+        harness_env = (
+            {"GYRE_RUNNER_HARNESS_ENV": json.dumps({**LOCAL_AGENT_ENV, **agent_env})}
+            if agent_env and name == "runner"
+            else {}
+        )
         log_path = state_dir / "logs" / f"{name}.log"
         argv = [sys.executable, "-m", f"services.{name}", "--port", str(ports[name])]
         metrics_env = {"GYRE_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
@@ -215,6 +222,7 @@ def up(
                 **env,
                 **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port),
                 **metrics_env,
+                **harness_env,
             },
         )
         service = ServiceProcess(

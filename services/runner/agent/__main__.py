@@ -2,7 +2,8 @@
 
 Environment: OPENAI_BASE_URL, OPENAI_API_KEY (set by the runner: the proxy and the execution
 token), GYRE_AGENT_MODEL, GYRE_AGENT_MAX_TURNS, GYRE_AGENT_CONTEXT_TOKENS, GYRE_AGENT_MAX_TOKENS,
-GYRE_AGENT_MAX_DEPTH. Exit code 0 when the agent finished, 3 when the model endpoint failed.
+GYRE_AGENT_MAX_DEPTH, GYRE_AGENT_TEMPERATURE. Exit code 0 when the agent finished, 3 when the model
+endpoint failed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> int:
             api_key=env["OPENAI_API_KEY"],
             model=env.get("GYRE_AGENT_MODEL", "gyre-policy"),
             max_tokens=int(env.get("GYRE_AGENT_MAX_TOKENS", "1024")),
+            temperature=float(env["GYRE_AGENT_TEMPERATURE"]) if env.get("GYRE_AGENT_TEMPERATURE") else None,
         )
         run = AgentRun(
             client=client,

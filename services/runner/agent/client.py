@@ -24,6 +24,8 @@ class ChatClient:
     api_key: str
     model: str
     max_tokens: int = 1024
+    temperature: float | None = None
+    """Sampling temperature sent with every request; None leaves the endpoint's default."""
     timeout_s: float = 600.0
     retries: int = 3
 
@@ -39,6 +41,8 @@ class ChatClient:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
         if tools:
             body["tools"] = tools
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
         request = urllib.request.Request(
             self.base_url.rstrip("/") + "/chat/completions",
             data=json.dumps(body).encode(),

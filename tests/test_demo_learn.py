@@ -1,0 +1,62 @@
+"""Pieces of `gyre demo --learn` that run without the stack (the run itself is measured, see README)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+
+from gyre_app.demo_learn import interleave
+from services.runner.agent.client import ChatClient
+
+
+def test_consecutive_steps_take_the_families_in_turn() -> None:
+    names = ["repair-0000", "repair-0001", "repo-gen-0000", "repo-gen-0001", "terminal-0000"]
+    assert interleave(names) == [
+        "repair-0000",
+        "repo-gen-0000",
+        "terminal-0000",
+        "repair-0001",
+        "repo-gen-0001",
+    ]
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A chat endpoint on 127.0.0.1 that records each request body and answers "done"."""
+    bodies: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": "done"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("temperature", "sent"), [(0.5, 0.5), (None, "absent")])
+def test_the_agent_sends_its_temperature_only_when_configured(
+    endpoint: tuple[str, list[dict[str, Any]]], temperature: float | None, sent: object
+) -> None:
+    url, bodies = endpoint
+    client = ChatClient(base_url=url, api_key="k", model="m", temperature=temperature)
+    client.complete([{"role": "user", "content": "hi"}], role="main", agent_id="main")
+    assert bodies[0].get("temperature", "absent") == sent
