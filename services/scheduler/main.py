@@ -10,6 +10,7 @@ from gyre.settings import KernelSettings
 from services.scheduler import repo
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.service import SchedulerServicer
+from services.scheduler.switching import Switcher
 
 NAME = "scheduler"
 
@@ -22,7 +23,19 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
         host=settings.host,
         port=settings.port,
     )
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
-        SchedulerServicer(conns.sessions, relay), server.server
+    switcher = (
+        Switcher(proxy_address=settings.proxy_address, drain_timeout_s=settings.drain_timeout_s)
+        if settings.proxy_address
+        else None
     )
-    return ServiceHost(name=NAME, server=server, connections=conns, workers=[relay.run])
+    servicer = SchedulerServicer(
+        conns.sessions,
+        relay,
+        switcher,
+        default_mode=settings.mode,
+        lost_after_s=settings.cell_lost_after_s,
+    )
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server.server)
+    return ServiceHost(
+        name=NAME, server=server, connections=conns, workers=[relay.run, servicer.watch_heartbeats]
+    )

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
+from services.scheduler.cells import CellRecord
 from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedExecution, PlannedTask, spec_from_record
 
 SCHEMA = "scheduler"
@@ -99,3 +103,90 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
         submitted_at=row.submitted_at,
     )
     return planned, row.state
+
+
+cells = sa.Table(
+    "cells",
+    metadata,
+    sa.Column("cell_id", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("target_role", sa.Text, nullable=False),
+    sa.Column("core", sa.Boolean, nullable=False),
+    sa.Column("slots", sa.Integer, nullable=False),
+    sa.Column("model_fingerprint", sa.Text, nullable=False),
+    sa.Column("engine_id", sa.Text, nullable=False),
+    sa.Column("engine_address", sa.Text, nullable=False),
+    sa.Column("agent_address", sa.Text, nullable=False),
+    sa.Column("last_heartbeat_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+cluster = sa.Table(
+    "cluster",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("mode", sa.Text, nullable=False),
+    sa.Column("model_fingerprint", sa.Text, nullable=False),
+)
+
+CELL_FIELDS = tuple(f.name for f in dataclasses.fields(CellRecord))
+
+
+def _cell(row: sa.Row[Any]) -> CellRecord:
+    return CellRecord(**{name: getattr(row, name) for name in CELL_FIELDS})
+
+
+async def load_cells(session: AsyncSession, *, for_update: bool = False) -> list[tuple[CellRecord, datetime]]:
+    """Every cell with its last heartbeat, core first, then by id."""
+    stmt = sa.select(cells).order_by(cells.c.core.desc(), cells.c.cell_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return [(_cell(row), row.last_heartbeat_at) for row in (await session.execute(stmt)).all()]
+
+
+async def save_cell(
+    session: AsyncSession, cell: CellRecord, *, now: datetime, registered: bool = False
+) -> None:
+    values = {name: getattr(cell, name) for name in CELL_FIELDS}
+    stmt = insert(cells).values(**values, last_heartbeat_at=now, registered_at=now)
+    update = {**values, "last_heartbeat_at": now, **({"registered_at": now} if registered else {})}
+    await session.execute(stmt.on_conflict_do_update(index_elements=[cells.c.cell_id], set_=update))
+
+
+async def set_role(session: AsyncSession, cell_id: str, *, role: str, target_role: str = "") -> None:
+    await session.execute(
+        sa.update(cells).where(cells.c.cell_id == cell_id).values(role=role, target_role=target_role)
+    )
+
+
+async def touch_cell(session: AsyncSession, cell_id: str, *, now: datetime) -> str | None:
+    """Record a heartbeat; the cell's role, or None for an unknown cell."""
+    stmt = (
+        sa.update(cells)
+        .where(cells.c.cell_id == cell_id)
+        .values(last_heartbeat_at=now)
+        .returning(cells.c.role)
+    )
+    row = (await session.execute(stmt)).first()
+    return None if row is None else str(row.role)
+
+
+async def load_cluster(
+    session: AsyncSession, *, default_mode: str, for_update: bool = False
+) -> tuple[str, str]:
+    """(mode, model fingerprint); the row is created with `default_mode` on first use."""
+    await session.execute(
+        insert(cluster).values(id=1, mode=default_mode, model_fingerprint="").on_conflict_do_nothing()
+    )
+    stmt = sa.select(cluster.c.mode, cluster.c.model_fingerprint).where(cluster.c.id == 1)
+    if for_update:
+        stmt = stmt.with_for_update()
+    row = (await session.execute(stmt)).one()
+    return str(row.mode), str(row.model_fingerprint)
+
+
+async def save_cluster(
+    session: AsyncSession, *, mode: str | None = None, fingerprint: str | None = None
+) -> None:
+    values = {k: v for k, v in (("mode", mode), ("model_fingerprint", fingerprint)) if v is not None}
+    await session.execute(sa.update(cluster).where(cluster.c.id == 1).values(**values))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.db.outbox import enqueue
 from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, NotFound
 from gyre.events import new_event
@@ -15,6 +15,7 @@ from gyre.ids import new_uuid7, require_uuid, validate_request_id
 from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
+from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
 from services.scheduler.tasks import plan_tasks, validate_specs
 
@@ -22,10 +23,8 @@ log = structlog.get_logger(__name__)
 PRODUCER = "scheduler"
 
 
-class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay) -> None:
-        self.sessions = sessions
-        self.relay = relay
+class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer):
+    """Tasks here; cells and modes in `CellControl`."""
 
     async def SubmitTasks(
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context

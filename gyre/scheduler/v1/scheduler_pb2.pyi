@@ -21,6 +21,70 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _CellRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CellRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CellRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CELL_ROLE_UNSPECIFIED: _CellRole.ValueType  # 0
+    """Unset; never stored."""
+    CELL_ROLE_ROLLOUT: _CellRole.ValueType  # 1
+    """Serving model calls through its engine."""
+    CELL_ROLE_TRAINING: _CellRole.ValueType  # 2
+    """A data-parallel member of training (the core cell always is)."""
+    CELL_ROLE_SWITCHING: _CellRole.ValueType  # 3
+    """Between roles; `Cell.target_role` says towards which."""
+    CELL_ROLE_LOST: _CellRole.ValueType  # 4
+    """Silent past the heartbeat limit; it takes no work until it registers again."""
+
+class CellRole(_CellRole, metaclass=_CellRoleEnumTypeWrapper):
+    """CellRole is the part a cell plays now."""
+
+CELL_ROLE_UNSPECIFIED: CellRole.ValueType  # 0
+"""Unset; never stored."""
+CELL_ROLE_ROLLOUT: CellRole.ValueType  # 1
+"""Serving model calls through its engine."""
+CELL_ROLE_TRAINING: CellRole.ValueType  # 2
+"""A data-parallel member of training (the core cell always is)."""
+CELL_ROLE_SWITCHING: CellRole.ValueType  # 3
+"""Between roles; `Cell.target_role` says towards which."""
+CELL_ROLE_LOST: CellRole.ValueType  # 4
+"""Silent past the heartbeat limit; it takes no work until it registers again."""
+Global___CellRole: _TypeAlias = CellRole  # noqa: Y015
+
+class _SchedulingMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SchedulingModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SchedulingMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCHEDULING_MODE_UNSPECIFIED: _SchedulingMode.ValueType  # 0
+    """Unset; never stored."""
+    SCHEDULING_MODE_COLOCATE: _SchedulingMode.ValueType  # 1
+    """One pool alternates rollout and training; training waits for the slowest rollout."""
+    SCHEDULING_MODE_ASYNC: _SchedulingMode.ValueType  # 2
+    """Fixed rollout and training pools (one-step-off, batch-synchronous)."""
+    SCHEDULING_MODE_GYRE: _SchedulingMode.ValueType  # 3
+    """Elastic satellites, streaming groups into the running step."""
+    SCHEDULING_MODE_BURST: _SchedulingMode.ValueType  # 4
+    """Elastic satellites, one update per burst of B groups."""
+
+class SchedulingMode(_SchedulingMode, metaclass=_SchedulingModeEnumTypeWrapper):
+    """SchedulingMode is the policy that decides roles, admission and step assignment."""
+
+SCHEDULING_MODE_UNSPECIFIED: SchedulingMode.ValueType  # 0
+"""Unset; never stored."""
+SCHEDULING_MODE_COLOCATE: SchedulingMode.ValueType  # 1
+"""One pool alternates rollout and training; training waits for the slowest rollout."""
+SCHEDULING_MODE_ASYNC: SchedulingMode.ValueType  # 2
+"""Fixed rollout and training pools (one-step-off, batch-synchronous)."""
+SCHEDULING_MODE_GYRE: SchedulingMode.ValueType  # 3
+"""Elastic satellites, streaming groups into the running step."""
+SCHEDULING_MODE_BURST: SchedulingMode.ValueType  # 4
+"""Elastic satellites, one update per burst of B groups."""
+Global___SchedulingMode: _TypeAlias = SchedulingMode  # noqa: Y015
+
 class _TaskState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -48,6 +112,413 @@ TASK_STATE_RUNNING: TaskState.ValueType  # 2
 TASK_STATE_DONE: TaskState.ValueType  # 3
 """Every execution has ended (finished, timed out or failed)."""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
+
+@_typing.final
+class Cell(_message.Message):
+    """Cell is one cell as the scheduler knows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    TARGET_ROLE_FIELD_NUMBER: _builtins.int
+    CORE_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_ADDRESS_FIELD_NUMBER: _builtins.int
+    AGENT_ADDRESS_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """Its id, e.g. `cell-1`: 1..128 of [A-Za-z0-9_.:-]."""
+    role: Global___CellRole.ValueType
+    """Its role now."""
+    target_role: Global___CellRole.ValueType
+    """While switching: the role it is switching to."""
+    core: _builtins.bool
+    """True for the core cell (weights and optimizer; always trains)."""
+    slots: _builtins.int
+    """Concurrent executions it can serve in the rollout role, >= 1 (0 for the core cell)."""
+    model_fingerprint: _builtins.str
+    """Fingerprint of the model it holds (the engine's `model_fingerprint`)."""
+    engine_id: _builtins.str
+    """Its engine: id and `host:port` of its EngineService (empty for the core cell)."""
+    engine_address: _builtins.str
+    """`host:port` of its EngineService."""
+    agent_address: _builtins.str
+    """`host:port` of its CellService (how it is told to train); for the core cell, the TrainerService."""
+    @_builtins.property
+    def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp:
+        """Its latest heartbeat."""
+
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        role: Global___CellRole.ValueType = ...,
+        target_role: Global___CellRole.ValueType = ...,
+        core: _builtins.bool = ...,
+        slots: _builtins.int = ...,
+        model_fingerprint: _builtins.str = ...,
+        engine_id: _builtins.str = ...,
+        engine_address: _builtins.str = ...,
+        agent_address: _builtins.str = ...,
+        last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_address", b"agent_address", "cell_id", b"cell_id", "core", b"core", "engine_address", b"engine_address", "engine_id", b"engine_id", "last_heartbeat_at", b"last_heartbeat_at", "model_fingerprint", b"model_fingerprint", "role", b"role", "slots", b"slots", "target_role", b"target_role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Cell: _TypeAlias = Cell  # noqa: Y015
+
+@_typing.final
+class RegisterCellRequest(_message.Message):
+    """RegisterCellRequest describes a cell joining the cluster."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    CORE_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_ADDRESS_FIELD_NUMBER: _builtins.int
+    AGENT_ADDRESS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    cell_id: _builtins.str
+    """The cell's id."""
+    core: _builtins.bool
+    """True for the core cell; at most one cell is the core."""
+    slots: _builtins.int
+    """Concurrent executions in the rollout role, 1..4096 (0 for the core cell)."""
+    model_fingerprint: _builtins.str
+    """Fingerprint of the model it holds; must match the cluster's."""
+    engine_id: _builtins.str
+    """Its engine's id (satellites), 1..128 of [A-Za-z0-9_.:-]."""
+    engine_address: _builtins.str
+    """Its engine's `host:port` (satellites)."""
+    agent_address: _builtins.str
+    """Its CellService `host:port` (satellites) or the TrainerService `host:port` (core)."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        cell_id: _builtins.str = ...,
+        core: _builtins.bool = ...,
+        slots: _builtins.int = ...,
+        model_fingerprint: _builtins.str = ...,
+        engine_id: _builtins.str = ...,
+        engine_address: _builtins.str = ...,
+        agent_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_address", b"agent_address", "cell_id", b"cell_id", "core", b"core", "engine_address", b"engine_address", "engine_id", b"engine_id", "model_fingerprint", b"model_fingerprint", "request_id", b"request_id", "slots", b"slots"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterCellRequest: _TypeAlias = RegisterCellRequest  # noqa: Y015
+
+@_typing.final
+class RegisterCellResponse(_message.Message):
+    """RegisterCellResponse returns the cell as stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def cell(self) -> Global___Cell:
+        """The cell, with the role it starts in."""
+
+    def __init__(
+        self,
+        *,
+        cell: Global___Cell | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterCellResponse: _TypeAlias = RegisterCellResponse  # noqa: Y015
+
+@_typing.final
+class SendHeartbeatRequest(_message.Message):
+    """SendHeartbeatRequest names the cell that is alive."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """The cell."""
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHeartbeatRequest: _TypeAlias = SendHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class SendHeartbeatResponse(_message.Message):
+    """SendHeartbeatResponse echoes the cell's role."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    role: Global___CellRole.ValueType
+    """The role the scheduler has it in."""
+    def __init__(
+        self,
+        *,
+        role: Global___CellRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHeartbeatResponse: _TypeAlias = SendHeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class GetCellsRequest(_message.Message):
+    """GetCellsRequest asks for every cell; it has no parameters."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellsRequest: _TypeAlias = GetCellsRequest  # noqa: Y015
+
+@_typing.final
+class GetCellsResponse(_message.Message):
+    """GetCellsResponse lists the cells, core first, then by id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELLS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    mode: Global___SchedulingMode.ValueType
+    """The scheduling mode in force."""
+    @_builtins.property
+    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cell]:
+        """The cells."""
+
+    def __init__(
+        self,
+        *,
+        cells: _abc.Iterable[Global___Cell] | None = ...,
+        mode: Global___SchedulingMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellsResponse: _TypeAlias = GetCellsResponse  # noqa: Y015
+
+@_typing.final
+class SetModeRequest(_message.Message):
+    """SetModeRequest picks the scheduling mode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    mode: Global___SchedulingMode.ValueType
+    """The mode; UNSPECIFIED is refused."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        mode: Global___SchedulingMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetModeRequest: _TypeAlias = SetModeRequest  # noqa: Y015
+
+@_typing.final
+class SetModeResponse(_message.Message):
+    """SetModeResponse confirms the mode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_MODE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    previous_mode: Global___SchedulingMode.ValueType
+    """The mode before the call."""
+    mode: Global___SchedulingMode.ValueType
+    """The mode now."""
+    def __init__(
+        self,
+        *,
+        previous_mode: Global___SchedulingMode.ValueType = ...,
+        mode: Global___SchedulingMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "previous_mode", b"previous_mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetModeResponse: _TypeAlias = SetModeResponse  # noqa: Y015
+
+@_typing.final
+class SwitchCellRequest(_message.Message):
+    """SwitchCellRequest asks for one satellite to change role."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    cell_id: _builtins.str
+    """The satellite; not the core cell, not a cell already switching."""
+    role: Global___CellRole.ValueType
+    """ROLLOUT or TRAINING."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        cell_id: _builtins.str = ...,
+        role: Global___CellRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "request_id", b"request_id", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchCellRequest: _TypeAlias = SwitchCellRequest  # noqa: Y015
+
+@_typing.final
+class SwitchCellResponse(_message.Message):
+    """SwitchCellResponse reports the switch, as its CellRoleChanged event does."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def switch(self) -> Global___CellSwitch:
+        """What happened, phases included."""
+
+    def __init__(
+        self,
+        *,
+        switch: Global___CellSwitch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["switch", b"switch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["switch", b"switch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchCellResponse: _TypeAlias = SwitchCellResponse  # noqa: Y015
+
+@_typing.final
+class CellSwitch(_message.Message):
+    """CellSwitch is one role change with its measured phases (seconds; 0 for a phase not run)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    FROM_ROLE_FIELD_NUMBER: _builtins.int
+    TO_ROLE_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    DRAIN_S_FIELD_NUMBER: _builtins.int
+    RELEASE_S_FIELD_NUMBER: _builtins.int
+    JOIN_S_FIELD_NUMBER: _builtins.int
+    LEAVE_S_FIELD_NUMBER: _builtins.int
+    WEIGHT_LOAD_S_FIELD_NUMBER: _builtins.int
+    ROUTE_S_FIELD_NUMBER: _builtins.int
+    TOTAL_S_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_MIGRATED_FIELD_NUMBER: _builtins.int
+    KV_TRANSFERRED_BYTES_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECOMPUTED_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """The cell."""
+    from_role: Global___CellRole.ValueType
+    """Its role before."""
+    to_role: Global___CellRole.ValueType
+    """Its role after: the target when `ok`, otherwise the consistent role it fell back to."""
+    ok: _builtins.bool
+    """Whether the switch completed."""
+    error: _builtins.str
+    """Why it failed; empty when `ok`."""
+    drain_s: _builtins.float
+    """Proxy: routing stopped and in-flight calls moved (rollout -> training), KV included."""
+    release_s: _builtins.float
+    """Engine: memory released (rollout -> training)."""
+    join_s: _builtins.float
+    """Trainer: JoinStep and the cell's worker connected (rollout -> training)."""
+    leave_s: _builtins.float
+    """Trainer: LeaveStep at a microbatch boundary (training -> rollout)."""
+    weight_load_s: _builtins.float
+    """Engine: current weights loaded (training -> rollout)."""
+    route_s: _builtins.float
+    """Proxy: routing to the cell again (training -> rollout)."""
+    total_s: _builtins.float
+    """The whole switch."""
+    num_calls_migrated: _builtins.int
+    """Calls moved off the cell with their KV cache."""
+    kv_transferred_bytes: _builtins.int
+    """KV cache bytes moved."""
+    num_calls_recomputed: _builtins.int
+    """Calls moved without their KV (recomputed on the destination)."""
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        from_role: Global___CellRole.ValueType = ...,
+        to_role: Global___CellRole.ValueType = ...,
+        ok: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        drain_s: _builtins.float = ...,
+        release_s: _builtins.float = ...,
+        join_s: _builtins.float = ...,
+        leave_s: _builtins.float = ...,
+        weight_load_s: _builtins.float = ...,
+        route_s: _builtins.float = ...,
+        total_s: _builtins.float = ...,
+        num_calls_migrated: _builtins.int = ...,
+        kv_transferred_bytes: _builtins.int = ...,
+        num_calls_recomputed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "drain_s", b"drain_s", "error", b"error", "from_role", b"from_role", "join_s", b"join_s", "kv_transferred_bytes", b"kv_transferred_bytes", "leave_s", b"leave_s", "num_calls_migrated", b"num_calls_migrated", "num_calls_recomputed", b"num_calls_recomputed", "ok", b"ok", "release_s", b"release_s", "route_s", b"route_s", "to_role", b"to_role", "total_s", b"total_s", "weight_load_s", b"weight_load_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellSwitch: _TypeAlias = CellSwitch  # noqa: Y015
 
 @_typing.final
 class TaskSpec(_message.Message):
