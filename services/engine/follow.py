@@ -18,7 +18,7 @@ from gyre.consume import ConsumerSpec
 from gyre.errors import Conflict
 from gyre.events import DecodedEvent
 from gyre.trainer.v1 import events_pb2 as trainer_events
-from services.engine.port import EngineBackend
+from services.engine.port import EngineBackend, EngineState
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +44,13 @@ class WeightsEvents:
     async def on_weights_published(self, event: DecodedEvent) -> None:
         p: trainer_events.WeightsPublished = event.payload
         version = int(p.version.steps)
-        loaded = self.backend.stats().policy_version
+        stats = self.backend.stats()
+        loaded = stats.policy_version
+        if stats.state is EngineState.DRAINED:
+            # Released for training: the cell's weights come back through UpdateWeights when the
+            # scheduler returns it to rollout; loading them here would take the memory back.
+            log.info("weights_skipped_while_drained", version=version, loaded=loaded)
+            return
         if version <= loaded:
             log.info("weights_already_loaded", version=version, loaded=loaded)
             return
