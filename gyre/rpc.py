@@ -124,7 +124,7 @@ def _wrap_request_streaming(handler: Any) -> Any:
 
 
 class GrpcServer:
-    """A grpc.aio server with health checking and reflection for the given services."""
+    """A grpc.aio server with health checking and reflection for the given gRPC service names."""
 
     def __init__(self, *, service_names: Iterable[str], host: str = "127.0.0.1", port: int = 0) -> None:
         self.server = grpc.aio.server(
