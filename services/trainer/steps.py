@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from services.trainer.dp import DataParallelCore
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
+from services.trainer.reweigh import reweigh
 from services.trainer.samples import Sample, StalenessAction, admit, validate_sample
 
 
@@ -84,7 +85,9 @@ class PolicyTrainer:
             max_staleness_steps=self.config.max_staleness_steps,
             action=self.config.staleness_action,
         )
-        microbatches = plan_microbatches(admission.kept, max_tokens=self.config.microbatch_max_tokens)
+        # A drop is the last resort (admission bounds staleness): what remains is weighed afresh.
+        kept = reweigh(admission.kept, admission.dropped) if admission.dropped else admission.kept
+        microbatches = plan_microbatches(kept, max_tokens=self.config.microbatch_max_tokens)
         self.model.train()
         gradient = self.core.compute_step_gradient(
             self.model, microbatches, version=self.version + 1, after_microbatch=after_microbatch
@@ -102,7 +105,7 @@ class PolicyTrainer:
         self.core.current_version = self.version
         return StepReport(
             version=self.version,
-            num_samples=len(admission.kept),
+            num_samples=len(kept),
             num_dropped_stale=admission.num_dropped,
             num_target_tokens=gradient.num_targets,
             num_microbatches=gradient.num_microbatches,
