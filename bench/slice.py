@@ -56,7 +56,7 @@ async def measure(
     kernel: KernelSettings, *, requests: int, group_size: int, publishes: int
 ) -> dict[str, float]:
     hosts = [
-        await build_scheduler(SchedulerSettings(port=0), kernel),
+        await build_scheduler(SchedulerSettings(port=0, admission="at_submit"), kernel),
         await build_trajectory(TrajectorySettings(port=0), kernel),
     ]
     for h in hosts:

@@ -84,7 +84,7 @@ async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
         cpu_s=60,
     )
     host, supervisor = await build_with_supervisor(settings, kernel)
-    scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
+    scheduler = await build_scheduler(SchedulerSettings(port=0, admission="at_submit"), kernel)
     await host.start()
     await scheduler.start()
     channels = [grpc.aio.insecure_channel(host.address), grpc.aio.insecure_channel(scheduler.address)]

@@ -226,6 +226,6 @@ async def test_every_accepted_task_is_published_once(slice_: Slice) -> None:
         if await count_rows(slice_.kernel, "scheduler.outbox WHERE published_at IS NULL") == 0:
             break
         await asyncio.sleep(0.1)
-    executions = await count_rows(slice_.kernel, "scheduler.executions")
-    # one TaskSubmitted per task and one ExecutionScheduled per execution
-    assert await stream_messages(slice_, "scheduler") == tasks + executions
+    # one TaskSubmitted per task; ExecutionScheduled waits for the policy to admit the task, and
+    # with no cell registered here it never does
+    assert await stream_messages(slice_, "scheduler") == tasks

@@ -60,14 +60,19 @@ class CellControl:
         *,
         default_mode: Mode,
         lost_after_s: float,
+        admission: str = "paced",
+        runner_address: str = "",
     ) -> None:
         self.sessions = sessions
         self.relay = relay
         self.switcher = switcher
         self.default_mode = default_mode
         self.lost_after_s = lost_after_s
+        self.admission = admission
+        self.runner_address = runner_address
         self.switching: set[str] = set()
-        self.cells_changed = asyncio.Event()
+        self.on_change: Callable[[], None] = lambda: None
+        """Called after anything the driver decides from changed (set by the wiring)."""
 
     # -- exactly once -------------------------------------------------------------------------
 
@@ -115,7 +120,7 @@ class CellControl:
             answer, events = await act(session)
             await self._record(session, method, request, answer, *events)
         self.relay.poke()
-        self.cells_changed.set()
+        self.on_change()
         return answer
 
     # -- RPCs ---------------------------------------------------------------------------------
@@ -256,7 +261,7 @@ class CellControl:
         finally:
             self.switching.discard(cell.cell_id)
         self.relay.poke()
-        self.cells_changed.set()
+        self.on_change()
         log.info(
             "cell_role_changed",
             cell_id=cell.cell_id,
@@ -307,7 +312,7 @@ class CellControl:
                     log.warning(
                         "cell_lost", cell_id=cell.cell_id, role=cell.role, silent_s=round(silent_s, 1)
                     )
-                    self.cells_changed.set()
+                    self.on_change()
             self.relay.poke()
             try:
                 await asyncio.wait_for(stop.wait(), timeout=min(1.0, self.lost_after_s / 4))

@@ -15,9 +15,27 @@ class SchedulerSettings(BaseSettings):
     """gRPC port; 0 picks a free one."""
     proxy_address: str = ""
     """The proxy's gRPC `host:port`: cells are routed and drained through it (empty: no switching)."""
+    runner_address: str = ""
+    """The runner's gRPC `host:port`: CancelTask stops running harnesses through it."""
     mode: Literal["colocate", "async", "gyre", "burst"] = "gyre"
     """Scheduling mode at the first start (later: SetMode; the stored mode wins on restart)."""
     cell_lost_after_s: float = 5.0
     """A cell whose heartbeat is silent this long is declared lost."""
     drain_timeout_s: float = 30.0
     """How long a rollout -> training switch waits for the proxy to move the cell's calls."""
+    admission: Literal["paced", "at_submit"] = "paced"
+    """paced: the policy admits tasks within its staleness cap as cells have room (a task waits
+    while no cell serves); at_submit: every execution is scheduled when its task is submitted."""
+    groups_per_step: int = 1
+    """B, as the trainer takes them (GYRE_TRAINER_GROUPS_PER_STEP)."""
+    max_staleness: int = 2
+    """K: a task admitted at version v is trained by step v+K."""
+    step_overhead_s: float = 1.0
+    rollout_to_training_s: float = 0.5
+    training_to_rollout_s: float = 0.5
+    """The policy's estimates of an update and of a switch each way (bench.role_switch measures them)."""
+    tokens_per_group_guess: int = 1000
+    tokens_per_s_per_cell_guess: float = 1000.0
+    """Until the first step is observed: a group's target tokens and one cell's training rate."""
+    tick_s: float = 0.5
+    """The driver decides on every change and at least this often."""

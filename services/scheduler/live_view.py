@@ -68,12 +68,14 @@ class LiveFacts:
 
     # -- rollout --------------------------------------------------------------------------------
 
-    def group_admitted(self, group_id: int) -> None:
+    def group_admitted(self, group_id: int, *, size: int | None = None) -> None:
+        """Admitted at the current version; `size` when groups differ (live), else `group_size`."""
+        n = self.group_size if size is None else size
         self.admitted += 1
         self.group_version[group_id] = self.version
-        self.group_left[group_id] = self.group_size
+        self.group_left[group_id] = n
         self.not_ready[group_id] = self.version
-        self.waiting += self.group_size
+        self.waiting += n
 
     def execution_started(self) -> None:
         self.waiting -= 1

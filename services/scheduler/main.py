@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gyre.consume import Consumer
 from gyre.db.outbox import OutboxRelay
 from gyre.rpc import GrpcServer
-from gyre.runtime import ServiceHost, connect
+from gyre.runtime import ServiceHost, Worker, connect
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.scheduler import repo
 from services.scheduler.config import SchedulerSettings
+from services.scheduler.driver import LiveDriver
+from services.scheduler.lifecycle import LifecycleEvents
 from services.scheduler.service import SchedulerServicer
 from services.scheduler.switching import Switcher
 
@@ -37,8 +40,17 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
         switcher,
         default_mode=settings.mode,
         lost_after_s=settings.cell_lost_after_s,
+        admission=settings.admission,
+        runner_address=settings.runner_address,
     )
+    driver = LiveDriver(conns.sessions, relay, servicer, settings)
+    servicer.on_change = driver.poke
+    lifecycle = [
+        Consumer(conns.bus, spec)
+        for spec in LifecycleEvents(conns.sessions, default_mode=settings.mode, on_change=driver.poke).specs()
+    ]
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server.server)
-    return ServiceHost(
-        name=NAME, server=server, connections=conns, workers=[relay.run, servicer.watch_heartbeats]
-    )
+    workers: list[Worker] = [relay.run, servicer.watch_heartbeats, *(c.run for c in lifecycle)]
+    if switcher is not None:  # without a proxy there are no cells to drive
+        workers.append(driver.run)
+    return ServiceHost(name=NAME, server=server, connections=conns, workers=workers)

@@ -35,6 +35,10 @@ tasks = sa.Table(
     sa.Column("labels", JSONB, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("seq", sa.BigInteger, sa.Identity(), nullable=False),
+    sa.Column("admitted_version", sa.Integer, nullable=True),
+    sa.Column("assigned_step", sa.Integer, nullable=True),
+    sa.Column("trained_version", sa.Integer, nullable=True),
 )
 
 executions = sa.Table(
@@ -44,6 +48,7 @@ executions = sa.Table(
     sa.Column("task_id", sa.Uuid, sa.ForeignKey(tasks.c.task_id), nullable=False),
     sa.Column("index_in_group", sa.Integer, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
+    sa.Column("duration_s", sa.Float, nullable=True),
     sa.UniqueConstraint("task_id", "index_in_group"),
 )
 
@@ -127,6 +132,11 @@ cluster = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("mode", sa.Text, nullable=False),
     sa.Column("model_fingerprint", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("version_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("trained_groups", sa.Integer, nullable=False),
+    sa.Column("trained_tokens", sa.BigInteger, nullable=False),
+    sa.Column("training_cell_s", sa.Float, nullable=False),
 )
 
 CELL_FIELDS = tuple(f.name for f in dataclasses.fields(CellRecord))
@@ -190,3 +200,25 @@ async def save_cluster(
 ) -> None:
     values = {k: v for k, v in (("mode", mode), ("model_fingerprint", fingerprint)) if v is not None}
     await session.execute(sa.update(cluster).where(cluster.c.id == 1).values(**values))
+
+
+async def admit_task(session: AsyncSession, task_id: uuid.UUID, *, version: int) -> None:
+    """The task and its executions are admitted at `version` (only from pending)."""
+    await session.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id == task_id, tasks.c.state == "pending")
+        .values(state="admitted", admitted_version=version)
+    )
+    await session.execute(
+        sa.update(executions)
+        .where(executions.c.task_id == task_id, executions.c.state == "pending")
+        .values(state="admitted")
+    )
+
+
+async def assign_step(session: AsyncSession, *, seqs: Sequence[int], step: int) -> None:
+    await session.execute(sa.update(tasks).where(tasks.c.seq.in_(seqs)).values(assigned_step=step))
+
+
+async def current_version(session: AsyncSession) -> int:
+    return int(await session.scalar(sa.select(sa.func.coalesce(sa.func.max(cluster.c.version), 0))) or 0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
 import structlog
+from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.outbox import enqueue
@@ -17,6 +19,7 @@ from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
 from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
+from services.scheduler.task_control import cancel_task, list_executions
 from services.scheduler.tasks import plan_tasks, validate_specs
 
 log = structlog.get_logger(__name__)
@@ -43,7 +46,12 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             execution_ids=[[new_uuid7() for _ in range(s.group_size)] for s in specs],
             now=datetime.now(UTC),
         )
-        response = scheduler_pb2.SubmitTasksResponse(tasks=[task_to_proto(t) for t in planned])
+        state = (
+            scheduler_pb2.TASK_STATE_ADMITTED
+            if self.admission == "at_submit"
+            else scheduler_pb2.TASK_STATE_PENDING
+        )
+        response = scheduler_pb2.SubmitTasksResponse(tasks=[task_to_proto(t, state=state) for t in planned])
         events = [
             new_event(
                 events_pb2.TaskSubmitted(task=task, request_id=request.request_id),
@@ -53,17 +61,19 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             )
             for task in response.tasks
         ]
-        # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
-        events += [
-            new_event(
-                execution_scheduled(task, execution),
-                producer=PRODUCER,
-                correlation_id=task.task_id,
-                causation_id=request.request_id,
-            )
-            for task in response.tasks
-            for execution in task.executions
-        ]
+        if self.admission == "at_submit":
+            # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
+            # Paced (the default), the driver schedules them as the policy admits each task.
+            events += [
+                new_event(
+                    execution_scheduled(task, execution),
+                    producer=PRODUCER,
+                    correlation_id=task.task_id,
+                    causation_id=request.request_id,
+                )
+                for task in response.tasks
+                for execution in task.executions
+            ]
         async with self.sessions() as session, session.begin():
             claimed = await repo.requests.claim(
                 session,
@@ -74,6 +84,10 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             )
             if claimed:
                 await repo.insert_tasks(session, planned, request_id=request.request_id)
+                if self.admission == "at_submit":
+                    version = await repo.current_version(session)
+                    for t in planned:
+                        await repo.admit_task(session, uuid.UUID(t.task_id), version=version)
                 await enqueue(session, repo.outbox, *events)
         if not claimed:  # a concurrent call with the same request id won the race
             async with self.sessions() as session:
@@ -81,6 +95,7 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             assert first is not None
             return first
         self.relay.poke()
+        self.on_change()
         log.info("tasks_submitted", request_id=request.request_id, tasks=len(planned))
         return response
 
@@ -106,3 +121,18 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         planned, state = found
         state_value = scheduler_pb2.TaskState.Value(f"TASK_STATE_{state.upper()}")
         return scheduler_pb2.GetTaskResponse(task=task_to_proto(planned, state=state_value))
+
+    async def ListExecutions(
+        self, request: scheduler_pb2.ListExecutionsRequest, context: Context
+    ) -> scheduler_pb2.ListExecutionsResponse:
+        return await list_executions(self.sessions, request)
+
+    async def CancelTask(
+        self, request: scheduler_pb2.CancelTaskRequest, context: Context
+    ) -> scheduler_pb2.CancelTaskResponse:
+        async def act(session: AsyncSession) -> tuple[scheduler_pb2.CancelTaskResponse, list[Message]]:
+            return await cancel_task(session, request, runner_address=self.runner_address), []
+
+        answer = await self._idempotent("CancelTask", request, scheduler_pb2.CancelTaskResponse, act)
+        log.info("task_cancelled", task_id=request.task_id, stopped=answer.num_executions_stopped)
+        return answer

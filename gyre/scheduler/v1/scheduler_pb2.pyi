@@ -99,6 +99,14 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """At least one execution is running."""
     TASK_STATE_DONE: _TaskState.ValueType  # 3
     """Every execution has ended (finished, timed out or failed)."""
+    TASK_STATE_ADMITTED: _TaskState.ValueType  # 4
+    """Admitted by the policy (within the staleness cap): its executions were scheduled."""
+    TASK_STATE_GRADED: _TaskState.ValueType  # 5
+    """Every execution is graded: the group is ready for a step."""
+    TASK_STATE_TRAINED: _TaskState.ValueType  # 6
+    """A step trained on the group."""
+    TASK_STATE_CANCELLED: _TaskState.ValueType  # 7
+    """Cancelled by CancelTask."""
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """TaskState is where a task stands in its life."""
@@ -111,7 +119,181 @@ TASK_STATE_RUNNING: TaskState.ValueType  # 2
 """At least one execution is running."""
 TASK_STATE_DONE: TaskState.ValueType  # 3
 """Every execution has ended (finished, timed out or failed)."""
+TASK_STATE_ADMITTED: TaskState.ValueType  # 4
+"""Admitted by the policy (within the staleness cap): its executions were scheduled."""
+TASK_STATE_GRADED: TaskState.ValueType  # 5
+"""Every execution is graded: the group is ready for a step."""
+TASK_STATE_TRAINED: TaskState.ValueType  # 6
+"""A step trained on the group."""
+TASK_STATE_CANCELLED: TaskState.ValueType  # 7
+"""Cancelled by CancelTask."""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
+
+class _ExecutionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ExecutionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ExecutionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EXECUTION_STATE_UNSPECIFIED: _ExecutionState.ValueType  # 0
+    """Unset; never stored."""
+    EXECUTION_STATE_PENDING: _ExecutionState.ValueType  # 1
+    """Waiting for its task to be admitted."""
+    EXECUTION_STATE_ADMITTED: _ExecutionState.ValueType  # 2
+    """Scheduled (ExecutionScheduled published); waiting for the runner."""
+    EXECUTION_STATE_RUNNING: _ExecutionState.ValueType  # 3
+    """Its harness runs."""
+    EXECUTION_STATE_FINISHED: _ExecutionState.ValueType  # 4
+    """The harness exited normally."""
+    EXECUTION_STATE_TIMED_OUT: _ExecutionState.ValueType  # 5
+    """The deadline stopped it."""
+    EXECUTION_STATE_FAILED: _ExecutionState.ValueType  # 6
+    """The runner or the harness failed."""
+    EXECUTION_STATE_GRADED: _ExecutionState.ValueType  # 7
+    """Graded by the evaluator."""
+    EXECUTION_STATE_TRAINED: _ExecutionState.ValueType  # 8
+    """A step trained on it."""
+    EXECUTION_STATE_CANCELLED: _ExecutionState.ValueType  # 9
+    """Cancelled before it ended."""
+
+class ExecutionState(_ExecutionState, metaclass=_ExecutionStateEnumTypeWrapper):
+    """ExecutionState is where one execution stands."""
+
+EXECUTION_STATE_UNSPECIFIED: ExecutionState.ValueType  # 0
+"""Unset; never stored."""
+EXECUTION_STATE_PENDING: ExecutionState.ValueType  # 1
+"""Waiting for its task to be admitted."""
+EXECUTION_STATE_ADMITTED: ExecutionState.ValueType  # 2
+"""Scheduled (ExecutionScheduled published); waiting for the runner."""
+EXECUTION_STATE_RUNNING: ExecutionState.ValueType  # 3
+"""Its harness runs."""
+EXECUTION_STATE_FINISHED: ExecutionState.ValueType  # 4
+"""The harness exited normally."""
+EXECUTION_STATE_TIMED_OUT: ExecutionState.ValueType  # 5
+"""The deadline stopped it."""
+EXECUTION_STATE_FAILED: ExecutionState.ValueType  # 6
+"""The runner or the harness failed."""
+EXECUTION_STATE_GRADED: ExecutionState.ValueType  # 7
+"""Graded by the evaluator."""
+EXECUTION_STATE_TRAINED: ExecutionState.ValueType  # 8
+"""A step trained on it."""
+EXECUTION_STATE_CANCELLED: ExecutionState.ValueType  # 9
+"""Cancelled before it ended."""
+Global___ExecutionState: _TypeAlias = ExecutionState  # noqa: Y015
+
+@_typing.final
+class ListExecutionsRequest(_message.Message):
+    """ListExecutionsRequest filters the executions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Only this task's executions; empty for all."""
+    state: Global___ExecutionState.ValueType
+    """Only executions in this state; UNSPECIFIED for all."""
+    limit: _builtins.int
+    """At most this many, 1..10000; 0 means 1000."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        state: Global___ExecutionState.ValueType = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExecutionsRequest: _TypeAlias = ListExecutionsRequest  # noqa: Y015
+
+@_typing.final
+class ListExecutionsResponse(_message.Message):
+    """ListExecutionsResponse lists them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Execution]:
+        """The executions, oldest task first, then in group order."""
+
+    def __init__(
+        self,
+        *,
+        executions: _abc.Iterable[Global___Execution] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExecutionsResponse: _TypeAlias = ListExecutionsResponse  # noqa: Y015
+
+@_typing.final
+class CancelTaskRequest(_message.Message):
+    """CancelTaskRequest names the task to cancel."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    task_id: _builtins.str
+    """The task."""
+    reason: _builtins.str
+    """Why, for people and for the runner's ExecutionCancelled."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "request_id", b"request_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTaskRequest: _TypeAlias = CancelTaskRequest  # noqa: Y015
+
+@_typing.final
+class CancelTaskResponse(_message.Message):
+    """CancelTaskResponse says what was stopped."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_STATE_FIELD_NUMBER: _builtins.int
+    NUM_EXECUTIONS_UNSCHEDULED_FIELD_NUMBER: _builtins.int
+    NUM_EXECUTIONS_STOPPED_FIELD_NUMBER: _builtins.int
+    previous_state: Global___TaskState.ValueType
+    """The task's state before the call."""
+    num_executions_unscheduled: _builtins.int
+    """Executions that had not started and never will."""
+    num_executions_stopped: _builtins.int
+    """Running executions the runner was asked to stop."""
+    def __init__(
+        self,
+        *,
+        previous_state: Global___TaskState.ValueType = ...,
+        num_executions_unscheduled: _builtins.int = ...,
+        num_executions_stopped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_executions_stopped", b"num_executions_stopped", "num_executions_unscheduled", b"num_executions_unscheduled", "previous_state", b"previous_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
 
 @_typing.final
 class Cell(_message.Message):
@@ -597,6 +779,49 @@ class TaskSpec(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskSpec: _TypeAlias = TaskSpec  # noqa: Y015
+
+@_typing.final
+class Execution(_message.Message):
+    """Execution is one execution as the scheduler tracks it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ADMITTED_VERSION_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    state: Global___ExecutionState.ValueType
+    """Where it stands."""
+    admitted_version: _builtins.int
+    """Policy version at its task's admission; unset before."""
+    duration_s: _builtins.float
+    """How long its harness ran, in seconds; unset before it ended."""
+    @_builtins.property
+    def execution(self) -> _ids_pb2.ExecutionRef:
+        """The execution and its place in its group."""
+
+    def __init__(
+        self,
+        *,
+        execution: _ids_pb2.ExecutionRef | None = ...,
+        state: Global___ExecutionState.ValueType = ...,
+        admitted_version: _builtins.int | None = ...,
+        duration_s: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__admitted_version: _TypeAlias = _typing.Literal["admitted_version"]  # noqa: Y015
+    _WhichOneofArgType__admitted_version: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version"]  # noqa: Y015
+    _WhichOneofReturnType__duration_s: _TypeAlias = _typing.Literal["duration_s"]  # noqa: Y015
+    _WhichOneofArgType__duration_s: _TypeAlias = _typing.Literal["_duration_s", b"_duration_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__admitted_version) -> _WhichOneofReturnType__admitted_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__duration_s) -> _WhichOneofReturnType__duration_s | None: ...
+
+Global___Execution: _TypeAlias = Execution  # noqa: Y015
 
 @_typing.final
 class Task(_message.Message):

@@ -70,6 +70,16 @@ class SchedulerServiceStub:
                 request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellRequest.SerializeToString,
                 response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellResponse.FromString,
                 _registered_method=True)
+        self.ListExecutions = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/ListExecutions',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.FromString,
+                _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/CancelTask',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -128,6 +138,21 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListExecutions(self, request, context):
+        """List executions with their states, oldest task first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTask(self, request, context):
+        """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+        through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +190,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.SwitchCell,
                     request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellRequest.FromString,
                     response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellResponse.SerializeToString,
+            ),
+            'ListExecutions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExecutions,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,6 +392,60 @@ class SchedulerService:
             '/gyre.scheduler.v1.SchedulerService/SwitchCell',
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellRequest.SerializeToString,
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExecutions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/ListExecutions',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/CancelTask',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

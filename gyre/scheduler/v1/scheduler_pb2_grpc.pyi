@@ -52,6 +52,12 @@ class SchedulerServiceStub:
     """Change the scheduling mode; it takes effect between steps."""
     SwitchCell: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SwitchCellRequest, _scheduler_pb2.SwitchCellResponse]
     """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
+    ListExecutions: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]
+    """List executions with their states, oldest task first."""
+    CancelTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]
+    """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+    through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -77,6 +83,12 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Change the scheduling mode; it takes effect between steps."""
     SwitchCell: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SwitchCellRequest, _scheduler_pb2.SwitchCellResponse]  # type: ignore[assignment]
     """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
+    ListExecutions: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]  # type: ignore[assignment]
+    """List executions with their states, oldest task first."""
+    CancelTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]  # type: ignore[assignment]
+    """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+    through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns tasks, executions, cells and the scheduling policy."""
@@ -141,5 +153,23 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SwitchCellResponse, _abc.Awaitable[_scheduler_pb2.SwitchCellResponse]]:
         """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
+
+    @_abc_1.abstractmethod
+    def ListExecutions(
+        self,
+        request: _scheduler_pb2.ListExecutionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListExecutionsResponse, _abc.Awaitable[_scheduler_pb2.ListExecutionsResponse]]:
+        """List executions with their states, oldest task first."""
+
+    @_abc_1.abstractmethod
+    def CancelTask(
+        self,
+        request: _scheduler_pb2.CancelTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CancelTaskResponse, _abc.Awaitable[_scheduler_pb2.CancelTaskResponse]]:
+        """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+        through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

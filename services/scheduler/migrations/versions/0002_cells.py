@@ -1,4 +1,5 @@
-"""Cells (roles, addresses, heartbeats) and the cluster's mode and model fingerprint.
+"""Cells (roles, addresses, heartbeats), the cluster's mode, version and observed costs, and the
+lifecycle columns of tasks and executions (admission version, step, durations).
 
 Revision ID: 0002
 Revises: 0001
@@ -39,12 +40,27 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("mode", sa.Text, nullable=False),
         sa.Column("model_fingerprint", sa.Text, nullable=False, server_default=""),
+        sa.Column("version", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("version_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("trained_groups", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("trained_tokens", sa.BigInteger, nullable=False, server_default="0"),
+        sa.Column("training_cell_s", sa.Float, nullable=False, server_default="0"),
         sa.CheckConstraint("id = 1", name="cluster_single_row"),
         schema=S,
     )
+    op.add_column("tasks", sa.Column("seq", sa.BigInteger, sa.Identity(), nullable=False), schema=S)
+    op.add_column("tasks", sa.Column("admitted_version", sa.Integer, nullable=True), schema=S)
+    op.add_column("tasks", sa.Column("assigned_step", sa.Integer, nullable=True), schema=S)
+    op.add_column("tasks", sa.Column("trained_version", sa.Integer, nullable=True), schema=S)
+    op.add_column("executions", sa.Column("duration_s", sa.Float, nullable=True), schema=S)
+    op.create_index("tasks_by_state", "tasks", ["state", "seq"], schema=S)
 
 
 def downgrade() -> None:
+    op.drop_index("tasks_by_state", table_name="tasks", schema=S)
+    op.drop_column("executions", "duration_s", schema=S)
+    for column in ("trained_version", "assigned_step", "admitted_version", "seq"):
+        op.drop_column("tasks", column, schema=S)
     op.drop_table("cluster", schema=S)
     op.drop_index("cells_one_core", table_name="cells", schema=S)
     op.drop_table("cells", schema=S)
