@@ -17,9 +17,9 @@ Each decision:
 4. **Admit** as many groups as the staleness bound allows and the kept cells' free slots can
    start (`staleness.groups_to_admit`: every free slot gets an execution, at most G - 1 wait).
 
-The same function with `streaming=False` is the ablation's "elastic without streaming", with
-`batch_sync=True` burst mode, and with `standalone_rollout_cells=A, core_cell=False` the
-ablation's "Colocate + standalone rollout cells" (A cells always roll out, the others colocate).
+The same function with `streaming=False` is the ablation's "elastic without streaming", and with
+`batch_sync=True` burst mode. (The ablation's "Colocate + standalone rollout cells" is
+`colocate.decide` with `standalone_rollout_cells`, not this policy without a core cell.)
 
 Worked example (8 cells, 4 slots, G=4, B=2, K=2; a group costs 16 rollout cell-s and 8 training
 cell-s, no overhead): the balanced split is 5.33 rollout cells, so 5 to 6 of the 7 satellites.
