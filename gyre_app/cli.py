@@ -13,7 +13,7 @@ from gyre.settings import KernelSettings
 def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
     from gyre_app.stack import up
 
-    state = up(kernel)
+    state = up(kernel, cells=ns.cells, mode=ns.mode)
     print(
         json.dumps(
             {
@@ -22,6 +22,7 @@ def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
                 "services": {s.name: s.address for s in state.services},
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
+                "mode": state.mode,
             },
             indent=2,
         )
@@ -67,9 +68,19 @@ SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre", description="Gyre: RL for hour-long coding-agent rollouts.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "up", help="start NATS, Postgres (embedded unless configured) and every service"
-    ).set_defaults(func=_cmd_up)
+    up = sub.add_parser(
+        "up", help="start NATS, Postgres (embedded unless configured), every service and the cells"
+    )
+    up.add_argument(
+        "--cells", type=int, default=3, help="cells, the core included (default 3: a core, 2 satellites)"
+    )
+    up.add_argument(
+        "--mode",
+        choices=("colocate", "async", "gyre", "burst"),
+        default="gyre",
+        help="scheduling mode at start",
+    )
+    up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="stop what `gyre up` started")
     down.add_argument(
         "--all", action="store_true", help="also the embedded servers tests and benchmarks left running"

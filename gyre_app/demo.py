@@ -262,7 +262,7 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
         async with (
             grpc.aio.insecure_channel(state.address_of("scheduler")) as sch,
             grpc.aio.insecure_channel(state.address_of("trajectory")) as trj,
-            grpc.aio.insecure_channel(state.address_of("engine")) as eng,
+            grpc.aio.insecure_channel(state.address_of("engine-cell-1")) as eng,
         ):
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(sch)
             trajectory = trajectory_pb2_grpc.TrajectoryServiceStub(trj)

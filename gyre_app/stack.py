@@ -25,19 +25,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gyre.db.engine import libpq_url, with_database
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
-from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.sandbox.host import SHARED_TEMP
+from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
 from gyre_app.migrations import upgrade_all
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Start order. The engine comes first: on a fresh clone it writes the tiny model the proxy and
-# the trainer load at start-up, so those two start once the engine serves.
-SERVICES = ("engine", "scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
+SERVICES = ("scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
 NEEDS_MODEL = ("proxy", "trainer")
 STACK_DATABASE = "gyre"
-ENGINE_ID = "engine-0"
-CELL_ID = "cell-0"
+CORE_CELL = "cell-0"
+"""The trainer's cell: it holds the weights and the optimizer and always trains."""
+DEFAULT_CELLS = 3
+"""A core and two satellites: what a 2-core machine holds (each satellite runs an engine and
+keeps a training worker warm)."""
+MODES = ("colocate", "async", "gyre", "burst")
+SATELLITE_SLOTS = 4
 DEMO_GROUPS_PER_STEP = 1
 """The local stack trains after every group, so one submitted task shows a whole step."""
 LOCAL_AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "128", "GYRE_AGENT_MAX_TURNS": "4"}
@@ -51,10 +54,12 @@ class ServiceProcess:
     pid: int
     address: str
     log_path: str
+    module: str = ""
+    """The service package it runs (`engine` for `engine-1`, `cell` for `cell-0`); empty: its name."""
 
     @property
     def marker(self) -> str:
-        return f"services.{self.name}"
+        return f"services.{self.module or self.name}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +72,9 @@ class StackState:
     proxy_http_url: str = ""
     """Root of the proxy's OpenAI (`/v1`) and Anthropic (`/v1/messages`) APIs; empty without a proxy."""
     model_dir: str = ""
-    """The checkpoint folder the engine serves and the trainer starts from."""
+    """The checkpoint folder the engines serve and the trainer starts from."""
+    mode: str = ""
+    """The scheduling mode the scheduler started in."""
 
     def address_of(self, service: str) -> str:
         return next(s.address for s in self.services if s.name == service)
@@ -108,19 +115,55 @@ def sandboxes_dir(state_dir: Path) -> Path:
     return REPO_ROOT / ".gyre" / "sandboxes" / f"{state_dir.name}-{tag}"
 
 
-def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http_port: int) -> dict[str, str]:
-    """What each service is told about the others (its GYRE_<SERVICE>_* settings)."""
+def satellites(cells: int) -> list[str]:
+    return [f"cell-{i}" for i in range(1, cells)]
+
+
+def processes(cells: int) -> list[tuple[str, str]]:
+    """(name, service package) of every process, in start order: one engine per satellite first
+    (the first writes the tiny model on a fresh clone), the services, then one agent per cell."""
+    engines = [(f"engine-{c}", "engine") for c in satellites(cells)]
+    agents = [(c, "cell") for c in [CORE_CELL, *satellites(cells)]]
+    return [*engines, *((s, s) for s in SERVICES), *agents]
+
+
+def service_env(
+    name: str, *, state_dir: Path, ports: dict[str, int], proxy_http_port: int, mode: str = "gyre"
+) -> dict[str, str]:
+    """What each process is told about the others (its GYRE_<SERVICE>_* settings)."""
     model_dir = str(state_dir / "model")
     proxy_base_url = f"http://127.0.0.1:{proxy_http_port}"
-    per_service = {
-        "engine": {
+
+    def at(service: str) -> str:
+        return f"127.0.0.1:{ports[service]}" if service in ports else ""
+
+    if name.startswith("engine-"):
+        cell = name.removeprefix("engine-")
+        return {
             "GYRE_ENGINE_MODEL_DIR": model_dir,
-            "GYRE_ENGINE_ENGINE_ID": ENGINE_ID,
-            "GYRE_ENGINE_CELL_ID": CELL_ID,
+            "GYRE_ENGINE_ENGINE_ID": name,
+            "GYRE_ENGINE_CELL_ID": cell,
+            "GYRE_ENGINE_NUM_THREADS": "1",
+        }
+    if name.startswith("cell-"):
+        agent = {"GYRE_CELL_CELL_ID": name, "GYRE_CELL_SCHEDULER_ADDRESS": at("scheduler")}
+        if name == CORE_CELL:
+            return {**agent, "GYRE_CELL_CORE": "true", "GYRE_CELL_TRAINER_ADDRESS": at("trainer")}
+        return {
+            **agent,
+            "GYRE_CELL_ENGINE_ADDRESS": at(f"engine-{name}"),
+            "GYRE_CELL_SLOTS": str(SATELLITE_SLOTS),
+        }
+    per_service = {
+        "scheduler": {
+            "GYRE_SCHEDULER_PROXY_ADDRESS": at("proxy"),
+            "GYRE_SCHEDULER_RUNNER_ADDRESS": at("runner"),
+            "GYRE_SCHEDULER_MODE": mode,
+            "GYRE_SCHEDULER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
         },
         "proxy": {"GYRE_PROXY_MODEL_DIR": model_dir, "GYRE_PROXY_HTTP_PORT": str(proxy_http_port)},
         "runner": {
-            "GYRE_RUNNER_PROXY_ADDRESS": f"127.0.0.1:{ports['proxy']}" if "proxy" in ports else "",
+            "GYRE_RUNNER_PROXY_ADDRESS": at("proxy"),
             "GYRE_RUNNER_PROXY_BASE_URL": proxy_base_url,
             "GYRE_RUNNER_SANDBOX_ROOT": str(sandboxes_dir(state_dir) / "runner"),
             "GYRE_RUNNER_HARNESS_ENV": json.dumps(LOCAL_AGENT_ENV),
@@ -129,25 +172,34 @@ def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http
         "trainer": {
             "GYRE_TRAINER_MODEL_DIR": model_dir,
             "GYRE_TRAINER_STATE_DIR": str(state_dir / "trainer"),
-            "GYRE_TRAINER_CELL_ID": CELL_ID,
+            "GYRE_TRAINER_CELL_ID": CORE_CELL,
             "GYRE_TRAINER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
-            "GYRE_TRAINER_TRAJECTORY_ADDRESS": (
-                f"127.0.0.1:{ports['trajectory']}" if "trajectory" in ports else ""
-            ),
+            "GYRE_TRAINER_TRAJECTORY_ADDRESS": at("trajectory"),
         },
     }
     return per_service.get(name, {})
 
 
 def up(
-    kernel: KernelSettings, *, services: tuple[str, ...] = SERVICES, timeout_s: float = 120.0
+    kernel: KernelSettings, *, cells: int = DEFAULT_CELLS, mode: str = "gyre", timeout_s: float = 180.0
 ) -> StackState:
-    """Start (or find running) servers and services; returns what runs. Idempotent."""
+    """Start (or find running) servers, services and cells; returns what runs. Idempotent.
+
+    `cells` counts the core cell; every other cell is a satellite with an engine and a warm
+    training worker. The scheduler routes each satellite's engine as its agent registers and
+    moves cells between rollout and training as `mode` decides.
+    """
+    if cells < 2:
+        raise ValueError(f"cells: at least 2 (a core and one satellite), got {cells}")
+    if mode not in MODES:
+        raise ValueError(f"mode: one of {', '.join(MODES)}, got {mode!r}")
+    planned = processes(cells)
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
     if (
         current is not None
-        and [s.name for s in current.services] == list(services)
+        and [s.name for s in current.services] == [name for name, _ in planned]
+        and current.mode == mode
         and all(is_our_process(s.pid, s.marker) for s in current.services)
     ):
         return current
@@ -173,15 +225,17 @@ def up(
         database_url = ensure_database(start_postgres(state_dir / "postgres").url, STACK_DATABASE)
     upgrade_all(database_url)
     # Every port first, so each service can be told where the others will be.
-    *service_ports, proxy_http_port = distinct_free_ports(len(services) + 1)
-    ports = dict(zip(services, service_ports, strict=True))
+    *service_ports, proxy_http_port = distinct_free_ports(len(planned) + 1)
+    ports = {name: port for (name, _), port in zip(planned, service_ports, strict=True)}
+    modules = dict(planned)
     state = StackState(
         nats_url=nats_url,
         database_url=database_url,
         embedded_nats=kernel.nats_url is None,
         embedded_postgres=kernel.database_url is None,
-        proxy_http_url=f"http://127.0.0.1:{proxy_http_port}" if "proxy" in services else "",
+        proxy_http_url=f"http://127.0.0.1:{proxy_http_port}",
         model_dir=str(state_dir / "model"),
+        mode=mode,
     )
     env = {
         **os.environ,
@@ -194,56 +248,59 @@ def up(
 
     def start(name: str) -> ServiceProcess:
         log_path = state_dir / "logs" / f"{name}.log"
-        argv = [sys.executable, "-m", f"services.{name}", "--port", str(ports[name])]
+        module = modules[name]
+        argv = [sys.executable, "-m", f"services.{module}", "--port", str(ports[name])]
         pid = spawn_detached(
             argv,
             log_path=log_path,
             cwd=REPO_ROOT,
             env={
                 **env,
-                **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port),
+                **service_env(
+                    name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode
+                ),
             },
         )
         service = ServiceProcess(
-            name=name, pid=pid, address=f"127.0.0.1:{ports[name]}", log_path=str(log_path)
+            name=name,
+            pid=pid,
+            address=f"127.0.0.1:{ports[name]}",
+            log_path=str(log_path),
+            module="" if module == name else module,
         )
         state.services.append(service)
         # Recorded at once, so `gyre down` can stop what started even if a later one fails.
         write_json(stack_state_path(state_dir), asdict(state))
         return service
 
-    first = [start(name) for name in services if name not in NEEDS_MODEL]
-    if "engine" in services:
-        wait_serving(next(s for s in first if s.name == "engine"), deadline)
-    for name in services:
-        if name in NEEDS_MODEL:
+    names = [name for name, _ in planned]
+    first_engine = names[0]
+    wait_serving(start(first_engine), deadline)  # it writes the model the others load
+    for name in names[1:]:
+        if modules[name] != "cell":
             start(name)
     for service in state.services:
         wait_serving(service, deadline)
-    if "proxy" in services and "engine" in services:
-        register_engine(state)
+    agents = [start(name) for name in names if modules[name] == "cell"]
+    for agent in agents:  # a satellite's agent serves once its training worker has imported torch
+        wait_serving(agent, deadline)
+    wait_cells_registered(state, cells, deadline)
     return state
 
 
-def register_engine(state: StackState) -> None:
-    """Route the proxy to the local engine.
-
-    In a cluster the scheduler's cell control registers each engine as its cell turns to
-    rollout; that part of the live scheduler is not built yet, so `gyre up` does it for its one
-    engine. The request id names the address: a restarted stack (new ports) registers anew,
-    a repeat of the same stack is answered from the first.
-    """
-    address = state.address_of("engine")
-    with grpc.insecure_channel(state.address_of("proxy")) as channel:
-        proxy_pb2_grpc.ProxyServiceStub(channel).RegisterEngine(
-            proxy_pb2.RegisterEngineRequest(
-                request_id=f"gyre-up:{CELL_ID}:{ENGINE_ID}:{address}",
-                cell_id=CELL_ID,
-                engine_id=ENGINE_ID,
-                address=address,
-            ),
-            timeout=30.0,
-        )
+def wait_cells_registered(state: StackState, cells: int, deadline: float) -> None:
+    """Until the scheduler knows every cell (each agent registers its own; the scheduler then
+    routes the satellites' engines itself)."""
+    with grpc.insecure_channel(state.address_of("scheduler")) as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        while time.monotonic() < deadline:
+            known = stub.GetCells(scheduler_pb2.GetCellsRequest(), timeout=5.0).cells
+            if sum(1 for c in known if c.role != scheduler_pb2.CELL_ROLE_LOST) == cells:
+                return
+            time.sleep(0.2)
+    raise failure(
+        f"the scheduler did not see all {cells} cells registered in time", Path(state.services[-1].log_path)
+    )
 
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -29,12 +28,9 @@ class TrainerSettings(BaseSettings):
     """Initial weights (`gyre model init DIR`); unset: a tiny Qwen2 model from `seed`."""
     seed: int = 0
     trajectory_address: str = "127.0.0.1:50055"
-    mode: Literal["streaming", "burst"] = "streaming"
-    """streaming: a step as soon as `groups_per_step` groups are ready; burst: one step per burst."""
     groups_per_step: int = 4
-    """B: groups per step (in burst mode, the least a burst may have)."""
-    burst_quiet_s: float = 2.0
-    """Burst mode: a burst is over when no group arrived for this long."""
+    """B: a step as soon as B groups are ready, in arrival order. Which groups are admitted, and
+    when (streaming, bursts, batches), is the scheduler's policy, not the trainer's."""
     missing_calls_grace_s: float = 60.0
     """How long a step waits for the calls of an execution that has none recorded (they may still be
     on the bus) before training its groups without it; an execution that failed before its first

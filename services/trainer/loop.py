@@ -97,13 +97,7 @@ class StepLoop:
             queued = await repo.queued_groups(session)
         self.num_queued = len(queued)
         b = self.settings.groups_per_step
-        if self.settings.mode == "streaming":
-            return queued[:b] if len(queued) >= b else []
-        # burst: everything that arrived in the burst, once it has been quiet for burst_quiet_s
-        if len(queued) < b:
-            return []
-        quiet_s = (datetime.now(UTC) - max(g.received_at for g in queued)).total_seconds()
-        return queued if quiet_s >= self.settings.burst_quiet_s else []
+        return queued[:b] if len(queued) >= b else []
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff_s = 0.5
