@@ -81,9 +81,9 @@ class Reporting(Simulation):
         for _ in range(before - len(self.waiting)):
             self.facts.execution_started()
 
-    def _exec_end(self, e: int, time_s: float) -> None:
-        if self.exec_end[e] != time_s:
-            super()._exec_end(e, time_s)
+    def _exec_end(self, e: int, generation: int) -> None:
+        if self.exec_generation[e] != generation:  # superseded: the execution moved
+            super()._exec_end(e, generation)
             return
         group = e // self.w.group_size
         self.facts.execution_ended(group)
@@ -95,23 +95,24 @@ class Reporting(Simulation):
                 tokens=sum(self.x.tokens[i] for i in members),
                 duration_s=sum(self.x.duration_s[i] for i in members),
             )
-        super()._exec_end(e, time_s)
+        super()._exec_end(e, generation)
 
     def _assign(self, group_ids: tuple[int, ...]) -> None:
         self.facts.groups_assigned(group_ids)
         super()._assign(group_ids)
 
     def _maybe_start_round(self) -> None:
-        pending = self.pending_tokens
-        in_update = self.in_update
+        in_round, in_update = self.in_round, self.in_update
         super()._maybe_start_round()
-        if self.pending_tokens < pending:
-            self.facts.training_started(pending - self.pending_tokens)
+        if self.in_round and not in_round:
+            self.facts.training_started()
         if self.in_update and not in_update:
             self.facts.update_started()
 
     def _round_end(self) -> None:
+        tokens = self.round_tokens
         super()._round_end()
+        self.facts.tokens_trained(tokens)
         if not self.in_round and not self.in_update:
             self.facts.training_stopped(now_s=self.now)
 

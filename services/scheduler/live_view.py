@@ -7,9 +7,9 @@ the policy functions take, so both drivers make the same decision from the same 
 `tests/test_live_policy.py` runs the simulator through this fold and compares every decision).
 
 What the live system cannot observe directly it reports as the nearest fact: the trainer does
-not announce its rounds, so a completed step is reported as its tokens trained, then the update
-starting and ending at once; a group's tokens are unknown until it is trained, so the live shell
-passes the mean tokens of the groups trained so far (`tokens_per_group`).
+not announce its rounds, so a step's groups count as untrained until its `StepCompleted`; a
+group's tokens are unknown until it is trained, so the live shell passes the mean tokens of the
+groups trained so far.
 
 Example:
     facts = LiveFacts(total_groups=4, group_size=2, slots_per_cell=4, tokens_per_s_per_cell=1000.0)
@@ -106,10 +106,14 @@ class LiveFacts:
         self.step_groups += len(taken)
         self.untrained_tokens += sum(g.tokens for g in taken)
 
-    def training_started(self, tokens: int) -> None:
-        """Training took `tokens` of the step's untrained tokens into work (a round, or the step)."""
-        self.untrained_tokens -= tokens
+    def training_started(self) -> None:
+        """Training has work in hand (a round, or the step) and is computing it."""
         self.starved_since_s = None
+
+    def tokens_trained(self, tokens: int) -> None:
+        """Training finished `tokens` of the step's tokens (a round ended). They count as
+        untrained until then, so a policy keeps the cells that are training them."""
+        self.untrained_tokens -= tokens
 
     def training_stopped(self, *, now_s: float) -> None:
         """Training ran out of work (and no update runs)."""

@@ -92,7 +92,9 @@ def fifo_chain(
             must = (v + 1) * b - a_prev
             walk = o + after[0]
             if must > 0:
-                walk = walk + np.array(running_mth_smallest(batch_list, must), dtype=float)[start - a_prev - 1 :]
+                walk = (
+                    walk + np.array(running_mth_smallest(batch_list, must), dtype=float)[start - a_prev - 1 :]
+                )
             if v + k + 1 >= steps:
                 jump = np.maximum(maxima + o, left * o)
             else:
