@@ -169,9 +169,11 @@ async def live_cells(
         )
 
         async def all_registered() -> bool:
-            return len(await cells.roles()) == satellites + 1
+            routing = await cells.proxy.GetRouting(proxy_pb2.GetRoutingRequest())
+            routed = {r.cell_id for r in routing.routes if r.state == proxy_pb2.ROUTE_STATE_ACTIVE}
+            return len(await cells.roles()) == satellites + 1 and routed == set(names)
 
-        await _until(all_registered, timeout_s=60, what="every cell to register")
+        await _until(all_registered, timeout_s=60, what="every cell to register and be routed")
         yield cells
     finally:
         for channel in channels:
