@@ -174,6 +174,7 @@ def service_env(
             "GYRE_TRAINER_STATE_DIR": str(state_dir / "trainer"),
             "GYRE_TRAINER_CELL_ID": CORE_CELL,
             "GYRE_TRAINER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
+            "GYRE_TRAINER_STEPS_FROM_SCHEDULER": "true",
             "GYRE_TRAINER_TRAJECTORY_ADDRESS": at("trajectory"),
         },
     }

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from google.protobuf import message
 from proxy_support import write_tokenizer
+from trainer_stack import events_on_bus
 
 from gyre.bus import Bus, BusConfig
 from gyre.common.v1 import ids_pb2
@@ -22,8 +23,10 @@ from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event
 from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.scheduler.v1 import scheduler_pb2_grpc
+from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.proxy.config import ProxySettings
@@ -38,6 +41,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 class Rig:
     stub: scheduler_pb2_grpc.SchedulerServiceAsyncStub
     bus: Bus
+    kernel: KernelSettings
 
     async def publish(self, payload: message.Message, producer: str) -> None:
         await self.bus.publish(new_event(payload, producer=producer, correlation_id=str(uuid.uuid4())))
@@ -89,7 +93,7 @@ async def rig(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFac
             )
         )
         try:
-            yield Rig(stub=stub, bus=bus)
+            yield Rig(stub=stub, bus=bus, kernel=kernel)
         finally:
             await bus.close()
             await channel.close()
@@ -159,6 +163,24 @@ async def test_admission_stays_within_the_staleness_cap_until_a_step_completes(r
     assert (first.task_id, "EXECUTION_STATE_TRAINED") in await rig.states()
     task = (await rig.stub.GetTask(pb.GetTaskRequest(task_id=first.task_id))).task
     assert task.state == pb.TASK_STATE_TRAINED
+
+
+async def test_a_ready_group_is_assigned_to_the_running_step_and_the_trainer_told(rig: Rig) -> None:
+    await rig.stub.SetMode(pb.SetModeRequest(request_id="gyre-again", mode=pb.SCHEDULING_MODE_GYRE))
+    states = await rig.states()
+    task_id = next(t for t, s in states if s == "EXECUTION_STATE_ADMITTED")
+    listed = await rig.stub.ListExecutions(pb.ListExecutionsRequest(task_id=task_id))
+    ref = listed.executions[0].execution
+    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=2.0), "runner")
+    await rig.publish(
+        trajectory_events.GroupReady(task_id=task_id, execution_ids=[ref.execution_id]), "trajectory"
+    )
+
+    async def assigned() -> bool:
+        events = await events_on_bus(rig.kernel, "scheduler", scheduler_events.StepAssigned)
+        return any(list(e.task_ids) == [task_id] and e.step == 1 for e in events)
+
+    await until(assigned, "StepAssigned for the ready group at step 1 (version 1)")
 
 
 async def test_a_queued_task_is_cancelled_and_never_scheduled(rig: Rig) -> None:

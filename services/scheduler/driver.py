@@ -7,9 +7,9 @@ the mode's decision function (`live_policy`, the same functions `gyre sim` runs)
 - **admit**: the oldest queued tasks are admitted at the current version, their executions
   scheduled (`ExecutionScheduled`, one transaction with the state change): admission is the
   policy's, within its staleness cap;
-- **assign**: the groups are recorded as assigned to the running step (`tasks.assigned_step`).
-  The trainer still takes ready groups in arrival order, B per step: it is not told the
-  assignment yet, so the earliest-deadline order is the policy's plan, not enforced at the trainer;
+- **assign**: the groups are recorded as assigned to the running step (`tasks.assigned_step`) and
+  `StepAssigned` tells the trainer (with `GYRE_TRAINER_STEPS_FROM_SCHEDULER`, as the stack runs
+  it, the trainer trains exactly those groups in that step: earliest deadline first);
 - **to_training**: the rollout cells `migration.plan_drain` frees (fewest in-flight calls, per the
   proxy) switch through `CellControl.switch`;
 - **to_rollout**: training satellites (highest id first, as the simulator picks) switch back.
@@ -31,6 +31,7 @@ from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.events import new_event
 from gyre.ids import new_uuid7
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.scheduler.v1 import events_pb2
 from services.scheduler import repo
 from services.scheduler.cell_control import PRODUCER, CellControl
 from services.scheduler.cells import CellRecord, parse_mode
@@ -146,7 +147,12 @@ class LiveDriver:
 
     async def _assign(self, seqs: tuple[int, ...], *, step: int) -> None:
         async with self.sessions() as session, session.begin():
-            await repo.assign_step(session, seqs=seqs, step=step)
+            task_ids = await repo.assign_step(session, seqs=seqs, step=step)
+            event = events_pb2.StepAssigned(step=step, task_ids=task_ids)
+            await enqueue(
+                session, repo.outbox, new_event(event, producer=PRODUCER, correlation_id=f"step-{step}")
+            )
+        self.relay.poke()
 
     async def _to_training(self, rollout: list[CellRecord], count: int, slots: int) -> None:
         async with grpc.aio.insecure_channel(self.settings.proxy_address) as channel:

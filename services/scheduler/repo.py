@@ -216,8 +216,16 @@ async def admit_task(session: AsyncSession, task_id: uuid.UUID, *, version: int)
     )
 
 
-async def assign_step(session: AsyncSession, *, seqs: Sequence[int], step: int) -> None:
-    await session.execute(sa.update(tasks).where(tasks.c.seq.in_(seqs)).values(assigned_step=step))
+async def assign_step(session: AsyncSession, *, seqs: Sequence[int], step: int) -> list[str]:
+    """Record the tasks (by `seq`) as assigned to `step`; their ids, in the given order."""
+    rows = await session.execute(
+        sa.update(tasks)
+        .where(tasks.c.seq.in_(seqs))
+        .values(assigned_step=step)
+        .returning(tasks.c.seq, tasks.c.task_id)
+    )
+    by_seq = {seq: str(task_id) for seq, task_id in rows.all()}
+    return [by_seq[s] for s in seqs if s in by_seq]
 
 
 async def current_version(session: AsyncSession) -> int:

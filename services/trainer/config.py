@@ -28,6 +28,9 @@ class TrainerSettings(BaseSettings):
     """Initial weights (`gyre model init DIR`); unset: a tiny Qwen2 model from `seed`."""
     seed: int = 0
     trajectory_address: str = "127.0.0.1:50055"
+    steps_from_scheduler: bool = False
+    """Take each step's groups as the scheduler assigned them (`StepAssigned`, earliest deadline
+    first) instead of in arrival order; the live stack sets it."""
     groups_per_step: int = 4
     """B: a step as soon as B groups are ready, in arrival order. Which groups are admitted, and
     when (streaming, bursts, batches), is the scheduler's policy, not the trainer's."""

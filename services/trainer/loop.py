@@ -93,10 +93,16 @@ class StepLoop:
         self.wake.set()
 
     async def _take_groups(self) -> list[repo.QueuedGroup]:
+        b = self.settings.groups_per_step
         async with self.sessions() as session:
             queued = await repo.queued_groups(session)
+            if self.settings.steps_from_scheduler:
+                # The scheduler's policy says which groups form this step (earliest deadline
+                # first); an assignment to an earlier step that is still queued comes first.
+                assigned = await repo.assigned_groups(session, up_to_step=self.cell.trainer.version)
+                self.num_queued = len(queued)
+                return assigned[:b] if len(assigned) >= b else []
         self.num_queued = len(queued)
-        b = self.settings.groups_per_step
         return queued[:b] if len(queued) >= b else []
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -73,6 +73,40 @@ class LastStep:
     weights_uri: str
 
 
+step_assignments = sa.Table(
+    "step_assignments",
+    metadata,
+    sa.Column("task_id", sa.Uuid, primary_key=True),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("seq", sa.BigInteger, sa.Identity(), nullable=False, unique=True),
+)
+
+
+async def record_assignment(session: AsyncSession, *, step: int, task_ids: list[str]) -> None:
+    """The scheduler's assignment of groups to `step` (a repeat changes nothing)."""
+    for task_id in task_ids:
+        await session.execute(
+            insert(step_assignments)
+            .values(task_id=uuid.UUID(task_id), step=step)
+            .on_conflict_do_nothing(index_elements=[step_assignments.c.task_id])
+        )
+
+
+async def assigned_groups(session: AsyncSession, *, up_to_step: int) -> list[QueuedGroup]:
+    """Queued groups assigned to a step up to `up_to_step`, oldest step first, in assignment order."""
+    g, a = ready_groups.c, step_assignments.c
+    stmt = (
+        sa.select(g.task_id, g.execution_ids, g.received_at)
+        .join(step_assignments, a.task_id == g.task_id)
+        .where(g.consumed_version.is_(None), a.step <= up_to_step)
+        .order_by(a.step, a.seq)
+    )
+    return [
+        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r)
+        for t, e, r in (await session.execute(stmt)).all()
+    ]
+
+
 async def enqueue_group(session: AsyncSession, *, task_id: str, execution_ids: list[str]) -> None:
     """Queue a ready group; a group already known (queued or consumed) is left as it is."""
     await session.execute(

@@ -241,3 +241,33 @@ class ModeChanged(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModeChanged: _TypeAlias = ModeChanged  # noqa: Y015
+
+@_typing.final
+class StepAssigned(_message.Message):
+    """StepAssigned: the policy assigned ready groups to a step, earliest deadline first; the trainer
+    trains exactly these groups in that step (in this order), so the staleness bound holds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """The step's index: the policy version it trains from (it produces `step + 1`)."""
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tasks whose groups join the step, in assignment order."""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepAssigned: _TypeAlias = StepAssigned  # noqa: Y015
