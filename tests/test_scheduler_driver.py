@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
@@ -200,6 +201,17 @@ async def test_a_queued_task_is_cancelled_and_never_scheduled(rig: Rig) -> None:
 
 async def _pending(rig: Rig, task_id: str) -> bool:
     return (task_id, "EXECUTION_STATE_PENDING") in await rig.states()
+
+
+async def test_a_past_deadline_is_refused_naming_the_field_and_nothing_is_stored(rig: Rig) -> None:
+    before = await rig.states()
+    late = spec("late")
+    late.deadline.FromDatetime(datetime.now(UTC) - timedelta(minutes=1))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await rig.stub.SubmitTasks(pb.SubmitTasksRequest(request_id="late-1", tasks=[spec("ok"), late]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.value.trailing_metadata() or ())["gyre-error-field"] == "tasks[1].deadline"  # type: ignore[arg-type]
+    assert await rig.states() == before
 
 
 @pytest.mark.parametrize(

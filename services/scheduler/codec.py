@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gyre.common.v1 import ids_pb2
 from gyre.scheduler.v1 import events_pb2
@@ -12,11 +12,15 @@ from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedTask, TaskSpec, 
 
 
 def spec_from_proto(msg: pb.TaskSpec) -> TaskSpec:
-    return spec_from_record(msg, labels=msg.labels)
+    deadline = msg.deadline.ToDatetime(tzinfo=UTC) if msg.HasField("deadline") else None
+    return spec_from_record(msg, labels=msg.labels, deadline=deadline)
 
 
 def spec_to_proto(spec: TaskSpec) -> pb.TaskSpec:
-    return pb.TaskSpec(**{name: getattr(spec, name) for name in SCALAR_SPEC_FIELDS}, labels=dict(spec.labels))
+    msg = pb.TaskSpec(**{name: getattr(spec, name) for name in SCALAR_SPEC_FIELDS}, labels=dict(spec.labels))
+    if spec.deadline is not None:
+        msg.deadline.FromDatetime(spec.deadline)
+    return msg
 
 
 def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_STATE_PENDING) -> pb.Task:
@@ -35,8 +39,11 @@ def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_
     return msg
 
 
-def execution_scheduled(task: pb.Task, execution: ids_pb2.ExecutionRef) -> events_pb2.ExecutionScheduled:
-    """What the runner and the evaluator need to run and grade one execution of `task`."""
+def execution_scheduled(
+    task: pb.Task, execution: ids_pb2.ExecutionRef, *, timeout_s: float | None = None
+) -> events_pb2.ExecutionScheduled:
+    """What the runner and the evaluator need to run and grade one execution of `task`
+    (`timeout_s`: its limit when the task's deadline cuts it, else the task's timeout)."""
     spec = task.spec
     return events_pb2.ExecutionScheduled(
         execution=execution,
@@ -45,7 +52,7 @@ def execution_scheduled(task: pb.Task, execution: ids_pb2.ExecutionRef) -> event
         prompt=spec.prompt,
         harness=spec.harness,
         workspace_template=spec.workspace_template,
-        timeout_s=spec.timeout_s,
+        timeout_s=spec.timeout_s if timeout_s is None else timeout_s,
         labels=dict(spec.labels),
     )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 
 import grpc
 import structlog
@@ -41,6 +42,7 @@ from services.scheduler.live_facts import Queued, load_cluster, load_facts
 from services.scheduler.live_policy import policy_for
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import Decision, PolicyConfig
+from services.scheduler.tasks import execution_limit_s
 
 log = structlog.get_logger(__name__)
 
@@ -181,14 +183,22 @@ class LiveDriver:
 
 
 async def admit_task(session: AsyncSession, queued: Queued, *, version: int) -> list[Envelope]:
-    """Mark a queued task admitted at `version`; its ExecutionScheduled events, to enqueue."""
-    await repo.admit_task(session, queued.task_id, version=version)
+    """Mark a queued task admitted at `version`; its ExecutionScheduled events, to enqueue. A task
+    whose deadline has passed while it waited is cancelled instead (nothing to enqueue)."""
     found = await repo.load_task(session, str(queued.task_id))
     assert found is not None
-    task = task_to_proto(found[0])
+    planned, _ = found
+    now = datetime.now(UTC)
+    limit_s = execution_limit_s(planned.spec, now=now)
+    if limit_s <= 0:
+        await repo.cancel_queued(session, queued.task_id)
+        log.warning("task_deadline_passed_while_queued", task_id=str(queued.task_id))
+        return []
+    await repo.admit_task(session, queued.task_id, version=version)
+    task = task_to_proto(planned)
     return [
         new_event(
-            execution_scheduled(task, execution),
+            execution_scheduled(task, execution, timeout_s=limit_s),
             producer=PRODUCER,
             correlation_id=task.task_id,
             causation_id=f"admitted-v{version}",

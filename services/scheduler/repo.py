@@ -39,6 +39,7 @@ tasks = sa.Table(
     sa.Column("admitted_version", sa.Integer, nullable=True),
     sa.Column("assigned_step", sa.Integer, nullable=True),
     sa.Column("trained_version", sa.Integer, nullable=True),
+    sa.Column("deadline", sa.DateTime(timezone=True), nullable=True),
 )
 
 executions = sa.Table(
@@ -67,6 +68,7 @@ async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *,
                 "request_id": request_id,
                 **{name: getattr(t.spec, name) for name in SCALAR_SPEC_FIELDS},
                 "labels": dict(t.spec.labels),
+                "deadline": t.spec.deadline,
                 "state": "pending",
                 "submitted_at": t.submitted_at,
             }
@@ -100,7 +102,7 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
             .order_by(executions.c.index_in_group)
         )
     ).all()
-    spec = spec_from_record(row, labels=row.labels)
+    spec = spec_from_record(row, labels=row.labels, deadline=row.deadline)
     planned = PlannedTask(
         task_id=str(row.task_id),
         spec=spec,
@@ -230,3 +232,17 @@ async def assign_step(session: AsyncSession, *, seqs: Sequence[int], step: int) 
 
 async def current_version(session: AsyncSession) -> int:
     return int(await session.scalar(sa.select(sa.func.coalesce(sa.func.max(cluster.c.version), 0))) or 0)
+
+
+async def cancel_queued(session: AsyncSession, task_id: uuid.UUID) -> None:
+    """A task not admitted yet will never be: it and its executions are cancelled."""
+    await session.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id == task_id, tasks.c.state == "pending")
+        .values(state="cancelled")
+    )
+    await session.execute(
+        sa.update(executions)
+        .where(executions.c.task_id == task_id, executions.c.state == "pending")
+        .values(state="cancelled")
+    )

@@ -20,7 +20,7 @@ from services.scheduler import repo
 from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
 from services.scheduler.task_control import cancel_task, list_executions
-from services.scheduler.tasks import plan_tasks, validate_specs
+from services.scheduler.tasks import execution_limit_s, plan_tasks, validate_deadlines, validate_specs
 
 log = structlog.get_logger(__name__)
 PRODUCER = "scheduler"
@@ -40,6 +40,7 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             return first
         specs = [spec_from_proto(t) for t in request.tasks]
         validate_specs(specs)
+        validate_deadlines(specs, now=datetime.now(UTC))
         planned = plan_tasks(
             specs,
             task_ids=[new_uuid7() for _ in specs],
@@ -64,14 +65,15 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         if self.admission == "at_submit":
             # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
             # Paced (the default), the driver schedules them as the policy admits each task.
+            now = datetime.now(UTC)
             events += [
                 new_event(
-                    execution_scheduled(task, execution),
+                    execution_scheduled(task, execution, timeout_s=execution_limit_s(spec, now=now)),
                     producer=PRODUCER,
                     correlation_id=task.task_id,
                     causation_id=request.request_id,
                 )
-                for task in response.tasks
+                for task, spec in zip(response.tasks, specs, strict=True)
                 for execution in task.executions
             ]
         async with self.sessions() as session, session.begin():

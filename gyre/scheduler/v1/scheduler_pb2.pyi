@@ -736,6 +736,7 @@ class TaskSpec(_message.Message):
     HARNESS_FIELD_NUMBER: _builtins.int
     WORKSPACE_TEMPLATE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable label, 1..200 characters."""
     family: _builtins.str
@@ -760,6 +761,13 @@ class TaskSpec(_message.Message):
         values at most 256 characters.
         """
 
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """Optional: no execution of the task runs past this instant. Each execution's limit is cut to
+        it when the task is admitted; a task still queued at its deadline is cancelled. Refused when
+        already in the past.
+        """
+
     def __init__(
         self,
         *,
@@ -771,10 +779,11 @@ class TaskSpec(_message.Message):
         harness: _builtins.str = ...,
         workspace_template: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

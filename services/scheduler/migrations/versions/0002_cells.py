@@ -52,6 +52,7 @@ def upgrade() -> None:
     op.add_column("tasks", sa.Column("admitted_version", sa.Integer, nullable=True), schema=S)
     op.add_column("tasks", sa.Column("assigned_step", sa.Integer, nullable=True), schema=S)
     op.add_column("tasks", sa.Column("trained_version", sa.Integer, nullable=True), schema=S)
+    op.add_column("tasks", sa.Column("deadline", sa.DateTime(timezone=True), nullable=True), schema=S)
     op.add_column("executions", sa.Column("duration_s", sa.Float, nullable=True), schema=S)
     op.create_index("tasks_by_state", "tasks", ["state", "seq"], schema=S)
 
@@ -59,7 +60,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("tasks_by_state", table_name="tasks", schema=S)
     op.drop_column("executions", "duration_s", schema=S)
-    for column in ("trained_version", "assigned_step", "admitted_version", "seq"):
+    for column in ("deadline", "trained_version", "assigned_step", "admitted_version", "seq"):
         op.drop_column("tasks", column, schema=S)
     op.drop_table("cluster", schema=S)
     op.drop_index("cells_one_core", table_name="cells", schema=S)
