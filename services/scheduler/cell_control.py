@@ -77,14 +77,8 @@ class CellControl:
     # -- exactly once -------------------------------------------------------------------------
 
     async def _answered(self, method: str, request: Message, cls: type[M]) -> M | None:
-        request_id: str = getattr(request, "request_id")  # noqa: B009
         async with self.sessions() as session:
-            row = await repo.requests.load(session, request_id)
-        if row is None:
-            return None
-        if row[0] != method or row[1] != request_fingerprint(request):
-            raise Conflict(f"request_id {request_id!r} was already used for a different request")
-        return cls.FromString(row[2])
+            return await repo.requests.first_answer(session, method=method, request=request, cls=cls)
 
     async def _record(
         self, session: AsyncSession, method: str, request: Message, answer: Message, *events: Message

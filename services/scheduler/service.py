@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.outbox import enqueue
 from gyre.db.requests import request_fingerprint
-from gyre.errors import Conflict, NotFound
+from gyre.errors import NotFound
 from gyre.events import new_event
 from gyre.ids import new_uuid7, require_uuid, validate_request_id
 from gyre.rpc import Context
@@ -34,8 +34,7 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate_request_id(request.request_id)
         fingerprint = request_fingerprint(request)
-        async with self.sessions() as session:
-            first = await self._first_answer(session, request.request_id, fingerprint)
+        first = await self._answered("SubmitTasks", request, scheduler_pb2.SubmitTasksResponse)
         if first is not None:
             return first
         specs = [spec_from_proto(t) for t in request.tasks]
@@ -92,25 +91,13 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
                         await repo.admit_task(session, uuid.UUID(t.task_id), version=version)
                 await enqueue(session, repo.outbox, *events)
         if not claimed:  # a concurrent call with the same request id won the race
-            async with self.sessions() as session:
-                first = await self._first_answer(session, request.request_id, fingerprint)
+            first = await self._answered("SubmitTasks", request, scheduler_pb2.SubmitTasksResponse)
             assert first is not None
             return first
         self.relay.poke()
         self.on_change()
         log.info("tasks_submitted", request_id=request.request_id, tasks=len(planned))
         return response
-
-    async def _first_answer(
-        self, session: AsyncSession, request_id: str, fingerprint: bytes
-    ) -> scheduler_pb2.SubmitTasksResponse | None:
-        row = await repo.requests.load(session, request_id)
-        if row is None:
-            return None
-        method, stored_fingerprint, stored_response = row
-        if method != "SubmitTasks" or stored_fingerprint != fingerprint:
-            raise Conflict(f"request_id {request_id!r} was already used for a different request")
-        return scheduler_pb2.SubmitTasksResponse.FromString(stored_response)
 
     async def GetTask(
         self, request: scheduler_pb2.GetTaskRequest, context: Context
