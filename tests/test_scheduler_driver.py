@@ -23,6 +23,7 @@ from gyre.devstack.scratch import scratch_kernel
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
@@ -43,6 +44,7 @@ class Rig:
     stub: scheduler_pb2_grpc.SchedulerServiceAsyncStub
     bus: Bus
     kernel: KernelSettings
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub
 
     async def publish(self, payload: message.Message, producer: str) -> None:
         await self.bus.publish(new_event(payload, producer=producer, correlation_id=str(uuid.uuid4())))
@@ -68,7 +70,12 @@ async def rig(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFac
         await proxy.host.start()
         host = await build(
             SchedulerSettings(
-                port=0, proxy_address=proxy.host.address, groups_per_step=1, max_staleness=1, tick_s=0.2
+                port=0,
+                proxy_address=proxy.host.address,
+                groups_per_step=1,
+                max_staleness=1,
+                tick_s=0.2,
+                cell_lost_after_s=1.5,
             ),
             kernel,
         )
@@ -93,9 +100,19 @@ async def rig(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFac
                 agent_address="127.0.0.1:3",
             )
         )
+        proxy_stub = proxy_pb2_grpc.ProxyServiceStub(grpc.aio.insecure_channel(proxy.host.address))
+
+        async def beat() -> None:  # cell-1 stays alive; cell-0's agent (the trainer) too
+            while True:
+                for cell_id in ("cell-0", "cell-1"):
+                    await stub.SendHeartbeat(pb.SendHeartbeatRequest(cell_id=cell_id))
+                await asyncio.sleep(0.2)
+
+        beating = asyncio.ensure_future(beat())
         try:
-            yield Rig(stub=stub, bus=bus, kernel=kernel)
+            yield Rig(stub=stub, bus=bus, kernel=kernel, proxy=proxy_stub)
         finally:
+            beating.cancel()
             await bus.close()
             await channel.close()
             await host.stop(grace_s=1)
@@ -212,6 +229,29 @@ async def test_a_past_deadline_is_refused_naming_the_field_and_nothing_is_stored
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert dict(err.value.trailing_metadata() or ())["gyre-error-field"] == "tasks[1].deadline"  # type: ignore[arg-type]
     assert await rig.states() == before
+
+
+async def test_a_silent_rollout_cell_is_lost_and_the_proxy_stops_routing_to_it(rig: Rig) -> None:
+    await rig.stub.RegisterCell(
+        pb.RegisterCellRequest(
+            request_id="silent",
+            cell_id="cell-9",
+            slots=4,
+            model_fingerprint="qwen2-tiny",
+            engine_id="engine-9",
+            engine_address="127.0.0.1:9",
+            agent_address="127.0.0.1:10",
+        )
+    )
+
+    async def unrouted() -> bool:
+        routing = await rig.proxy.GetRouting(proxy_pb2.GetRoutingRequest())
+        states = {r.cell_id: r.state for r in routing.routes}
+        return states.get("cell-9") in (proxy_pb2.ROUTE_STATE_DRAINING, proxy_pb2.ROUTE_STATE_DRAINED)
+
+    await until(unrouted, "the lost cell's route to stop taking calls")
+    cells = {c.cell_id: c.role for c in (await rig.stub.GetCells(pb.GetCellsRequest())).cells}
+    assert cells["cell-9"] == pb.CELL_ROLE_LOST and cells["cell-1"] == pb.CELL_ROLE_ROLLOUT
 
 
 @pytest.mark.parametrize(

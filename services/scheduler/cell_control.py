@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
+import grpc
 import structlog
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -23,7 +24,7 @@ from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
-from gyre.ids import validate_request_id
+from gyre.ids import new_uuid7, validate_request_id
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2
 from services.scheduler import repo
 from services.scheduler.cells import (
@@ -222,6 +223,15 @@ class CellControl:
             raise Unavailable("no core cell is registered: the trainer's cell must register first")
         return core
 
+    async def _unroute(self, cell: CellRecord) -> None:
+        """A lost rollout cell gets no new calls: the proxy drains it (what it cannot move stays
+        with the silent engine, whose calls fail there). Registering again routes it anew."""
+        assert self.switcher is not None
+        try:
+            await self.switcher.unroute(cell, request_id=f"lost-{new_uuid7()}")
+        except grpc.aio.AioRpcError as exc:
+            log.warning("lost_cell_unroute_failed", cell_id=cell.cell_id, error=exc.code().name)
+
     async def _serve(self, cell: CellRecord, *, request_id: str) -> None:
         if self.switcher is None:
             return
@@ -287,6 +297,7 @@ class CellControl:
         await self.settle_interrupted()
         while not stop.is_set():
             now = datetime.now(UTC)
+            lost: list[CellRecord] = []
             async with self.sessions() as session, session.begin():
                 rows = await repo.load_cells(session, for_update=True)
                 beats = [(c, at.timestamp()) for c, at in rows if c.cell_id not in self.switching]
@@ -306,8 +317,12 @@ class CellControl:
                     log.warning(
                         "cell_lost", cell_id=cell.cell_id, role=cell.role, silent_s=round(silent_s, 1)
                     )
+                    lost.append(cell)
                     self.on_change()
             self.relay.poke()
+            for cell in lost:
+                if cell.role == "rollout" and self.switcher is not None:
+                    await self._unroute(cell)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=min(1.0, self.lost_after_s / 4))
             except TimeoutError:

@@ -97,6 +97,13 @@ class Switcher:
             timeout=self.rpc_timeout_s,
         )
 
+    async def unroute(self, cell: CellRecord, *, request_id: str, timeout_s: float = 1.0) -> None:
+        """Stop routing calls to the cell (its in-flight calls move where they still can)."""
+        await self._proxy().DrainCell(
+            proxy_pb2.DrainCellRequest(request_id=request_id, cell_id=cell.cell_id, timeout_s=timeout_s),
+            timeout=timeout_s + self.rpc_timeout_s,
+        )
+
     async def to_training(self, cell: CellRecord, *, core: CellRecord, request_id: str) -> pb.CellSwitch:
         sw = pb.CellSwitch(cell_id=cell.cell_id, from_role=ROLLOUT, to_role=TRAINING, ok=True)
         started = time.perf_counter()
