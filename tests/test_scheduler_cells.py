@@ -46,6 +46,21 @@ async def own_kernel(server_urls: tuple[str, str]) -> AsyncIterator[KernelSettin
         yield kernel
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def shared(
+    server_urls: tuple[str, str],
+) -> AsyncIterator[scheduler_pb2_grpc.SchedulerServiceAsyncStub]:
+    """One cluster (core cell-0, satellite cell-1) for the tests that only read or are refused."""
+    async with scratch_kernel(server_urls[0], server_urls[1], label="cells") as kernel:
+        async with scheduler(kernel, mode="async", cell_lost_after_s=3600.0) as stub:
+            await stub.RegisterCell(core())
+            await stub.RegisterCell(satellite("cell-1"))
+            yield stub
+
+
+CLUSTER = {"cell-0": "CELL_ROLE_TRAINING", "cell-1": "CELL_ROLE_ROLLOUT"}
+
+
 def satellite(name: str, **change: object) -> pb.RegisterCellRequest:
     fields: dict[str, object] = {
         "request_id": f"reg-{uuid.uuid4().hex[:8]}",
@@ -77,12 +92,10 @@ async def refused(call: object, field: str) -> None:
     assert dict(err.value.trailing_metadata() or ())[ERROR_FIELD_TRAILER] == field  # type: ignore[arg-type]
 
 
-async def test_the_core_trains_and_satellites_start_in_rollout(own_kernel: KernelSettings) -> None:
-    async with scheduler(own_kernel) as stub:
-        await stub.RegisterCell(core())
-        answer = await stub.RegisterCell(satellite("cell-1"))
-        assert answer.cell.role == pb.CELL_ROLE_ROLLOUT
-        assert await roles(stub) == {"cell-0": "CELL_ROLE_TRAINING", "cell-1": "CELL_ROLE_ROLLOUT"}
+async def test_the_core_trains_and_satellites_start_in_rollout(
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
+) -> None:
+    assert await roles(shared) == CLUSTER
 
 
 async def test_roles_and_mode_survive_a_restart(own_kernel: KernelSettings) -> None:
@@ -99,20 +112,20 @@ async def test_roles_and_mode_survive_a_restart(own_kernel: KernelSettings) -> N
         ]
 
 
-async def test_a_second_core_cell_is_refused_and_nothing_changes(own_kernel: KernelSettings) -> None:
-    async with scheduler(own_kernel) as stub:
-        await stub.RegisterCell(core())
-        await refused(stub.RegisterCell(core("cell-9")), "core")
-        assert await roles(stub) == {"cell-0": "CELL_ROLE_TRAINING"}
+async def test_a_second_core_cell_is_refused_and_nothing_changes(
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
+) -> None:
+    await refused(shared.RegisterCell(core("cell-9")), "core")
+    assert await roles(shared) == CLUSTER
 
 
-async def test_another_models_fingerprint_is_refused(own_kernel: KernelSettings) -> None:
-    async with scheduler(own_kernel) as stub:
-        await stub.RegisterCell(satellite("cell-1"))
-        await refused(
-            stub.RegisterCell(satellite("cell-2", model_fingerprint="llama-feedbeef")), "model_fingerprint"
-        )
-        assert await roles(stub) == {"cell-1": "CELL_ROLE_ROLLOUT"}
+async def test_another_models_fingerprint_is_refused(
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
+) -> None:
+    await refused(
+        shared.RegisterCell(satellite("cell-2", model_fingerprint="llama-feedbeef")), "model_fingerprint"
+    )
+    assert await roles(shared) == CLUSTER
 
 
 @pytest.mark.parametrize(
@@ -125,57 +138,58 @@ async def test_another_models_fingerprint_is_refused(own_kernel: KernelSettings)
     ],
 )
 async def test_bad_registrations_name_the_field(
-    own_kernel: KernelSettings, change: dict[str, object], field: str
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub, change: dict[str, object], field: str
 ) -> None:
-    async with scheduler(own_kernel) as stub:
-        await refused(stub.RegisterCell(satellite("cell-1", **change)), field)
-        assert await roles(stub) == {}
+    await refused(shared.RegisterCell(satellite("cell-3", **change)), field)
+    assert await roles(shared) == CLUSTER
 
 
-async def test_an_unknown_mode_is_refused_and_the_mode_stays(own_kernel: KernelSettings) -> None:
-    async with scheduler(own_kernel, mode="async") as stub:
-        await refused(
-            stub.SetMode(pb.SetModeRequest(request_id="m-0", mode=pb.SCHEDULING_MODE_UNSPECIFIED)), "mode"
-        )
-        await refused(stub.SetMode(pb.SetModeRequest(request_id="m-99", mode=99)), "mode")  # type: ignore[arg-type]
-        assert (await stub.GetCells(pb.GetCellsRequest())).mode == pb.SCHEDULING_MODE_ASYNC
+async def test_an_unknown_mode_is_refused_and_the_mode_stays(
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
+) -> None:
+    mode = (await shared.GetCells(pb.GetCellsRequest())).mode
+    await refused(
+        shared.SetMode(pb.SetModeRequest(request_id="m-0", mode=pb.SCHEDULING_MODE_UNSPECIFIED)), "mode"
+    )
+    await refused(shared.SetMode(pb.SetModeRequest(request_id="m-99", mode=99)), "mode")  # type: ignore[arg-type]
+    assert (await shared.GetCells(pb.GetCellsRequest())).mode == mode
 
 
-async def test_set_mode_reports_the_previous_mode_once(own_kernel: KernelSettings) -> None:
-    async with scheduler(own_kernel, mode="gyre") as stub:
-        request = pb.SetModeRequest(request_id="mode-x", mode=pb.SCHEDULING_MODE_COLOCATE)
-        first = await stub.SetMode(request)
-        again = await stub.SetMode(request)
-        assert (first.previous_mode, first.mode) == (pb.SCHEDULING_MODE_GYRE, pb.SCHEDULING_MODE_COLOCATE)
-        assert again == first
+async def test_set_mode_reports_the_previous_mode_once(
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
+) -> None:
+    before = (await shared.GetCells(pb.GetCellsRequest())).mode
+    request = pb.SetModeRequest(request_id="mode-x", mode=pb.SCHEDULING_MODE_COLOCATE)
+    first = await shared.SetMode(request)
+    again = await shared.SetMode(request)
+    assert (first.previous_mode, first.mode) == (before, pb.SCHEDULING_MODE_COLOCATE)
+    assert again == first
 
 
 async def test_switch_requests_for_unknown_core_or_unspecified_are_refused(
-    own_kernel: KernelSettings,
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
 ) -> None:
-    async with scheduler(own_kernel) as stub:
-        await stub.RegisterCell(core())
-        await stub.RegisterCell(satellite("cell-1"))
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.SwitchCell(
-                pb.SwitchCellRequest(request_id="s-1", cell_id="cell-7", role=pb.CELL_ROLE_TRAINING)
-            )
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "cell_id" in (err.value.details() or "")
-        await refused(
-            stub.SwitchCell(
-                pb.SwitchCellRequest(request_id="s-2", cell_id="cell-0", role=pb.CELL_ROLE_ROLLOUT)
-            ),
-            "cell_id",
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await shared.SwitchCell(
+            pb.SwitchCellRequest(request_id="s-1", cell_id="cell-7", role=pb.CELL_ROLE_TRAINING)
         )
-        await refused(stub.SwitchCell(pb.SwitchCellRequest(request_id="s-3", cell_id="cell-1")), "role")
-        assert await roles(stub) == {"cell-0": "CELL_ROLE_TRAINING", "cell-1": "CELL_ROLE_ROLLOUT"}
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "cell_id" in (err.value.details() or "")
+    await refused(
+        shared.SwitchCell(
+            pb.SwitchCellRequest(request_id="s-2", cell_id="cell-0", role=pb.CELL_ROLE_ROLLOUT)
+        ),
+        "cell_id",
+    )
+    await refused(shared.SwitchCell(pb.SwitchCellRequest(request_id="s-3", cell_id="cell-1")), "role")
+    assert await roles(shared) == CLUSTER
 
 
-async def test_a_heartbeat_from_an_unknown_cell_is_not_found(own_kernel: KernelSettings) -> None:
-    async with scheduler(own_kernel) as stub:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.SendHeartbeat(pb.SendHeartbeatRequest(cell_id="cell-5"))
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+async def test_a_heartbeat_from_an_unknown_cell_is_not_found(
+    shared: scheduler_pb2_grpc.SchedulerServiceAsyncStub,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await shared.SendHeartbeat(pb.SendHeartbeatRequest(cell_id="cell-5"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_a_silent_cell_is_declared_lost_and_a_beating_one_is_not(own_kernel: KernelSettings) -> None:

@@ -98,9 +98,9 @@ class TrainingWorker:
         if self.proc is None or self.proc.returncode is not None:
             return
         assert self.proc.stdin is not None
-        self.proc.stdin.close()
+        self.proc.stdin.close()  # an idle worker ends at EOF; one still training is killed
         try:
-            await asyncio.wait_for(self.proc.wait(), timeout=5)
+            await asyncio.wait_for(self.proc.wait(), timeout=1)
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
