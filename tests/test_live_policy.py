@@ -19,8 +19,8 @@ from services.scheduler.cells import Mode
 from services.scheduler.live_policy import policy_for
 from services.scheduler.live_view import LiveFacts
 from services.scheduler.policy.state import Decision
-from services.scheduler.sim.engine import Simulation, policy_config
-from services.scheduler.sim.modes import setup
+from services.scheduler.sim.engine import Simulation
+from services.scheduler.sim.modes import policy_config, setup
 from services.scheduler.sim.workload import Executions, Workload, draw_executions, parse_workload
 
 WORKLOAD: dict[str, Any] = {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.sim.engine import SWITCHING, TRAINING
 from services.scheduler.sim.modes import simulate
+from services.scheduler.sim.result import SWITCHING, TRAINING
 from services.scheduler.sim.workload import draw_executions, parse_workload
 from tests.test_sim_engine import SMALL
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from services.scheduler.sim.bound import lower_bound_s
-from services.scheduler.sim.engine import ROLLOUT, TRAINING, Result
 from services.scheduler.sim.modes import ABLATION, MODES, REPORTED, simulate
+from services.scheduler.sim.result import ROLLOUT, TRAINING, Result
 from services.scheduler.sim.workload import Executions, Workload, draw_executions, parse_workload
 
 SMALL: dict[str, Any] = {

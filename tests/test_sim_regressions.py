@@ -11,8 +11,9 @@ import pytest
 from services.scheduler.policy import colocate
 from services.scheduler.policy.state import ClusterView, Decision
 from services.scheduler.sim.bound import lower_bound_s
-from services.scheduler.sim.engine import ROLLOUT, TRAINING, Result, Simulation, policy_config
-from services.scheduler.sim.modes import simulate
+from services.scheduler.sim.engine import Simulation
+from services.scheduler.sim.modes import policy_config, simulate
+from services.scheduler.sim.result import ROLLOUT, TRAINING, Result
 from services.scheduler.sim.workload import draw_executions, parse_workload
 from tests.test_sim_engine import SMALL
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.trainer.device import DevicePlan
 from services.trainer.loss import LossConfig
 from services.trainer.samples import StalenessAction
 from services.trainer.steps import OptimConfig
@@ -53,6 +54,13 @@ class TrainerSettings(BaseSettings):
     """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
     step_attempts: int = 3
     """Attempts of one step before it fails (each lost satellite costs one)."""
+    device: str = "cpu"
+    """Torch device of the core cell: cpu, cuda, cuda:1 (CUDA: NCCL groups; not yet run on a GPU)."""
+    autocast_bf16: bool = False
+    """Forward passes under bf16 autocast (float32 weights, float32 loss, float64 reductions)."""
+
+    def device_plan(self) -> DevicePlan:
+        return DevicePlan(device=self.device, autocast_bf16=self.autocast_bf16)
 
     def optim(self) -> OptimConfig:
         return OptimConfig(

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.errors import Unavailable
+from gyre.errors import InvalidArgument, Unavailable
 from gyre.events import new_event
 from gyre.trainer.v1 import events_pb2
 from services.trainer import repo
@@ -122,7 +122,8 @@ class StepLoop:
             except (
                 Unavailable,
                 StepFailed,
-            ) as exc:  # trajectory service away, members dying: groups stay queued
+                InvalidArgument,
+            ) as exc:  # trajectory service away, members dying, a batch refused: groups stay queued
                 log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)

@@ -68,11 +68,13 @@ def flat_logprobs(model: PreTrainedModel, sequences: Sequence[Sequence[int]]) ->
     for b, seq in enumerate(sequences):
         ids_BT[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask_BT[b, : len(seq)] = 1
-    logits_BTV = model(input_ids=ids_BT, attention_mask=mask_BT).logits
+    logits_BTV = model(input_ids=ids_BT.to(model.device), attention_mask=mask_BT.to(model.device)).logits
     rows = torch.cat([torch.full((len(s) - 1,), b, dtype=torch.long) for b, s in enumerate(sequences)])
     cols = torch.cat([torch.arange(len(s) - 1) for s in sequences])
     targets_K = torch.cat([torch.tensor(s[1:], dtype=torch.long) for s in sequences])
-    return _gather_logprobs(logits_BTV[rows, cols], targets_K)
+    return _gather_logprobs(
+        logits_BTV[rows.to(model.device), cols.to(model.device)], targets_K.to(model.device)
+    )
 
 
 def separate_logprobs(model: PreTrainedModel, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -82,8 +84,9 @@ def separate_logprobs(model: PreTrainedModel, sequences: Sequence[Sequence[int]]
     """
     pieces = []
     for seq in sequences:
-        logits_1TV = model(input_ids=torch.tensor(seq, dtype=torch.long)[None]).logits
-        pieces.append(_gather_logprobs(logits_1TV[0, :-1], torch.tensor(seq[1:], dtype=torch.long)))
+        ids_1T = torch.tensor(seq, dtype=torch.long, device=model.device)[None]
+        logits_1TV = model(input_ids=ids_1T).logits
+        pieces.append(_gather_logprobs(logits_1TV[0, :-1], ids_1T[0, 1:]))
     return torch.cat(pieces)
 
 

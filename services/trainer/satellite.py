@@ -30,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--standby", action="store_true", help="read rendezvous URIs from stdin, one a line")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--timeout-s", type=float, default=120.0)
+    parser.add_argument(
+        "--device", default="cpu", help="torch device: cpu, cuda, cuda:1 (NCCL groups on CUDA)"
+    )
     ns = parser.parse_args(argv)
     torch.set_num_threads(ns.threads)
     if ns.standby:
-        return _standby(ns.cell_id, timeout_s=ns.timeout_s)
+        return _standby(ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
     rendezvous = ns.rendezvous
     if ns.trainer:
         with grpc.insecure_channel(ns.trainer) as channel:
@@ -44,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"satellite {ns.cell_id}: not admitted: {answer.reason}", file=sys.stderr)
             return 2
         rendezvous = answer.rendezvous_uri
-    computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s)
+    computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
     print(f"satellite {ns.cell_id}: released after {computed} microbatches", file=sys.stderr)
     return 0
 
 
-def _standby(cell_id: str, *, timeout_s: float) -> int:
+def _standby(cell_id: str, *, timeout_s: float, device: str) -> int:
     print("ready", flush=True)
     for line in sys.stdin:
         rendezvous = line.strip()
@@ -57,7 +60,7 @@ def _standby(cell_id: str, *, timeout_s: float) -> int:
             print(f"refused {rendezvous!r}: not a tcp:// rendezvous", flush=True)
             continue
         print(f"accepted {rendezvous}", flush=True)
-        computed = run_satellite(rendezvous, cell_id=cell_id, timeout_s=timeout_s)
+        computed = run_satellite(rendezvous, cell_id=cell_id, timeout_s=timeout_s, device=device)
         print(f"released {computed}", flush=True)
     return 0
 

@@ -106,8 +106,9 @@ def tree_logprobs(
     check_tree_model(model)
     inner = cast(Any, model).model
     chunks = plan_tree_attention(tree.parent, chunk_tokens=config.chunk_tokens)
-    ids_1N = torch.tensor(tree.token_ids, dtype=torch.long)[None]
-    pos_1N = torch.tensor(tree.position_ids, dtype=torch.long)[None]
+    device = inner.embed_tokens.weight.device
+    ids_1N = torch.tensor(tree.token_ids, dtype=torch.long, device=device)[None]
+    pos_1N = torch.tensor(tree.position_ids, dtype=torch.long, device=device)[None]
     h_1ND = inner.embed_tokens(ids_1N)
     cos, sin = inner.rotary_emb(h_1ND, pos_1N)
     for layer in _layers(model):
@@ -117,8 +118,9 @@ def tree_logprobs(
             h_1ND = _decoder_layer(layer, h_1ND, cos, sin, chunks, config)
     h_ND = inner.norm(h_1ND)[0]
     # Node c (c with a parent) is predicted from its parent's hidden state.
-    child_M = torch.tensor([c for c, p in enumerate(tree.parent) if p >= 0], dtype=torch.long)
-    parent_M = torch.tensor([tree.parent[c] for c in child_M.tolist()], dtype=torch.long)
+    children = [c for c, p in enumerate(tree.parent) if p >= 0]
+    child_M = torch.tensor(children, dtype=torch.long, device=device)
+    parent_M = torch.tensor([tree.parent[c] for c in children], dtype=torch.long, device=device)
     pieces = []
     for a in range(0, len(child_M), config.logits_chunk_tokens):
         sl = slice(a, a + config.logits_chunk_tokens)
@@ -127,8 +129,8 @@ def tree_logprobs(
             pieces.append(checkpoint(_node_logprobs, model.lm_head, h_CD, token_C, use_reentrant=False))
         else:
             pieces.append(_node_logprobs(cast(torch.nn.Module, model.lm_head), h_CD, token_C))
-    logprob_N = torch.zeros(tree.num_nodes, dtype=torch.float32)
+    logprob_N = torch.zeros(tree.num_nodes, dtype=torch.float32, device=device)
     if pieces:
         logprob_N = logprob_N.index_put((child_M,), torch.cat(pieces))
-    node_K = torch.tensor([n for path in tree.node_of for n in path[1:]], dtype=torch.long)
+    node_K = torch.tensor([n for path in tree.node_of for n in path[1:]], dtype=torch.long, device=device)
     return logprob_N[node_K]

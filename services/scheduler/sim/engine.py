@@ -29,10 +29,7 @@ What is modelled, and how:
 - **Staleness.** Groups carry their admission version; the engine asserts the policy kept the
   bound.
 
-Cell-time accounting (shares of cells x wall time): rollout_busy = sum of execution durations /
-slots (a half-full rollout cell is half idle); training_busy = tokens / rate plus one cell per
-update; switching = switch and transfer time plus the slot-time of paused executions; sync =
-group set-up and all-reduce time of every round member; idle = the rest.
+Cell-time accounting: `result.Result.shares`.
 """
 
 from __future__ import annotations
@@ -44,53 +41,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.scheduler.policy.migration import plan_drain
-from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig, ReadyGroup
+from services.scheduler.policy.state import ClusterView, Decision, ReadyGroup
+from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result, Segment
 from services.scheduler.sim.workload import Executions, Workload
 
-ROLLOUT, TRAINING, SWITCHING = "rollout", "training", "switching"
 Policy = Callable[[ClusterView], Decision]
 
 _EXEC_END, _SWITCH_END, _ROUND_END, _UPDATE_END = 0, 1, 2, 3
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Segment:
-    start_s: float
-    end_s: float
-    role: str
-
-
-@dataclass(slots=True, kw_only=True)
-class Result:
-    wall_s: float
-    num_cells: int
-    rollout_busy_s: float
-    training_busy_s: float
-    switching_s: float
-    sync_s: float  # cell-seconds of data-parallel group set-up and gradient all-reduce
-    num_switches: int
-    migrations: int
-    steps: int
-    executions: int
-    timeouts: int
-    staleness: list[int]  # one per consumed group
-    step_end_s: list[float]
-    timeline: list[list[Segment]]  # per cell, contiguous, in time order
-    # Only with trace=True: per execution (cell, start, end) hosting intervals; training rounds.
-    hosting: list[list[tuple[int, float, float]]] = field(default_factory=list)
-    rounds: list[tuple[float, float, tuple[int, ...]]] = field(default_factory=list)
-    trained_tokens: int = 0
-    paused_s: list[float] = field(default_factory=list)  # per execution: time its migrations paused it
-
-    def shares(self) -> dict[str, float]:
-        total = self.num_cells * self.wall_s
-        busy = {
-            "rollout_busy": self.rollout_busy_s / total,
-            "training_busy": self.training_busy_s / total,
-            "switching": self.switching_s / total,
-            "sync": self.sync_s / total,
-        }
-        return {**busy, "idle": 1.0 - sum(busy.values())}
 
 
 @dataclass(slots=True)
@@ -117,7 +74,6 @@ class Simulation:
     ) -> None:
         self.w, self.x, self.policy, self.trace = workload, executions, policy, trace
         self.core_cell = core_cell  # cell 0 holds the optimizer and never leaves training
-        self.config = policy_config(workload)
         self.slots = workload.executions_per_cell
         self.now = 0.0
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -532,18 +488,3 @@ class Simulation:
     def _switch_remaining(self, cell: int) -> float:
         ends = [t for t, _, kind, ref, _ in self.heap if kind == _SWITCH_END and ref == cell]
         return max(0.0, max(ends, default=self.now) - self.now)
-
-
-def policy_config(w: Workload) -> PolicyConfig:
-    return PolicyConfig(
-        num_cells=w.cells,
-        slots_per_cell=w.executions_per_cell,
-        groups_per_step=w.groups_per_step,
-        group_size=w.group_size,
-        max_staleness=w.max_staleness,
-        total_groups=w.total_groups,
-        step_overhead_s=w.step_overhead_s,
-        rollout_to_training_s=w.rollout_to_training_s,
-        training_to_rollout_s=w.training_to_rollout_s,
-        tokens_per_s_per_cell=w.tokens_per_s_per_cell,
-    )

@@ -27,7 +27,9 @@ from functools import partial
 from services.scheduler.policy import colocate, elastic, fixed_split
 from services.scheduler.policy.burst import BURST
 from services.scheduler.policy.elastic import ElasticKnobs
-from services.scheduler.sim.engine import Policy, Result, Simulation, policy_config
+from services.scheduler.policy.state import PolicyConfig
+from services.scheduler.sim.engine import Policy, Simulation
+from services.scheduler.sim.result import Result
 from services.scheduler.sim.workload import Executions, Workload
 
 MODES = ("colocate", "async", "async_streaming", "burst_fixed", "gyre", "burst")
@@ -43,6 +45,21 @@ class Setup:
     policy: Policy
     initial_training: int
     core_cell: bool
+
+
+def policy_config(w: Workload) -> PolicyConfig:
+    return PolicyConfig(
+        num_cells=w.cells,
+        slots_per_cell=w.executions_per_cell,
+        groups_per_step=w.groups_per_step,
+        group_size=w.group_size,
+        max_staleness=w.max_staleness,
+        total_groups=w.total_groups,
+        step_overhead_s=w.step_overhead_s,
+        rollout_to_training_s=w.rollout_to_training_s,
+        training_to_rollout_s=w.training_to_rollout_s,
+        tokens_per_s_per_cell=w.tokens_per_s_per_cell,
+    )
 
 
 def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:

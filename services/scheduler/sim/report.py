@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from services.scheduler.sim.bound import lower_bounds
-from services.scheduler.sim.engine import Result
 from services.scheduler.sim.modes import ABLATION, FIXED_SPLIT, best_split, simulate
+from services.scheduler.sim.result import Result
 from services.scheduler.sim.workload import Executions, Workload
 
 # The paper's 12-step ablation (hours), printed only beside our reading of that run.

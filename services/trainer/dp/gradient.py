@@ -58,6 +58,8 @@ class DataParallelCore(Membership):
         packed: bool = True,
         dead_after_s: float = 5.0,
         max_attempts: int = 3,
+        backend: str = "gloo",
+        autocast_bf16: bool = False,
     ) -> None:
         super().__init__(
             host=host, port=port, cell_id=cell_id, timeout_s=timeout_s, dead_after_s=dead_after_s
@@ -65,8 +67,14 @@ class DataParallelCore(Membership):
         self.max_attempts = max_attempts
         self.loss_config = loss_config
         self.packed = packed
+        self.backend = backend
+        """Collective backend of every epoch's group: each member's device decides (NCCL on CUDA)."""
+        self.autocast_bf16 = autocast_bf16
         self.store.set("model/config", model_config.to_json_string())
-        self.store.set("loss/config", json.dumps({**asdict(loss_config), "packed": packed}))
+        self.store.set(
+            "loss/config",
+            json.dumps({**asdict(loss_config), "packed": packed, "autocast_bf16": autocast_bf16}),
+        )
         self._next_epoch = 0
 
     def _open_epoch(
@@ -92,7 +100,12 @@ class DataParallelCore(Membership):
             return plan, None
         try:
             group = make_group(
-                self.store, epoch=plan.epoch, rank=0, size=len(plan.members), timeout_s=self.timeout_s
+                self.store,
+                epoch=plan.epoch,
+                rank=0,
+                size=len(plan.members),
+                timeout_s=self.timeout_s,
+                backend=self.backend,
             )
             group.broadcast(parameters_vector(model).clone(), 0).wait()
         except RuntimeError:
@@ -190,7 +203,13 @@ class DataParallelCore(Membership):
                     break
                 i = int(self.store.add(f"{counters}next", 1)) - 1 if work_left else n
                 if i < n:
-                    result = microbatch_gradient(model, microbatches[i], self.loss_config, packed=self.packed)
+                    result = microbatch_gradient(
+                        model,
+                        microbatches[i],
+                        self.loss_config,
+                        packed=self.packed,
+                        autocast_bf16=self.autocast_bf16,
+                    )
                     acc_P += result.grad_P
                     num_targets += result.num_targets
                     loss += result.stats.loss

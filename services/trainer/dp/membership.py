@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import structlog
 import torch.distributed as dist
@@ -78,9 +79,24 @@ class StepFailed(RuntimeError):
     """A step could not be computed: members kept dying (each loss costs one attempt)."""
 
 
-def make_group(store: Store, *, epoch: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
-    """The process group of one epoch; on GPUs this is where ProcessGroupNCCL would be built."""
+def make_group(
+    store: Store, *, epoch: int, rank: int, size: int, timeout_s: float, backend: str = "gloo"
+) -> dist.ProcessGroup:
+    """The process group of one epoch: gloo on CPU, NCCL when the members compute on CUDA devices.
+
+    The NCCL branch has not run on a GPU yet (see `services.trainer.device`).
+    """
     prefixed = PrefixStore(f"pg/{epoch}/", store)
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise RuntimeError("backend nccl: this torch build has no NCCL (a CPU-only wheel?)")
+        nccl_group: Any = getattr(dist, "ProcessGroupNCCL")  # noqa: B009 (absent from CPU wheels)
+        options = nccl_group.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        group_nccl: dist.ProcessGroup = nccl_group(prefixed, rank, size, options)
+        return group_nccl
+    if backend != "gloo":
+        raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
     group: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))  # type: ignore[assignment]
     return group
 

@@ -17,6 +17,7 @@ import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from transformers import Qwen2Config
 
+from services.trainer.device import DevicePlan, check_device, place
 from services.trainer.dp.membership import (
     HEARTBEAT_S,
     POLL_S,
@@ -44,7 +45,12 @@ def _heartbeat(rendezvous: tuple[str, int], cell_id: str, stop: threading.Event,
 
 
 def run_satellite(
-    rendezvous_uri: str, *, cell_id: str, timeout_s: float = 120.0, idle_timeout_s: float = 3600.0
+    rendezvous_uri: str,
+    *,
+    cell_id: str,
+    timeout_s: float = 120.0,
+    idle_timeout_s: float = 3600.0,
+    device: str = "cpu",
 ) -> int:
     """A satellite's training loop: wait to be admitted, then compute and reduce until released.
 
@@ -61,20 +67,29 @@ def run_satellite(
     beat.start()
     try:
         return _satellite_loop(
-            host, port, cell_id=cell_id, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s
+            host,
+            port,
+            cell_id=cell_id,
+            timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            device_plan=DevicePlan(device=device),
         )
     finally:
         stop.set()
         beat.join(timeout=5)
 
 
-def _satellite_loop(host: str, port: int, *, cell_id: str, timeout_s: float, idle_timeout_s: float) -> int:
+def _satellite_loop(
+    host: str, port: int, *, cell_id: str, timeout_s: float, idle_timeout_s: float, device_plan: DevicePlan
+) -> int:
+    check_device(device_plan)
     store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
     config = Qwen2Config.from_dict(json.loads(store.get("model/config")))
     loss_fields = json.loads(store.get("loss/config"))
     packed = bool(loss_fields.pop("packed"))
+    autocast_bf16 = bool(loss_fields.pop("autocast_bf16", False))
     loss_config = LossConfig(**loss_fields)
-    model = build_model(config, seed=0)  # its weights come from the core's broadcast
+    model = place(build_model(config, seed=0), device_plan)  # weights: the core's broadcast
     released = f"released/{cell_id}"
 
     def is_released() -> bool:
@@ -99,7 +114,12 @@ def _satellite_loop(host: str, port: int, *, cell_id: str, timeout_s: float, idl
         if cell_id not in plan.members:
             return computed
         group = make_group(
-            store, epoch=epoch, rank=plan.members.index(cell_id), size=len(plan.members), timeout_s=timeout_s
+            store,
+            epoch=epoch,
+            rank=plan.members.index(cell_id),
+            size=len(plan.members),
+            timeout_s=timeout_s,
+            backend=device_plan.backend,
         )
         weights_P = torch.empty_like(parameters_vector(model))
         group.broadcast(weights_P, 0).wait()
@@ -115,7 +135,11 @@ def _satellite_loop(host: str, port: int, *, cell_id: str, timeout_s: float, idl
             if i >= plan.num_microbatches:
                 continue
             result = microbatch_gradient(
-                model, decode_microbatch(store.get(f"step/{plan.version}/mb/{i}")), loss_config, packed=packed
+                model,
+                decode_microbatch(store.get(f"step/{plan.version}/mb/{i}")),
+                loss_config,
+                packed=packed,
+                autocast_bf16=autocast_bf16,
             )
             acc_P += result.grad_P
             computed += 1
