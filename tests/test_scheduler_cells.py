@@ -204,3 +204,13 @@ async def test_a_silent_cell_is_declared_lost_and_a_beating_one_is_not(own_kerne
         assert beat.role == pb.CELL_ROLE_LOST  # its agent learns it must register again
         await stub.RegisterCell(satellite("cell-1"))
         assert (await roles(stub))["cell-1"] == "CELL_ROLE_ROLLOUT"
+
+
+def test_the_policys_switch_costs_are_the_median_of_the_measured_switches() -> None:
+    from services.scheduler.cell_control import CellControl
+
+    control = CellControl(None, None, None, default_mode="gyre", lost_after_s=5.0)  # type: ignore[arg-type]
+    assert control.measured_switch_s("training", default=0.5) == 0.5  # nothing measured yet
+    control.switch_s["training"].extend([0.12, 0.31, 0.18])
+    assert control.measured_switch_s("training", default=0.5) == 0.18
+    assert control.measured_switch_s("rollout", default=0.5) == 0.5

@@ -11,6 +11,8 @@ heartbeat learns so and registers again, which puts it back in a role it can hol
 from __future__ import annotations
 
 import asyncio
+import statistics
+from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -72,6 +74,8 @@ class CellControl:
         self.admission = admission
         self.runner_address = runner_address
         self.switching: set[str] = set()
+        self.switch_s: dict[str, deque[float]] = {"training": deque(maxlen=16), "rollout": deque(maxlen=16)}
+        """Durations of recent completed switches, by target role: the policy's cost estimates."""
         self.on_change: Callable[[], None] = lambda: None
         """Called after anything the driver decides from changed (set by the wiring)."""
 
@@ -257,6 +261,8 @@ class CellControl:
             else:
                 sw = await self.switcher.to_rollout(cell, core=core, request_id=request_id)
             ended = ROLE_FROM_PROTO[sw.to_role]
+            if sw.ok:
+                self.switch_s[to].append(sw.total_s)
             async with self.sessions() as session, session.begin():
                 await repo.set_role(session, cell.cell_id, role=ended)
                 await self._publish(
@@ -275,6 +281,11 @@ class CellControl:
             error=sw.error or None,
         )
         return sw
+
+    def measured_switch_s(self, to: str, *, default: float) -> float:
+        """Median of the recent switches towards `to`; `default` before the first."""
+        recent = self.switch_s[to]
+        return statistics.median(recent) if recent else default
 
     async def settle_interrupted(self) -> None:
         """After a restart: a cell left `switching` is lost (its phases' effects are unknown); its

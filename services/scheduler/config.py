@@ -33,7 +33,8 @@ class SchedulerSettings(BaseSettings):
     step_overhead_s: float = 1.0
     rollout_to_training_s: float = 0.5
     training_to_rollout_s: float = 0.5
-    """The policy's estimates of an update and of a switch each way (bench.role_switch measures them)."""
+    """The policy's estimates of an update and of a switch each way; once cells have switched, the
+    median of the recent measured switches replaces the switch estimates."""
     tokens_per_group_guess: int = 1000
     tokens_per_s_per_cell_guess: float = 1000.0
     """Until the first step is observed: a group's target tokens and one cell's training rate."""

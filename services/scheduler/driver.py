@@ -108,8 +108,8 @@ class LiveDriver:
             max_staleness=s.max_staleness,
             total_groups=facts.total_groups,
             step_overhead_s=s.step_overhead_s,
-            rollout_to_training_s=s.rollout_to_training_s,
-            training_to_rollout_s=s.training_to_rollout_s,
+            rollout_to_training_s=self.control.measured_switch_s("training", default=s.rollout_to_training_s),
+            training_to_rollout_s=self.control.measured_switch_s("rollout", default=s.training_to_rollout_s),
             tokens_per_s_per_cell=facts.tokens_per_s_per_cell,
         )
         decision = policy_for(parse_mode(cluster.mode), config)(facts.view(time.time()))
