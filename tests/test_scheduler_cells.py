@@ -206,7 +206,7 @@ async def test_a_silent_cell_is_declared_lost_and_a_beating_one_is_not(own_kerne
         assert (await roles(stub))["cell-1"] == "CELL_ROLE_ROLLOUT"
 
 
-def test_the_policys_switch_costs_are_the_median_of_the_measured_switches() -> None:
+async def test_the_policys_switch_costs_are_the_median_of_the_measured_switches() -> None:
     from services.scheduler.cell_control import CellControl
 
     control = CellControl(None, None, None, default_mode="gyre", lost_after_s=5.0)  # type: ignore[arg-type]
