@@ -73,6 +73,8 @@ class LiveDriver:
                 await self.decide_once()
             except grpc.aio.AioRpcError as exc:  # the proxy is away: decide again at the next tick
                 log.warning("driver_proxy_unreachable", error=exc.code().name)
+            except Exception:  # a bad decision round must not stop the scheduler serving its RPCs
+                log.exception("driver_decision_failed")
             waiter = asyncio.ensure_future(self.wake.wait())
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait(

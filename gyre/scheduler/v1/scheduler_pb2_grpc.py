@@ -125,7 +125,8 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetMode(self, request, context):
-        """Change the scheduling mode; it takes effect between steps.
+        """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+        progress and groups already assigned to the running step stay as the previous mode left them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,7 +49,9 @@ class SchedulerServiceStub:
     GetCells: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetCellsRequest, _scheduler_pb2.GetCellsResponse]
     """Return every cell with its role, and the scheduling mode."""
     SetMode: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetModeRequest, _scheduler_pb2.SetModeResponse]
-    """Change the scheduling mode; it takes effect between steps."""
+    """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+    progress and groups already assigned to the running step stay as the previous mode left them).
+    """
     SwitchCell: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SwitchCellRequest, _scheduler_pb2.SwitchCellResponse]
     """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
     ListExecutions: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]
@@ -80,7 +82,9 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     GetCells: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetCellsRequest, _scheduler_pb2.GetCellsResponse]  # type: ignore[assignment]
     """Return every cell with its role, and the scheduling mode."""
     SetMode: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetModeRequest, _scheduler_pb2.SetModeResponse]  # type: ignore[assignment]
-    """Change the scheduling mode; it takes effect between steps."""
+    """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+    progress and groups already assigned to the running step stay as the previous mode left them).
+    """
     SwitchCell: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SwitchCellRequest, _scheduler_pb2.SwitchCellResponse]  # type: ignore[assignment]
     """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
     ListExecutions: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]  # type: ignore[assignment]
@@ -144,7 +148,9 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.SetModeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SetModeResponse, _abc.Awaitable[_scheduler_pb2.SetModeResponse]]:
-        """Change the scheduling mode; it takes effect between steps."""
+        """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+        progress and groups already assigned to the running step stay as the previous mode left them).
+        """
 
     @_abc_1.abstractmethod
     def SwitchCell(
