@@ -35,15 +35,16 @@ class LiveCells:
     satellites: tuple[str, ...]
     agents: dict[str, ServiceHost]
     """Each satellite's agent (stopping one takes its training worker down: a failure to inject)."""
+    scheduler_address: str = ""
 
-    async def register_execution(self) -> str:
-        """A token for a fresh execution (what the runner does for a harness)."""
+    async def register_execution(self, *, execution_id: str = "", task_id: str = "") -> str:
+        """A token for an execution, a fresh one unless named (what the runner does for a harness)."""
         token = "gyre-" + secrets.token_hex(24)
         request = proxy_pb2.RegisterExecutionTokenRequest(
             request_id=f"tok-{uuid.uuid4().hex[:12]}", token=token
         )
-        request.execution.execution_id = str(uuid.uuid4())
-        request.execution.task_id = str(uuid.uuid4())
+        request.execution.execution_id = execution_id or str(uuid.uuid4())
+        request.execution.task_id = task_id or str(uuid.uuid4())
         request.expires_at.FromDatetime(datetime.now(UTC) + timedelta(hours=1))
         await self.proxy.RegisterExecutionToken(request)
         return token
@@ -71,9 +72,24 @@ async def _until(check: object, *, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loop:
+    """With a loop, a trajectory service runs too and the trainer trains what the scheduler assigns."""
+
+    mode: str = "gyre"
+    groups_per_step: int = 1
+    max_staleness: int = 1
+
+
 @asynccontextmanager
 async def live_cells(
-    kernel: KernelSettings, model_dir: Path, state_dir: Path, *, satellites: int = 2, slots: int = 4
+    kernel: KernelSettings,
+    model_dir: Path,
+    state_dir: Path,
+    *,
+    satellites: int = 2,
+    slots: int = 4,
+    loop: Loop | None = None,
 ) -> AsyncIterator[LiveCells]:
     """Start everything, wait until every cell is registered, yield, stop everything."""
     from services.cell.config import CellSettings
@@ -86,6 +102,8 @@ async def live_cells(
     from services.scheduler.main import build as build_scheduler
     from services.trainer.config import TrainerSettings
     from services.trainer.main import build as build_trainer
+    from services.trajectory.config import TrajectorySettings
+    from services.trajectory.main import build as build_trajectory
 
     hosts: list[ServiceHost] = []
     channels: list[grpc.aio.Channel] = []
@@ -98,16 +116,29 @@ async def live_cells(
     try:
         proxy = await build_proxy(ProxySettings(model_dir=model_dir, model_name="tiny"), kernel)
         await start(proxy.host)
-        scheduler = await start(
-            await build_scheduler(SchedulerSettings(port=0, proxy_address=proxy.host.address), kernel)
+        policy = (
+            {"mode": loop.mode, "groups_per_step": loop.groups_per_step, "max_staleness": loop.max_staleness}
+            if loop
+            else {}
         )
+        scheduler = await start(
+            await build_scheduler(
+                SchedulerSettings(port=0, proxy_address=proxy.host.address, tick_s=0.2, **policy),  # type: ignore[arg-type]
+                kernel,
+            )
+        )
+        # Without a loop no group reaches the trainer: it only admits cells.
+        trajectory = await start(await build_trajectory(TrajectorySettings(port=0), kernel)) if loop else None
         trainer = await start(
             await build_trainer(
                 TrainerSettings(
                     port=0,
                     state_dir=state_dir / "trainer",
                     model_dir=model_dir,
-                    trajectory_address="127.0.0.1:1",  # no group reaches this trainer: it only admits cells
+                    trajectory_address=trajectory.address if trajectory else "127.0.0.1:1",
+                    steps_from_scheduler=loop is not None,
+                    groups_per_step=loop.groups_per_step if loop else 1,
+                    max_staleness_steps=loop.max_staleness if loop else 4,
                 ),
                 kernel,
             )
@@ -132,8 +163,8 @@ async def live_cells(
                         engine_id=f"engine-{name}",
                         cell_id=name,
                         num_threads=1,
-                        publish_events=False,
-                        follow_weights=False,
+                        publish_events=loop is not None,
+                        follow_weights=loop is not None,  # with a loop, engines follow the trainer
                         init_model_if_missing=False,
                     ),
                     kernel,
@@ -166,6 +197,7 @@ async def live_cells(
             http_url=proxy.http_url,
             satellites=names,
             agents=dict(zip(names, started, strict=True)),
+            scheduler_address=scheduler.address,
         )
 
         async def all_registered() -> bool:

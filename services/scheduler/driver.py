@@ -93,6 +93,11 @@ class LiveDriver:
             satellites = [c for c in cells if not c.core]
             if not satellites or not any(c.core for c in cells):
                 return None  # no cluster to decide for yet
+            if cluster.mode == "colocate":
+                # Colocate's pool has no core: every cell of it alternates. Live the core cell
+                # cannot serve (it has no engine), so the pool is the satellites and the core
+                # trains beside them in every step.
+                cells = satellites
             slots = min(c.slots for c in satellites)
             facts, queued = await load_facts(
                 session,
