@@ -60,7 +60,12 @@ def _standby(cell_id: str, *, timeout_s: float, device: str) -> int:
             print(f"refused {rendezvous!r}: not a tcp:// rendezvous", flush=True)
             continue
         print(f"accepted {rendezvous}", flush=True)
-        computed = run_satellite(rendezvous, cell_id=cell_id, timeout_s=timeout_s, device=device)
+        try:
+            computed = run_satellite(rendezvous, cell_id=cell_id, timeout_s=timeout_s, device=device)
+        except Exception as exc:  # a session that failed (a group that could not form): the core
+            # counts this cell lost for that step; the worker stays warm for the next session
+            print(f"satellite {cell_id}: session failed: {exc}", file=sys.stderr, flush=True)
+            computed = 0
         print(f"released {computed}", flush=True)
     return 0
 
