@@ -56,6 +56,8 @@ class ServiceProcess:
     log_path: str
     module: str = ""
     """The service package it runs (`engine` for `engine-1`, `cell` for `cell-0`); empty: its name."""
+    metrics_url: str = ""
+    """Its Prometheus endpoint when `gyre up --metrics` (or GYRE_METRICS_PORT) asked for one."""
 
     @property
     def marker(self) -> str:
@@ -182,13 +184,20 @@ def service_env(
 
 
 def up(
-    kernel: KernelSettings, *, cells: int = DEFAULT_CELLS, mode: str = "gyre", timeout_s: float = 180.0
+    kernel: KernelSettings,
+    *,
+    cells: int = DEFAULT_CELLS,
+    mode: str = "gyre",
+    timeout_s: float = 180.0,
+    metrics: bool = False,
 ) -> StackState:
     """Start (or find running) servers, services and cells; returns what runs. Idempotent.
 
     `cells` counts the core cell; every other cell is a satellite with an engine and a warm
     training worker. The scheduler routes each satellite's engine as its agent registers and
-    moves cells between rollout and training as `mode` decides.
+    moves cells between rollout and training as `mode` decides. With `metrics` (or
+    GYRE_METRICS_PORT set) every process also serves Prometheus metrics on a port of its own, on
+    127.0.0.1, recorded as its `metrics_url`.
     """
     if cells < 2:
         raise ValueError(f"cells: at least 2 (a core and one satellite), got {cells}")
@@ -226,8 +235,11 @@ def up(
         database_url = ensure_database(start_postgres(state_dir / "postgres").url, STACK_DATABASE)
     upgrade_all(database_url)
     # Every port first, so each service can be told where the others will be.
-    *service_ports, proxy_http_port = distinct_free_ports(len(planned) + 1)
-    ports = {name: port for (name, _), port in zip(planned, service_ports, strict=True)}
+    metrics = metrics or kernel.metrics_port is not None
+    names = [name for name, _ in planned]
+    *service_ports, proxy_http_port = distinct_free_ports(len(names) * (2 if metrics else 1) + 1)
+    ports = dict(zip(names, service_ports[: len(names)], strict=True))
+    metrics_ports = dict(zip(names, service_ports[len(names) :], strict=False))
     modules = dict(planned)
     state = StackState(
         nats_url=nats_url,
@@ -251,6 +263,7 @@ def up(
         log_path = state_dir / "logs" / f"{name}.log"
         module = modules[name]
         argv = [sys.executable, "-m", f"services.{module}", "--port", str(ports[name])]
+        metrics_env = {"GYRE_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
         pid = spawn_detached(
             argv,
             log_path=log_path,
@@ -260,6 +273,7 @@ def up(
                 **service_env(
                     name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode
                 ),
+                **metrics_env,
             },
         )
         service = ServiceProcess(
@@ -268,13 +282,13 @@ def up(
             address=f"127.0.0.1:{ports[name]}",
             log_path=str(log_path),
             module="" if module == name else module,
+            metrics_url=f"http://127.0.0.1:{metrics_ports[name]}/metrics" if name in metrics_ports else "",
         )
         state.services.append(service)
         # Recorded at once, so `gyre down` can stop what started even if a later one fails.
         write_json(stack_state_path(state_dir), asdict(state))
         return service
 
-    names = [name for name, _ in planned]
     first_engine = names[0]
     wait_serving(start(first_engine), deadline)  # it writes the model the others load
     for name in names[1:]:

@@ -15,11 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.events import new_event
 from gyre.proxy.v1 import events_pb2, proxy_pb2
+from gyre.tracing import current_carrier
 from services.proxy import repo
 from services.proxy.render import ReusableOutput
 
 log = structlog.get_logger(__name__)
 PRODUCER = "proxy"
+Queued = tuple[proxy_pb2.CallRecord, ReusableOutput | None, dict[str, str]]
 
 
 class Recorder:
@@ -35,11 +37,12 @@ class Recorder:
         self.relay = relay
         self.batch = batch
         self.linger_s = linger_s
-        self._queue: asyncio.Queue[tuple[proxy_pb2.CallRecord, ReusableOutput | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Queued] = asyncio.Queue()
 
     def record(self, call: proxy_pb2.CallRecord, output: ReusableOutput | None = None) -> None:
-        """Queue a call's record, and the reusable form of its output when there is one."""
-        self._queue.put_nowait((call, output))
+        """Queue a call's record, and the reusable form of its output when there is one, with the
+        call's trace context (the batch is written by another task, outside the call's trace)."""
+        self._queue.put_nowait((call, output, current_carrier()))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not (stop.is_set() and self._queue.empty()):
@@ -55,18 +58,19 @@ class Recorder:
                 calls.append(self._queue.get_nowait())
             await self._write(calls)
 
-    async def _write(self, items: list[tuple[proxy_pb2.CallRecord, ReusableOutput | None]]) -> None:
-        calls = [call for call, _ in items]
-        outputs = [(call.execution_id, output) for call, output in items if output is not None]
-        events = [
-            new_event(
+    async def _write(self, items: list[Queued]) -> None:
+        calls = [call for call, _, _ in items]
+        outputs = [(call.execution_id, output) for call, output, _ in items if output is not None]
+        events = []
+        for call, _, trace_context in items:
+            event = new_event(
                 events_pb2.LlmCallRecorded(call=call),
                 producer=PRODUCER,
                 correlation_id=call.execution_id,
                 causation_id=call.call_id,
             )
-            for call in calls
-        ]
+            event.trace_context.update(trace_context)
+            events.append(event)
         for attempt in range(10):
             try:
                 async with self.sessions() as session, session.begin():

@@ -13,6 +13,7 @@ import grpc
 
 from gyre.errors import Unavailable
 from gyre.rpc import MAX_MESSAGE_BYTES
+from gyre.rpc_telemetry import channel as traced_channel
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trainer.sample_arrays import PackedSamplesInvalid, decode_samples
 from services.trainer.samples import Sample
@@ -51,7 +52,7 @@ class TrajectorySamples:
     """Streams the samples of whole groups; weights are computed over exactly these groups."""
 
     def __init__(self, address: str, *, j_max: int, timeout_s: float = 120.0) -> None:
-        self.channel = grpc.aio.insecure_channel(
+        self.channel = traced_channel(
             address,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -62,13 +63,19 @@ class TrajectorySamples:
         self.j_max = j_max
         self.timeout_s = timeout_s
 
-    async def fetch(self, task_ids: Sequence[str], *, skip_without_calls: bool = False) -> list[Sample]:
-        request = trajectory_pb2.StreamSamplesRequest(
+    def request_for(
+        self, task_ids: Sequence[str], *, skip_without_calls: bool = False
+    ) -> trajectory_pb2.StreamSamplesRequest:
+        """The exact request `fetch` sends; the step records it so its batch can be re-derived."""
+        return trajectory_pb2.StreamSamplesRequest(
             task_ids=list(task_ids),
             j_max=self.j_max,
             skip_executions_without_calls=skip_without_calls,
             encoding=trajectory_pb2.SAMPLE_ENCODING_PACKED,
         )
+
+    async def fetch(self, task_ids: Sequence[str], *, skip_without_calls: bool = False) -> list[Sample]:
+        request = self.request_for(task_ids, skip_without_calls=skip_without_calls)
         samples: list[Sample] = []
         try:
             async for r in self.stub.StreamSamples(request, timeout=self.timeout_s):
