@@ -188,6 +188,7 @@ def up(
     *,
     cells: int = DEFAULT_CELLS,
     mode: str = "gyre",
+    services: tuple[str, ...] = SERVICES,
     timeout_s: float = 180.0,
     metrics: bool = False,
 ) -> StackState:
@@ -197,13 +198,14 @@ def up(
     training worker. The scheduler routes each satellite's engine as its agent registers and
     moves cells between rollout and training as `mode` decides. With `metrics` (or
     GYRE_METRICS_PORT set) every process also serves Prometheus metrics on a port of its own, on
-    127.0.0.1, recorded as its `metrics_url`.
+    127.0.0.1, recorded as its `metrics_url`. `services` short of all of them starts those alone,
+    without cells (tests of the stack's plumbing).
     """
     if cells < 2:
         raise ValueError(f"cells: at least 2 (a core and one satellite), got {cells}")
     if mode not in MODES:
         raise ValueError(f"mode: one of {', '.join(MODES)}, got {mode!r}")
-    planned = processes(cells)
+    planned = processes(cells) if set(services) == set(SERVICES) else [(name, name) for name in services]
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
     if (
@@ -289,8 +291,7 @@ def up(
         write_json(stack_state_path(state_dir), asdict(state))
         return service
 
-    first_engine = names[0]
-    wait_serving(start(first_engine), deadline)  # it writes the model the others load
+    wait_serving(start(names[0]), deadline)  # the first engine writes the model the others load
     for name in names[1:]:
         if modules[name] != "cell":
             start(name)
@@ -299,7 +300,8 @@ def up(
     agents = [start(name) for name in names if modules[name] == "cell"]
     for agent in agents:  # a satellite's agent serves once its training worker has imported torch
         wait_serving(agent, deadline)
-    wait_cells_registered(state, cells, deadline)
+    if agents:
+        wait_cells_registered(state, cells, deadline)
     return state
 
 
