@@ -13,8 +13,10 @@ import dataclasses
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
+from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1 import envelope_pb2, ids_pb2
@@ -22,6 +24,7 @@ from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import InvalidArgument, Unavailable
 from gyre.events import new_event
 from gyre.trainer.v1 import events_pb2
+from gyre.trajectory.v1 import trajectory_pb2
 from services.trainer import repo
 from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, save_checkpoint
 from services.trainer.config import TrainerSettings
@@ -29,6 +32,7 @@ from services.trainer.core_cell import CoreCell
 from services.trainer.dp import StepFailed
 from services.trainer.samples import Sample
 from services.trainer.source import CallsNotRecorded, TrajectorySamples
+from services.trainer.steps import OptimConfig
 from services.trainer.weights import PublishedWeights, publish
 
 log = structlog.get_logger(__name__)
@@ -66,6 +70,21 @@ async def announce_initial_weights(
         if not await repo.outbox_has(session, event_id):
             await enqueue(session, repo.outbox, weights_published(weights, event_id=event_id))
     relay.poke()
+
+
+def batch_recipe(
+    request: trajectory_pb2.StreamSamplesRequest, *, trainer_version: int, config: OptimConfig
+) -> dict[str, Any]:
+    """What `gyre replay step N` needs to re-derive the batch: the samples request, sent again,
+    and the staleness rule that chose which fetched samples were trained."""
+    return {
+        "samples_request": json_format.MessageToDict(request),
+        "staleness": {
+            "trainer_version": trainer_version,
+            "max_staleness_steps": config.max_staleness_steps,
+            "action": str(config.staleness_action),
+        },
+    }
 
 
 class StepLoop:
@@ -128,20 +147,23 @@ class StepLoop:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
 
-    async def _fetch(self, task_ids: list[str]) -> list[Sample]:
-        """The groups' samples; past the grace period, without executions that recorded no call."""
+    async def _fetch(self, task_ids: list[str]) -> tuple[list[Sample], trajectory_pb2.StreamSamplesRequest]:
+        """The groups' samples and the request that fetched them; past the grace period, without
+        executions that recorded no call."""
         key = tuple(task_ids)
         try:
             samples = await self.source.fetch(task_ids)
+            request = self.source.request_for(task_ids)
         except CallsNotRecorded:
             since = self.calls_missing_since.setdefault(key, time.monotonic())
             waited_s = time.monotonic() - since
             if waited_s < self.settings.missing_calls_grace_s:
                 raise
             samples = await self.source.fetch(task_ids, skip_without_calls=True)
+            request = self.source.request_for(task_ids, skip_without_calls=True)
             log.warning("executions_without_calls_skipped", task_ids=task_ids, waited_s=round(waited_s, 1))
         self.calls_missing_since.pop(key, None)
-        return samples
+        return samples, request
 
     async def _consume_without_step(self, task_ids: list[str]) -> None:
         """Groups with nothing to train on (no execution made a model call) leave the queue, said aloud:
@@ -155,7 +177,7 @@ class StepLoop:
         task_ids = [g.task_id for g in groups]
         self.groups_in_step = len(groups)
         self.step_started_at = datetime.now(UTC)
-        samples = await self._fetch(task_ids)
+        samples, request = await self._fetch(task_ids)
         if not samples:
             await self._consume_without_step(task_ids)
             return
@@ -211,6 +233,8 @@ class StepLoop:
                 checkpoint_uri=saved.uri,
                 weights_uri=weights.source_uri,
                 report=dataclasses.asdict(report),
+                batch_sha256=report.batch_sha256,
+                batch_recipe=batch_recipe(request, trainer_version=version - 1, config=trainer.config),
             )
             await enqueue(session, repo.outbox, *events)
         self.relay.poke()
