@@ -99,7 +99,9 @@ async def cancel_task(
                         ),
                         timeout=30,
                     )
-                except grpc.aio.AioRpcError as exc:  # not started there yet: it will not be, below
+                except grpc.aio.AioRpcError as exc:
+                    # NOT_FOUND: the runner has not taken its ExecutionScheduled yet. It still will,
+                    # and start the harness: a known gap (the runner is not told to skip it).
                     if exc.code() != grpc.StatusCode.NOT_FOUND:
                         raise Unavailable(f"runner: {exc.code().name} {exc.details()}") from None
     await session.execute(sa.update(repo.tasks).where(t.task_id == key).values(state="cancelled"))
