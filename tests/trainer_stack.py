@@ -48,11 +48,12 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_cal
     """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
 
     Only the first `num_calling` executions record their call (the others failed before calling).
+    Each reward carries the number of calls the proxy recorded, as the evaluator passes it on
+    from the runner's end event, so the rewards may go out before the calls: the trajectory
+    service marks the group ready only once they are stored. Returns once that service knows
+    the group.
 
-    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt. Rewards
-    are sent once the trajectory service knows the group and its calls: its task and reward
-    consumers can otherwise race (each commits without seeing the other's row, and the group is
-    never marked ready), and a group ready before its calls are stored cannot be replayed yet.
+    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt.
     """
     task_id = str(uuid.uuid4())
     executions = [str(uuid.uuid4()) for _ in range(2)]
@@ -69,6 +70,12 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_cal
         await bus.publish(new_event(payload, producer=producer, correlation_id=task_id))
 
     await publish(scheduler_events.TaskSubmitted(task=task), "scheduler")
+    for k, execution_id in enumerate(executions):
+        grade = evaluator_pb2.Grade(
+            execution_id=execution_id, task_id=task_id, score=1.0 - k, assessable=True
+        )
+        num_calls = 1 if k < num_calling else 0
+        await publish(evaluator_events.RewardAssigned(grade=grade, num_calls_recorded=num_calls), "evaluator")
     for k, execution_id in enumerate(executions[:num_calling]):
         call = proxy_pb2.CallRecord(
             execution_id=execution_id,
@@ -87,19 +94,12 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_cal
         async def known() -> bool:
             try:
                 await stub.GetGroup(trajectory_pb2.GetGroupRequest(task_id=task_id))
-                for e in executions[:num_calling]:
-                    await stub.GetExecutionTree(trajectory_pb2.GetExecutionTreeRequest(execution_id=e))
             except grpc.aio.AioRpcError as err:
                 assert err.code() == grpc.StatusCode.NOT_FOUND, err
                 return False
             return True
 
-        await eventually(known, timeout_s=30, what=f"group {task_id} and its calls in the trajectory service")
-    for k, execution_id in enumerate(executions):
-        grade = evaluator_pb2.Grade(
-            execution_id=execution_id, task_id=task_id, score=1.0 - k, assessable=True
-        )
-        await publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
+        await eventually(known, timeout_s=30, what=f"group {task_id} in the trajectory service")
     return task_id
 
 

@@ -8,6 +8,7 @@ from gyre.runtime import ServiceHost, connect
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.scheduler import repo
+from services.scheduler.catalog import load_catalog
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.service import SchedulerServicer
 
@@ -23,6 +24,6 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
         port=settings.port,
     )
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
-        SchedulerServicer(conns.sessions, relay), server.server
+        SchedulerServicer(conns.sessions, relay, catalog=load_catalog(settings)), server.server
     )
     return ServiceHost(name=NAME, server=server, connections=conns, workers=[relay.run])

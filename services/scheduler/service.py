@@ -16,6 +16,7 @@ from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
+from services.scheduler.runnable import Catalog, check_runnable
 from services.scheduler.tasks import plan_tasks, validate_specs
 
 log = structlog.get_logger(__name__)
@@ -23,9 +24,12 @@ PRODUCER = "scheduler"
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay, *, catalog: Catalog
+    ) -> None:
         self.sessions = sessions
         self.relay = relay
+        self.catalog = catalog
 
     async def SubmitTasks(
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
@@ -38,6 +42,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             return first
         specs = [spec_from_proto(t) for t in request.tasks]
         validate_specs(specs)
+        check_runnable(specs, self.catalog)
         planned = plan_tasks(
             specs,
             task_ids=[new_uuid7() for _ in specs],

@@ -35,10 +35,6 @@ class TrainerSettings(BaseSettings):
     """B: groups per step (in burst mode, the least a burst may have)."""
     burst_quiet_s: float = 2.0
     """Burst mode: a burst is over when no group arrived for this long."""
-    missing_calls_grace_s: float = 60.0
-    """How long a step waits for the calls of an execution that has none recorded (they may still be
-    on the bus) before training its groups without it; an execution that failed before its first
-    model call never has any."""
     j_max: int = 5
     learning_rate: float = 1e-3
     max_grad_norm: float = 1.0

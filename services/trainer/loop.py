@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 import uuid
 from datetime import UTC, datetime
 
@@ -27,8 +26,7 @@ from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, sa
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import CoreCell
 from services.trainer.dp import StepFailed
-from services.trainer.samples import Sample
-from services.trainer.source import CallsNotRecorded, TrajectorySamples
+from services.trainer.source import TrajectorySamples
 from services.trainer.weights import PublishedWeights, publish
 
 log = structlog.get_logger(__name__)
@@ -87,7 +85,6 @@ class StepLoop:
         self.groups_in_step = 0
         self.step_started_at: datetime | None = None
         self.num_queued = 0
-        self.calls_missing_since: dict[tuple[str, ...], float] = {}
 
     def poke(self) -> None:
         self.wake.set()
@@ -127,21 +124,6 @@ class StepLoop:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
 
-    async def _fetch(self, task_ids: list[str]) -> list[Sample]:
-        """The groups' samples; past the grace period, without executions that recorded no call."""
-        key = tuple(task_ids)
-        try:
-            samples = await self.source.fetch(task_ids)
-        except CallsNotRecorded:
-            since = self.calls_missing_since.setdefault(key, time.monotonic())
-            waited_s = time.monotonic() - since
-            if waited_s < self.settings.missing_calls_grace_s:
-                raise
-            samples = await self.source.fetch(task_ids, skip_without_calls=True)
-            log.warning("executions_without_calls_skipped", task_ids=task_ids, waited_s=round(waited_s, 1))
-        self.calls_missing_since.pop(key, None)
-        return samples
-
     async def _consume_without_step(self, task_ids: list[str]) -> None:
         """Groups with nothing to train on (no execution made a model call) leave the queue, said aloud:
         left there they would hold back every later group."""
@@ -154,7 +136,7 @@ class StepLoop:
         task_ids = [g.task_id for g in groups]
         self.groups_in_step = len(groups)
         self.step_started_at = datetime.now(UTC)
-        samples = await self._fetch(task_ids)
+        samples = await self.source.fetch(task_ids)
         if not samples:
             await self._consume_without_step(task_ids)
             return

@@ -26,10 +26,6 @@ def sample_from_proto(s: trajectory_pb2.Sample) -> Sample:
     )
 
 
-class CallsNotRecorded(Unavailable):
-    """An execution of the asked groups has no recorded call (yet, or ever)."""
-
-
 class TrajectorySamples:
     """Streams the samples of whole groups; weights are computed over exactly these groups."""
 
@@ -39,18 +35,15 @@ class TrajectorySamples:
         self.j_max = j_max
         self.timeout_s = timeout_s
 
-    async def fetch(self, task_ids: Sequence[str], *, skip_without_calls: bool = False) -> list[Sample]:
-        request = trajectory_pb2.StreamSamplesRequest(
-            task_ids=list(task_ids), j_max=self.j_max, skip_executions_without_calls=skip_without_calls
-        )
+    async def fetch(self, task_ids: Sequence[str]) -> list[Sample]:
+        """Every sample of the groups; their executions without calls made none and yield nothing."""
+        request = trajectory_pb2.StreamSamplesRequest(task_ids=list(task_ids), j_max=self.j_max)
         try:
             return [
                 sample_from_proto(r.sample)
                 async for r in self.stub.StreamSamples(request, timeout=self.timeout_s)
             ]
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                raise CallsNotRecorded(f"trajectory StreamSamples: {exc.details()}") from exc
             raise Unavailable(f"trajectory StreamSamples failed: {exc.code().name}: {exc.details()}") from exc
 
     async def close(self) -> None:

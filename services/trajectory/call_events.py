@@ -1,17 +1,20 @@
 """`LlmCallRecorded` consumer: a fetched batch is applied in one transaction, acked after commit (shell).
 
-A batch of up to `batch` messages: undecodable or invalid ones (bad shape, a delta whose parent
-is unknown or whose shared count exceeds the parent's tokens, a call id of another execution)
-are dead-lettered with the reason; the rest are claimed in the inbox, placed and COPYed in one
-transaction, then acked. Redelivered events are skipped by the inbox, re-sent calls by their
-`call_id`. If the transaction fails, every message of the batch is retried later.
+A batch of up to `batch` messages: undecodable or invalid ones (bad shape, a shared count
+beyond the parent's tokens, a call id of another execution) are dead-lettered with the reason;
+the rest are claimed in the inbox, placed and COPYed in one transaction, then acked. A delta
+whose parent is not stored yet (its record is redelivered later, say) waits: it is naked and
+retried with back-off, and dead-lettered only after `max_wait_deliver` deliveries. Redelivered
+events are skipped by the inbox, re-sent calls by their `call_id`. If the transaction fails,
+every message of the batch is retried later. Stored calls can complete a group whose rewards
+are in (the proxy's count of calls reached): the same transaction marks it ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -24,9 +27,12 @@ from gyre.consume import Consumer, ConsumerSpec
 from gyre.errors import InvalidArgument
 from gyre.events import DecodedEvent, UndecodableEvent
 from gyre.proxy.v1 import events_pb2 as proxy_events
+from services.trajectory import repo
 from services.trajectory.call_log import CallLog, IngestResult, raw_connection
+from services.trajectory.consumer import publish_if_ready
 from services.trajectory.messages import record_from_proto
 from services.trajectory.records import CallRecord
+from services.trajectory.tree import ParentNotStored
 
 log = structlog.get_logger(__name__)
 CALLS_CONSUMER = "trajectory-calls"
@@ -37,6 +43,9 @@ class BatchOutcome:
     result: IngestResult
     invalid: dict[int, str]
     """Index in the batch -> reason, for events refused before or during placement."""
+    waiting: dict[int, str]
+    """Index in the batch -> why it waits (a delta parent not stored yet)."""
+    num_ready_groups: int = 0
 
 
 async def apply_events(
@@ -75,18 +84,34 @@ async def apply_events(
                     CALLS_CONSUMER,
                     [ids[k] for k in result.rejected],
                 )
+            ready = 0
+            if result.stored:
+                stored_for = sorted({r.execution_id for r in records})
+                for task_id in await repo.waiting_groups_of(session, stored_for):
+                    ready += await publish_if_ready(
+                        session, task_id, causation_id=events[positions[0]].event_id
+                    )
     except BaseException:
         calls.forget([r.execution_id for r in records])
         raise
+    waiting: dict[int, str] = {}
     for k, refused in result.rejected.items():
-        invalid[positions[k]] = str(refused)
-    return BatchOutcome(result=result, invalid=invalid)
+        (waiting if isinstance(refused, ParentNotStored) else invalid)[positions[k]] = str(refused)
+    return BatchOutcome(result=result, invalid=invalid, waiting=waiting, num_ready_groups=ready)
 
 
 class CallEvents(Consumer):
     """Durable consumer of the proxy's `LlmCallRecorded`, processing whole fetches at once."""
 
-    def __init__(self, bus: Bus, sessions: async_sessionmaker[AsyncSession], calls: CallLog) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        sessions: async_sessionmaker[AsyncSession],
+        calls: CallLog,
+        poke: Callable[[], None] = lambda: None,
+        *,
+        retry_base_s: float = 1.0,
+    ) -> None:
         super().__init__(
             bus,
             ConsumerSpec(
@@ -94,10 +119,22 @@ class CallEvents(Consumer):
                 producer="proxy",
                 handlers={proxy_events.LlmCallRecorded: self._unused},
                 batch=64,
+                max_wait_deliver=30,
+                retry_base_s=retry_base_s,
             ),
         )
         self.sessions = sessions
         self.calls = calls
+        self.poke = poke  # wakes the outbox relay after a commit that enqueued GroupReady
+
+    async def _wait(self, msg: Msg, reason: str) -> None:
+        """Retry a call later: what it depends on may arrive meanwhile."""
+        delivered = msg.metadata.num_delivered
+        if delivered >= self.spec.max_wait_deliver:
+            await self._give_up(msg, f"waited {delivered} deliveries: {reason}")
+            return
+        log.info("call_waits_for_parent", attempt=delivered, reason=reason)
+        await msg.nak(delay=self.spec.retry_delay_s(delivered))
 
     async def _unused(self, event: DecodedEvent) -> None:  # the batch path replaces it
         raise NotImplementedError
@@ -138,9 +175,13 @@ class CallEvents(Consumer):
                     await msg.nak(delay=self.spec.retry_delay_s(delivered))
             log.warning("call_batch_failed", error=repr(exc), size=len(decoded))
             return
+        if outcome.num_ready_groups:
+            self.poke()
         for i, (msg, _) in enumerate(decoded):
             if i in outcome.invalid:
                 await self._give_up(msg, f"invalid event: {outcome.invalid[i]}")
+            elif i in outcome.waiting:
+                await self._wait(msg, outcome.waiting[i])
             else:
                 await msg.ack()
                 self.processed += 1

@@ -1,8 +1,10 @@
 """Events the trajectory service applies: decode, apply in one transaction, ack after commit (shell).
 
 - `TaskSubmitted` (scheduler): learn a task's group.
-- `RewardAssigned` (evaluator): store the execution's reward; when every execution of the group
-  has one, mark the group ready and publish `GroupReady` through the outbox. A grade with
+- `RewardAssigned` (evaluator): store the execution's reward and the number of calls the proxy
+  recorded for it; when every execution of the group has its reward and that many calls stored,
+  mark the group ready and publish `GroupReady` through the outbox (the last call stored can be
+  what completes it: `CallEvents` runs the same check). A grade with
   `assessable = false` (nothing could be judged, e.g. the workspace is gone) still counts, with
   its score (0 by the evaluator's contract): a failed rollout is signal for the group, and a group
   that waited for it would never train. An execution that never gets a reward holds its group
@@ -120,6 +122,9 @@ class RewardEvents:
                 reward=grade.score if grade.assessable else 0.0,
                 assessable=grade.assessable,
                 partial=grade.partial,
+                num_calls_expected=(
+                    event.payload.num_calls_recorded if event.payload.HasField("num_calls_recorded") else None
+                ),
             )
             if not fresh:
                 log.warning("reward_already_assigned", execution_id=grade.execution_id)

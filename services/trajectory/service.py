@@ -54,7 +54,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
                 )
                 for m in record.members
             ],
-            ready=all(m.reward is not None for m in record.members),
+            ready=record.ready_at is not None,
         )
         group.registered_at.FromDatetime(record.registered_at)
         return trajectory_pb2.GetGroupResponse(group=group)

@@ -98,7 +98,9 @@ class Group(_message.Message):
     group_size: _builtins.int
     """Number of executions, G."""
     ready: _builtins.bool
-    """True once every execution has a reward."""
+    """True once every execution has a reward and every call the proxy recorded for it is stored
+    (GroupReady was published).
+    """
     @_builtins.property
     def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupExecution]:
         """The executions in group order."""
@@ -452,10 +454,11 @@ class StreamSamplesRequest(_message.Message):
     advantage_estimator: Global___AdvantageEstimator.ValueType
     """How advantages are computed from group rewards."""
     skip_executions_without_calls: _builtins.bool
-    """False (default): an execution with no recorded call is NOT_FOUND, since its calls may still
-    be on their way. True: such executions yield no samples (they still count in their group's
-    advantage baseline); a trainer sets it once it has waited long enough, for an execution that
-    failed before its first model call.
+    """Executions of the named (ready) groups without a recorded call never made one (a group is
+    ready only once every call the proxy recorded is stored): they yield no samples and still
+    count in their group's advantage baseline. For executions named in `execution_ids`:
+    false (default) answers NOT_FOUND for one with no recorded call (its calls may still be on
+    their way); true skips it the same way.
     """
     @_builtins.property
     def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -464,7 +467,7 @@ class StreamSamplesRequest(_message.Message):
     @_builtins.property
     def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Task groups whose executions are replayed too (after `execution_ids`, in group order);
-        each group must be ready (every execution rewarded).
+        each group must be ready (every execution rewarded, all its recorded calls stored).
         """
 
     @_builtins.property
