@@ -19,11 +19,11 @@ test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check gyre services tests bench
-	$(BIN)/ruff format --check gyre services tests bench
+	$(BIN)/ruff check gyre gyre_app services tests bench
+	$(BIN)/ruff format --check gyre gyre_app services tests bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy gyre services
+	$(BIN)/mypy gyre gyre_app services
 
 proto: $(STAMP)
 	$(BIN)/python -m gyre.codegen

@@ -34,9 +34,9 @@ import uuid
 import asyncpg
 
 from gyre.db.engine import libpq_url, make_engine, make_sessionmaker, with_database
-from gyre.db.migrate import upgrade
 from gyre.events import new_event, parse_envelope, type_map, unpack_payload
 from gyre.proxy.v1 import events_pb2 as proxy_events
+from gyre_app.migrations import upgrade
 from services.trajectory.call_events import apply_events
 from services.trajectory.call_log import CallLog
 from services.trajectory.messages import record_to_proto, sample_to_proto

@@ -1,4 +1,4 @@
-"""`python -m services.<name>`: argument parsing, logging and the event loop (shell).
+"""A service's `python -m <package>` entry: argument parsing, logging and the event loop (shell).
 
 `--help` works with no server running: nothing connects before the arguments are parsed.
 """
@@ -37,8 +37,10 @@ def launch(
     argv: list[str] | None = None,
 ) -> int:
     env_prefix = settings_cls.model_config.get("env_prefix", "")
+    # The service's package is where its settings class lives: `<package>.config`.
+    package = settings_cls.__module__.rpartition(".")[0] or name
     parser = argparse.ArgumentParser(
-        prog=f"python -m services.{name}",
+        prog=f"python -m {package}",
         description=description,
         epilog=f"{KERNEL_ENV_HELP}  {env_prefix}HOST / {env_prefix}PORT  where the gRPC server listens",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -61,31 +63,3 @@ def launch(
         print(f"{name}: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def launch_unbuilt(*, name: str, description: str, argv: list[str] | None = None) -> int:
-    """Run a service whose API is not implemented yet: health and reflection only.
-
-    Its RPCs answer UNIMPLEMENTED (grpc's own answer for an unregistered method) rather than
-    anything made up, and `gyre up` can already start, health-check and stop it.
-    """
-    from pydantic_settings import SettingsConfigDict
-
-    from gyre.rpc import GrpcServer
-
-    class Settings(BaseSettings):
-        model_config = SettingsConfigDict(env_prefix=f"GYRE_{name.upper()}_", extra="ignore")
-        host: str = "127.0.0.1"
-        port: int = 0
-
-    async def build(settings: Settings, kernel: KernelSettings) -> ServiceHost:
-        server = GrpcServer(service_names=[], host=settings.host, port=settings.port)
-        return ServiceHost(name=name, server=server, connections=None)
-
-    return launch(
-        name=name,
-        description=f"{description} (API not implemented yet)",
-        settings_cls=Settings,
-        build=build,
-        argv=argv,
-    )

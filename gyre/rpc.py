@@ -133,7 +133,7 @@ def _wrap_request_streaming(handler: Any, method: str) -> Any:
 
 
 class GrpcServer:
-    """A grpc.aio server with health checking and reflection for the given services."""
+    """A grpc.aio server with health checking and reflection for the given gRPC service names."""
 
     def __init__(self, *, service_names: Iterable[str], host: str = "127.0.0.1", port: int = 0) -> None:
         self.server = grpc.aio.server(

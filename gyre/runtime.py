@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -36,11 +37,12 @@ class Connections:
         await self.engine.dispose()
 
 
-async def connect(kernel: KernelSettings, *, service: str, migrate: bool = True) -> Connections:
-    """Open the bus and the database for one service, migrating its schema first if asked."""
+async def connect(kernel: KernelSettings, *, service: str, migrations: Path | None) -> Connections:
+    """Open the bus and the database for one service, first migrating its schema (named after the
+    service) from its own `migrations` folder when one is given."""
     urls = resolve_urls(kernel)
-    if migrate:
-        await asyncio.to_thread(upgrade, service, urls.database_url)
+    if migrations is not None:
+        await asyncio.to_thread(upgrade, service, urls.database_url, script_location=migrations)
     engine = make_engine(urls.database_url)
     bus = await Bus.connect(BusConfig(url=urls.nats_url, prefix=kernel.bus_prefix), name=f"gyre-{service}")
     return Connections(bus=bus, engine=engine, sessions=make_sessionmaker(engine))

@@ -186,7 +186,7 @@ async def start_rig(
 async def _forget_routes(kernel: KernelSettings) -> None:
     """Each rig brings its own engines; routes an earlier rig of this session stored are stale."""
     from gyre.db.engine import make_engine
-    from gyre.db.migrate import upgrade
+    from gyre_app.migrations import upgrade
 
     assert kernel.database_url
     await asyncio.to_thread(upgrade, "proxy", kernel.database_url)

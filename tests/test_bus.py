@@ -14,11 +14,11 @@ from gyre.bus import Bus, BusConfig, dead_letter_subject
 from gyre.common.v1 import envelope_pb2
 from gyre.consume import Consumer, ConsumerSpec
 from gyre.db.engine import make_engine, make_sessionmaker
-from gyre.db.migrate import upgrade
 from gyre.events import DecodedEvent, new_event, stream_name, subject_of
 from gyre.ids import new_uuid7
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2
 from gyre.settings import KernelSettings
+from gyre_app.migrations import upgrade
 from services.trajectory import repo
 from services.trajectory.consumer import TaskEvents
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gyre.codegen import stale_files
-from gyre.devstack.stack import SERVICES
+from gyre_app.stack import SERVICES
 
 
 def test_committed_contracts_match_the_protos() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from gyre.db.engine import make_engine, make_sessionmaker
-from gyre.db.migrate import upgrade
 from gyre.settings import KernelSettings
+from gyre_app.migrations import upgrade
 from services.proxy import repo
 from services.proxy.render import ReusableOutput
 

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from gyre.db.engine import async_url, make_engine
-from gyre.db.migrate import migrations_dir, services_with_migrations, upgrade
 from gyre.errors import Unavailable
 from gyre.settings import KernelSettings, resolve_urls, stack_state_path
+from gyre_app.migrations import migrations_dir, services_with_migrations, upgrade
 
 
 def test_environment_wins_then_the_local_stack(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ async def test_migrations_run_twice_and_concurrently_without_harm(kernel: Kernel
     services = services_with_migrations()
     assert services == ["evaluator", "proxy", "runner", "scheduler", "trainer", "trajectory"]
     # Side by side in separate processes, as `gyre up` starts services; then once more in this one.
-    code = "import sys; from gyre.db.migrate import upgrade_all; upgrade_all(sys.argv[1])"
+    code = "import sys; from gyre_app.migrations import upgrade_all; upgrade_all(sys.argv[1])"
     procs = [await asyncio.create_subprocess_exec(sys.executable, "-c", code, url) for _ in range(3)]
     assert [await p.wait() for p in procs] == [0, 0, 0]
     for service in services:

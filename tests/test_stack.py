@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gyre.devstack.processes import pid_running
-from gyre.devstack.stack import SERVICES, load_state, sandboxes_dir
+from gyre_app.stack import SERVICES, load_state, sandboxes_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(state_root
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     env["GYRE_STATE_DIR"] = str(tmp_path / "state")
     done = subprocess.run(
-        [sys.executable, "-m", "gyre.cli", "demo", "--keep"],
+        [sys.executable, "-m", "gyre_app.cli", "demo", "--keep"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -70,7 +70,7 @@ def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(state_root
         assert "INVALID_ARGUMENT: tasks[0].family" in out
     finally:
         stop = subprocess.run(
-            [sys.executable, "-m", "gyre.cli", "down"],
+            [sys.executable, "-m", "gyre_app.cli", "down"],
             capture_output=True,
             text=True,
             timeout=120,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gyre.devstack.stack import REPO_ROOT, SERVICES, sandboxes_dir, service_env
+from gyre_app.stack import REPO_ROOT, SERVICES, sandboxes_dir, service_env
 
 PORTS = {name: 41000 + i for i, name in enumerate(SERVICES)}
 

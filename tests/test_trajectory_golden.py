@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gyre.db.engine import make_engine, make_sessionmaker
-from gyre.db.migrate import upgrade
+from gyre_app.migrations import upgrade
 from services.trajectory.call_log import CallLog, raw_connection, rebuild_projection
 from services.trajectory.cli import ImportFailed, import_file, parse_lines, sample_json
 from services.trajectory.projection import place_record

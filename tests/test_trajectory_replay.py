@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gyre.db.engine import make_engine, make_sessionmaker
-from gyre.db.migrate import upgrade
+from gyre_app.migrations import upgrade
 from services.trajectory.call_log import CallLog, raw_connection, rebuild_projection, shape_rows
 from services.trajectory.codec import _planes, pack_arrays, unpack_arrays
 from services.trajectory.layout import (

@@ -1,4 +1,4 @@
-"""Tables every service schema has: the outbox and the processed-messages inbox (pure definitions)."""
+"""Tables every service schema has: the outbox and the processed-messages inbox (declarations, no I/O)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""Local development stack: the embedded NATS and PostgreSQL used when no external ones are configured."""
+"""Embedded NATS and PostgreSQL for a machine without configured ones, scratch databases, and detached
+server processes: plumbing for the application's local stack, tests and benchmarks."""

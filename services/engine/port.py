@@ -1,4 +1,4 @@
-"""The engine port: what the gRPC service needs from any engine adapter (pure: types only).
+"""The engine port: what the gRPC service needs from any engine adapter (interface: types only).
 
 Two adapters implement it: `EngineLoop` over the torch reference engine (loop.py) and the vLLM
 adapter (vllm_engine.py). The contract suite (tests/test_engine_contract.py) runs against each.

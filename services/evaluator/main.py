@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gyre.consume import Consumer
 from gyre.db.outbox import OutboxRelay
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
@@ -16,6 +18,7 @@ from services.evaluator.grading import Grader
 from services.evaluator.service import EvaluatorServicer
 
 NAME = "evaluator"
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceHost:
@@ -26,7 +29,7 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
         hide=(str(settings.tasks_dir),),  # graded code sees only the grader's own copy of its tests
     )
     grader = Grader(sandboxes, settings.limits(), attempts=settings.attempts)
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     runner = Consumer(conns.bus, RunnerEvents(conns.sessions, relay, grader, settings).spec())
     server = GrpcServer(

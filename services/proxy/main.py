@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -27,6 +28,7 @@ from services.proxy.router import Router
 from services.proxy.service import ProxyServicer
 
 NAME = "proxy"
+MIGRATIONS = Path(__file__).with_name("migrations")
 log = structlog.get_logger(__name__)
 
 
@@ -39,7 +41,7 @@ class Proxy:
 
 async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
     model = _load_or_none(settings)
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox, poll_s=0.2)
     async with conns.sessions() as session:
         routes = await repo.load_routes(session)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 
 from gyre.consume import Consumer
@@ -19,6 +21,7 @@ from services.runner.service import RunnerServicer
 from services.runner.supervisor import Supervisor
 
 NAME = "runner"
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 async def build(settings: RunnerSettings, kernel: KernelSettings) -> ServiceHost:
@@ -37,7 +40,7 @@ async def build_with_supervisor(
         hide=(str(settings.tasks_dir),),  # harnesses must not read the hidden tests
     )
     sandboxes.sweep()  # a previous runner's sandboxes: recover() ends their executions as lost
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     proxy = (
         proxy_pb2_grpc.ProxyServiceStub(grpc.aio.insecure_channel(settings.proxy_address))

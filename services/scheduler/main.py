@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gyre.db.outbox import OutboxRelay
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost, connect
@@ -13,10 +15,11 @@ from services.scheduler.config import SchedulerSettings
 from services.scheduler.service import SchedulerServicer
 
 NAME = "scheduler"
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceHost:
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     server = GrpcServer(
         service_names=[scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name],

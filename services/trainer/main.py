@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import torch
 
@@ -21,11 +22,12 @@ from services.trainer.service import TrainerServicer
 from services.trainer.source import TrajectorySamples
 
 NAME = "trainer"
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 async def build(settings: TrainerSettings, kernel: KernelSettings) -> ServiceHost:
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     async with conns.sessions() as session:
         last = await repo.last_step(session)
     cell, initial = await asyncio.to_thread(

@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     try:
         url = database_url(KernelSettings())
-        upgrade("trajectory", url)
+        upgrade("trajectory", url, script_location=Path(__file__).with_name("migrations"))
         if ns.command == "import":
             if not ns.file.exists():
                 raise ImportFailed(f"{ns.file}: no such file")

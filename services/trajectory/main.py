@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gyre.consume import Consumer
 from gyre.db.outbox import OutboxRelay
 from gyre.rpc import GrpcServer
@@ -16,10 +18,11 @@ from services.trajectory.consumer import RewardEvents, TaskEvents
 from services.trajectory.service import TrajectoryServicer
 
 NAME = "trajectory"
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 async def build(settings: TrajectorySettings, kernel: KernelSettings) -> ServiceHost:
-    conns = await connect(kernel, service=NAME)
+    conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     calls = CallLog(cache_size=settings.tree_cache_size)
     tasks = Consumer(conns.bus, TaskEvents(conns.sessions, relay.poke).spec())

@@ -271,7 +271,7 @@ async def test_drain_pauses_in_flight_and_only_a_weight_update_returns_to_servic
 
 def test_gyre_model_init_writes_a_loadable_checkpoint_with_a_tool_call_template(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gyre.cli", "model", "init", str(tmp_path / "m")],
+        [sys.executable, "-m", "gyre_app.cli", "model", "init", str(tmp_path / "m")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -22,7 +22,6 @@ from google.protobuf import message
 from nats.aio.msg import Msg
 
 from gyre.bus import Bus, BusConfig
-from gyre.devstack.stack import DEMO_GROUPS_PER_STEP, StackState, down, up
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.engine.v1 import events_pb2 as engine_events
 from gyre.evaluator.v1 import evaluator_pb2
@@ -36,6 +35,7 @@ from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from gyre_app.stack import DEMO_GROUPS_PER_STEP, StackState, down, up
 
 LOOP_TIMEOUT_S = 150.0
 """The whole loop's bound; it takes 10-20 s on a 2-core machine."""

@@ -23,14 +23,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.db.engine import libpq_url, with_database
-from gyre.db.migrate import upgrade_all
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.sandbox.host import SHARED_TEMP
 from gyre.settings import KernelSettings, stack_state_path
+from gyre_app.migrations import upgrade_all
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # Start order. The engine comes first: on a fresh clone it writes the tiny model the proxy and
 # the trainer load at start-up, so those two start once the engine serves.
 SERVICES = ("engine", "scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")

@@ -11,7 +11,7 @@ from gyre.settings import KernelSettings
 
 
 def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre.devstack.stack import up
+    from gyre_app.stack import up
 
     state = up(kernel)
     print(
@@ -30,7 +30,7 @@ def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
 
 
 def _cmd_down(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre.devstack.stack import down, stop_embedded_servers
+    from gyre_app.stack import down, stop_embedded_servers
 
     stopped = down(kernel)
     if ns.all:
@@ -40,15 +40,15 @@ def _cmd_down(ns: argparse.Namespace, kernel: KernelSettings) -> int:
 
 
 def _cmd_migrate(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre.db.migrate import upgrade_all
     from gyre.settings import resolve_urls
+    from gyre_app.migrations import upgrade_all
 
     print("migrated:", ", ".join(upgrade_all(resolve_urls(kernel).database_url)))
     return 0
 
 
 def _cmd_demo(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre.demo import main as demo
+    from gyre_app.demo import main as demo
 
     return demo(kernel, keep=ns.keep)
 
