@@ -17,6 +17,7 @@ from google.protobuf import message
 
 from gyre.bus import DEAD_LETTER_SERVICE, Bus, BusConfig, dead_letter_subject
 from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.devstack.scratch import scratch_kernel
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event
@@ -25,7 +26,6 @@ from gyre.proxy.v1 import proxy_pb2
 from gyre.runtime import ServiceHost
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
-from gyre.settings import KernelSettings
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trajectory.config import TrajectorySettings
@@ -37,16 +37,18 @@ Stub = trajectory_pb2_grpc.TrajectoryServiceStub
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def service(kernel: KernelSettings) -> AsyncIterator[tuple[Stub, Bus]]:
-    host: ServiceHost = await build(TrajectorySettings(port=0), kernel)
-    await host.start()
-    assert kernel.nats_url is not None
-    bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
-    channel = grpc.aio.insecure_channel(host.address)
-    yield Stub(channel), bus
-    await channel.close()
-    await bus.close()
-    await host.stop()
+async def service(server_urls: tuple[str, str]) -> AsyncIterator[tuple[Stub, Bus]]:
+    """A database and bus prefix of its own: the events published here reach no other test."""
+    async with scratch_kernel(*server_urls, label="accounting") as kernel:
+        host: ServiceHost = await build(TrajectorySettings(port=0), kernel)
+        await host.start()
+        assert kernel.nats_url is not None
+        bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
+        channel = grpc.aio.insecure_channel(host.address)
+        yield Stub(channel), bus
+        await channel.close()
+        await bus.close()
+        await host.stop()
 
 
 def call(

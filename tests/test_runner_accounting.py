@@ -49,7 +49,7 @@ async def test_the_end_event_counts_the_calls_the_proxy_recorded(
         request.execution.task_id, request.execution.execution_id = str(uuid.uuid4()), execution_id
         await runner_pb2_grpc.RunnerServiceStub(channel).StartExecution(request)
         finished: list[events_pb2.ExecutionFinished] = []
-        for _ in range(150):  # bounded: 30 s
+        for _ in range(300):  # bounded: 60 s (a sandbox starts slowly on a busy machine)
             events = await events_on_bus(kernel, "runner", events_pb2.ExecutionFinished)
             finished = [e for e in events if e.execution.execution_id == execution_id]
             if finished:
