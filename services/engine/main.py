@@ -70,7 +70,9 @@ async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost
 
     followers = []
     if settings.follow_weights and bus is not None:
-        followers.append(Consumer(bus, WeightsEvents(backend, engine_id=settings.engine_id).spec()))
+        weights = WeightsEvents(backend, engine_id=settings.engine_id)
+        await weights.catch_up(bus)  # before serving: a restarted engine must not serve old weights
+        followers.append(Consumer(bus, weights.spec()))
 
     async def run_engine(stop: asyncio.Event) -> None:
         # One worker, so the bus closes only after the decode loop and the consumer are both done.
