@@ -44,7 +44,9 @@ async def connect_bus(kernel: KernelSettings) -> Bus:
     return await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
 
 
-async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_calling: int = 2) -> str:
+async def submit_group(
+    bus: Bus, trajectory_address: str, *, index: int, num_calling: int = 2, token_offset: int = 0
+) -> str:
     """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
 
     Only the first `num_calling` executions record their call (the others failed before calling).
@@ -53,7 +55,8 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_cal
     service marks the group ready only once they are stored. Returns once that service knows
     the group.
 
-    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt.
+    Token ids stay below 100 (the tiny model's vocabulary) unless `token_offset` moves the
+    outputs past it (a group no step can train); `index` varies the prompt.
     """
     task_id = str(uuid.uuid4())
     executions = [str(uuid.uuid4()) for _ in range(2)]
@@ -82,7 +85,7 @@ async def submit_group(bus: Bus, trajectory_address: str, *, index: int, num_cal
             call_id=str(uuid.uuid4()),
             agent_role=proxy_pb2.AGENT_ROLE_MAIN,
             agent_id="main",
-            output_ids=[20 + k, 30 + k, 40 + k],
+            output_ids=[token_offset + 20 + k, token_offset + 30 + k, token_offset + 40 + k],
             output_logprobs=[-1.0, -1.5, -2.0],
             engine_id="cell-1",
         )

@@ -50,6 +50,9 @@ class TrainerSettings(BaseSettings):
     """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
     step_attempts: int = 3
     """Attempts of one step before it fails (each lost satellite costs one)."""
+    max_group_attempts: int = 3
+    """Steps tried with a group (that failed on an error of the step, or with the trainer dying)
+    before the group is set aside with the reason (`GroupSetAside`) instead of tried forever."""
 
     def optim(self) -> OptimConfig:
         return OptimConfig(

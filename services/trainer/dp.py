@@ -193,6 +193,9 @@ class DataParallelCore:
         self._lock = threading.Lock()
         self._m = _Membership(members=[cell_id])
         self._next_epoch = 0
+        self._attempts_started = 0
+        """Attempts numbered across steps: a step computed again after an error (same version)
+        must not find the counters of the failed one, or it waits for microbatches never done."""
         self.current_version = 0
         self.step_target: int | None = None
         self.done_in_step = 0
@@ -398,9 +401,14 @@ class DataParallelCore:
         lost: list[str] = []
         try:
             for attempt in range(self.max_attempts):
+                self._attempts_started += 1
                 try:
                     result = self._attempt(
-                        model, microbatches, version=version, attempt=attempt, hook=after_microbatch
+                        model,
+                        microbatches,
+                        version=version,
+                        attempt=self._attempts_started,
+                        hook=after_microbatch,
                     )
                 except _MembersLost as exc:
                     lost.extend(exc.cells)

@@ -113,16 +113,50 @@ class StepLoop:
                 except TimeoutError:
                     pass
                 continue
+            if await self._set_aside_exhausted(groups):
+                continue
+            task_ids = [g.task_id for g in groups]
+            async with self.sessions() as session, session.begin():
+                await repo.count_attempt(session, task_ids)  # before the step: a crash in it counts
             try:
                 await self.train(groups)
                 backoff_s = 0.5
-            except (
-                Unavailable,
-                StepFailed,
-            ) as exc:  # trajectory service away, members dying: groups stay queued
+            except (Unavailable, StepFailed) as exc:  # trajectory service away, members dying
+                async with self.sessions() as session, session.begin():
+                    await repo.count_attempt(session, task_ids, delta=-1)  # not the groups' fault
                 log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
+            except Exception as exc:  # an error of the step itself: counted against its groups
+                error = f"{type(exc).__name__}: {exc}"
+                async with self.sessions() as session, session.begin():
+                    await repo.record_error(session, task_ids, error)
+                log.exception("step_failed", task_ids=task_ids, error=error, retry_s=backoff_s)
+                self.groups_in_step, self.step_started_at = 0, None
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(30.0, backoff_s * 2)
+
+    async def _set_aside_exhausted(self, groups: list[repo.QueuedGroup]) -> bool:
+        """Set aside the groups tried `max_group_attempts` times, with the reason; whether any was.
+
+        A step holds B groups and one of them may be what fails it: each group counts every step
+        tried with it, so with B > 1 a group that shared steps with a failing one can be set
+        aside with it."""
+        exhausted = [g for g in groups if g.attempts >= self.settings.max_group_attempts]
+        for group in exhausted:
+            reason = group.last_error or "the trainer process died while training it"
+            event = new_event(
+                events_pb2.GroupSetAside(task_id=group.task_id, reason=reason, attempts=group.attempts),
+                producer=PRODUCER,
+                correlation_id=group.task_id,
+            )
+            async with self.sessions() as session, session.begin():
+                await repo.set_aside(session, group.task_id)
+                await enqueue(session, repo.outbox, event)
+            log.error("group_set_aside", task_id=group.task_id, attempts=group.attempts, reason=reason)
+        if exhausted:
+            self.relay.poke()
+        return bool(exhausted)
 
     async def _consume_without_step(self, task_ids: list[str]) -> None:
         """Groups with nothing to train on (no execution made a model call) leave the queue, said aloud:
