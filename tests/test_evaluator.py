@@ -99,13 +99,14 @@ def make_task(tmp_path: Path, script: str, *, timeout_s: float = 1.0) -> Path:
     return folder
 
 
-def test_a_hanging_grader_times_out_and_a_crashing_one_is_retried_then_reported(
+def test_a_workspace_that_hangs_the_grader_scores_0_once_and_a_crashing_grader_is_retried_then_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GYRE_EVALUATOR_ATTEMPTS", "2")
     ws = workspace(tmp_path, {"out.txt": "1"})
     _, hung = run_cli(capsys, "--task", str(make_task(tmp_path, "sleep 60\n")), "--workspace", str(ws))
-    assert hung["assessable"] is False and "timed out after 1 s" in hung["details"]["reason"]
+    assert hung["assessable"] is True and hung["score"] == 0.0  # hanging pays no better than failing
+    assert "deadline of 1 s" in hung["details"]["reason"]
     assert hung["details"]["attempts"] == 1
     _, crashed = run_cli(
         capsys,

@@ -1,12 +1,13 @@
 """A workspace cannot forge its grade: conftest, site hooks, ini files, a rewritten report or
-hidden tests, pytest patched in memory. Each forgery is first shown to work on a plain pytest
-run, then graded by the evaluator, where it must earn no more than the wrong code it hides."""
+hidden tests, pytest patched in memory, objects that equal anything, skips, injected tests, a
+plugin registered at import. Each forgery is first shown to work on a plain pytest run of
+in-process `assert ... ==` tests, then graded by the evaluator, where it must earn no more than
+the wrong code it hides."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -19,9 +20,25 @@ from bench.forgery import BASELINE, FORGERIES, WRONG, forged_workspace
 from services.evaluator.cli import run as evaluate
 from services.evaluator.integrity import judge_records
 from services.evaluator.scoring import FAILED, PASSED, GraderRun, parse_verdicts, score_task
-from services.evaluator.taskset import BUNDLED, parse_task
+from services.evaluator.taskset import parse_task
 
-HIDDEN = BUNDLED / "wordfreq" / "hidden"
+NAIVE_TESTS = """
+from wordfreq.tokenize import words
+from wordfreq.count import top
+
+
+def test_lower_cases():
+    assert words("Hello World") == ["hello", "world"]
+
+
+def test_empty():
+    assert words("") == []
+
+
+def test_most_frequent_first():
+    assert top("b a b c b a", 2) == [("b", 3), ("a", 2)]
+"""
+"""What grading looked like before issue 16: `==` evaluated in the tested process."""
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -38,13 +55,14 @@ def grade(tmp_path: Path, files: dict[str, str], capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize(
-    "name", ["conftest_pass_all", "sitecustomize_plugin", "ini_plugin", "monkeypatch_pytest"]
-)
+    "name",
+    ["conftest_pass_all", "sitecustomize_plugin", "ini_plugin", "monkeypatch_pytest", "eq_always_true",
+     "skip_unanswerable", "tryfirst_plugin"],
+)  # fmt: skip
 def test_the_forgeries_fool_a_plain_pytest_run(tmp_path: Path, name: str) -> None:
     ws = write(tmp_path, forged_workspace(name))
     (ws / "gyre_hidden").mkdir(exist_ok=True)
-    for f in ("test_tokenize.py", "test_count.py"):
-        shutil.copyfile(HIDDEN / f, ws / "gyre_hidden" / f)
+    (ws / "gyre_hidden" / "test_naive.py").write_text(NAIVE_TESTS)
     plain = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "gyre_hidden"],
         cwd=ws,
@@ -53,7 +71,7 @@ def test_the_forgeries_fool_a_plain_pytest_run(tmp_path: Path, name: str) -> Non
         text=True,
         timeout=60,
     )
-    assert plain.returncode == 0, plain.stdout[-500:]  # every wrong test "passed"
+    assert plain.returncode == 0, plain.stdout[-500:]  # every wrong test "passed" (or was skipped)
 
 
 def test_wrong_code_earns_the_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,11 +85,12 @@ def test_a_forgery_earns_no_more_than_the_wrong_code(
 ) -> None:
     result = grade(tmp_path, forged_workspace(name), capsys)
     assert result["score"] <= BASELINE, result
-    if name in ("overwrite_report", "monkeypatch_pytest"):  # caught in the act, not just ignored
+    if name in ("overwrite_report", "monkeypatch_pytest", "inject_tests"):  # caught, not just ignored
         assert result["score"] == 0.0 and "integrity" in result["details"]["reason"], result
 
 
 FILES = {"test_a.py": "hidden/test_a.py"}
+EXPECTED = {"test_a.py": {"test_x": [1, 2]}}
 CANARY = {"test_a.py": "test_c1"}
 
 
@@ -79,9 +98,15 @@ def rec(nodeid: str, when: str, outcome: str) -> str:
     return json.dumps({"kind": "test", "nodeid": nodeid, "when": when, "outcome": outcome})
 
 
-def honest(call: str = "passed", canary: str = "failed") -> list[str]:
+def value(nodeid: str, v: Any) -> str:
+    return json.dumps({"kind": "value", "nodeid": nodeid, "value": v})
+
+
+def honest(call: str = "passed", canary: str = "failed", returned: Any = (1, 2)) -> list[str]:
     return [
+        json.dumps({"kind": "start"}),
         rec("test_a.py::test_x", "setup", "passed"),
+        value("test_a.py::test_x", list(returned)),
         rec("test_a.py::test_x", "call", call),
         rec("test_a.py::test_x", "teardown", "passed"),
         rec("test_a.py::test_c1", "setup", "passed"),
@@ -91,27 +116,48 @@ def honest(call: str = "passed", canary: str = "failed") -> list[str]:
     ]
 
 
-def test_judging_the_report() -> None:
-    assert judge_records(honest(), files=FILES, canaries=CANARY).outcomes == {"hidden/test_a.py": [PASSED]}
-    assert judge_records(honest("failed"), files=FILES, canaries=CANARY).outcomes == {
-        "hidden/test_a.py": [FAILED]
-    }
+def judged(lines: list[str]) -> GraderRun:
+    return judge_records(lines, files=FILES, expected=EXPECTED, canaries=CANARY)
+
+
+def test_a_test_passes_only_with_the_expected_value() -> None:
+    assert judged(honest()).outcomes == {"hidden/test_a.py": [PASSED]}
+    assert judged(honest(returned=(2, 1))).outcomes == {"hidden/test_a.py": [FAILED]}
+    assert judged(honest("failed")).outcomes == {"hidden/test_a.py": [FAILED]}
+
+
+def test_skipped_and_missing_tests_count_as_failed() -> None:
+    assert judged(honest("skipped")).outcomes == {"hidden/test_a.py": [FAILED]}
+    missing = [line for line in honest() if "test_x" not in line]
+    assert judged(missing).outcomes == {"hidden/test_a.py": [FAILED]}
+
+
+def test_a_run_cut_short_fails_what_never_ran_and_silence_is_the_graders_fault() -> None:
+    assert judged(honest()[:1]).outcomes == {"hidden/test_a.py": [FAILED]}
+    assert judged([]).error and not judged([]).tampered
+
+
+def test_forged_reports_are_caught() -> None:
     forged = {
         "the canary passed": honest(canary="passed"),
-        "a phase twice": [rec("test_a.py::test_x", "call", "passed"), *honest("failed")],
-        "a test that is not hidden": [rec("mine.py::test_y", "call", "passed"), *honest()],
+        "a phase twice": [*honest()[:1], rec("test_a.py::test_x", "call", "passed"), *honest("failed")[1:]],
+        "a value twice": [*honest()[:1], value("test_a.py::test_x", [1, 2]), *honest()[1:]],
+        "a test that is not hidden": [*honest()[:1], rec("mine.py::test_y", "call", "passed"), *honest()[1:]],
+        "a test that is not expected": [*honest()[:1], rec("test_a.py::test_injected", "call", "passed")],
         "a line after the end": [*honest(), rec("test_a.py::test_x", "call", "passed")],
         "garbage": ["PASSED", *honest()],
     }
     for why, lines in forged.items():
-        run = judge_records(lines, files=FILES, canaries=CANARY)
+        run = judged(lines)
         assert run.tampered and not run.outcomes, why
-    cut = judge_records(honest()[:3], files=FILES, canaries=CANARY)  # pytest died mid-run
-    assert cut.error and not cut.tampered
-    collect = judge_records(
-        [json.dumps({"kind": "collect", "nodeid": "test_a.py", "outcome": "failed"}), honest()[-1]],
-        files=FILES,
-        canaries=CANARY,
+
+
+def test_a_collection_error_fails_every_test_of_the_file() -> None:
+    collect = judged(
+        [
+            json.dumps({"kind": "start"}),
+            json.dumps({"kind": "collect", "nodeid": "test_a.py", "outcome": "failed"}),
+        ]
     )
     assert collect.outcomes == {"hidden/test_a.py": ["errored"]}
 

@@ -74,8 +74,12 @@ class Runner:
 async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
     model = ScriptedModel(script=SCRIPT, scripts=SCRIPTS)
     url = model.start()
+    task_sets = REPO / ".gyre" / "test-tasksets" / uuid.uuid4().hex[:8]
+    (task_sets / "hello" / "workspace").mkdir(parents=True)
+    (task_sets / "hello" / "workspace" / "README.md").write_text("template\n")
     settings = RunnerSettings(
         sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
+        task_sets={"local": task_sets},
         proxy_base_url=url,
         memory_mb=1024,
         max_procs=64,
@@ -103,6 +107,7 @@ async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
         supervisor.host.root.rmdir()
     await scheduler.stop()
     model.stop()
+    shutil.rmtree(task_sets)
 
 
 def start_request(**change: object) -> runner_pb2.StartExecutionRequest:
@@ -232,6 +237,9 @@ async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_k
         ({"prompt": " "}, "prompt"),
         ({"timeout_s": 0.0}, "timeout_s"),
         ({"workspace_template": "/nonexistent/template"}, "workspace_template"),
+        ({"workspace_template": "/etc/ssl"}, "workspace_template"),
+        ({"workspace_template": "git+file:///etc"}, "workspace_template"),
+        ({"workspace_template": "taskset:nope/hello"}, "workspace_template"),
         ({"workspace_template": "task:no-such-task"}, "workspace_template"),
         ({"harness_env": {"OPENAI_API_KEY": "x"}}, "harness_env['OPENAI_API_KEY']"),
         ({"execution": ids_pb2.ExecutionRef(task_id="t", execution_id="e")}, "execution.task_id"),
@@ -244,12 +252,7 @@ async def test_bad_requests_name_the_field(runner: Runner, change: dict[str, obj
     assert (err.value.details() or "").startswith(f"{field}:"), err.value.details()
 
 
-async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
-    runner: Runner, tmp_path: Path
-) -> None:
-    template = REPO / ".gyre" / f"template-{uuid.uuid4().hex[:6]}"
-    template.mkdir(parents=True)
-    (template / "README.md").write_text("template\n")
+async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(runner: Runner) -> None:
     spec = scheduler_pb2.TaskSpec(
         name="hello",
         family="terminal",
@@ -257,7 +260,7 @@ async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
         group_size=2,
         timeout_s=5.0,
         harness="gyre-agent",
-        workspace_template=str(template),
+        workspace_template="taskset:local/hello",
     )
     bad = scheduler_pb2.TaskSpec(
         name="gone",
@@ -266,7 +269,7 @@ async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
         group_size=1,
         timeout_s=5.0,
         harness="gyre-agent",
-        workspace_template=str(template / "missing"),
+        workspace_template="taskset:local/missing",
     )
     submitted = await runner.scheduler.SubmitTasks(
         scheduler_pb2.SubmitTasksRequest(request_id=f"sub-{uuid.uuid4().hex[:8]}", tasks=[spec, bad])
@@ -281,4 +284,28 @@ async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(
     assert failed.state == runner_pb2.EXECUTION_STATE_FAILED
     assert failed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE
     assert "missing" in failed.failure.reason
-    shutil.rmtree(template)
+
+
+async def test_submit_tasks_refuses_a_host_folder_as_template(runner: Runner) -> None:
+    spec = scheduler_pb2.TaskSpec(
+        name="ssl", family="terminal", prompt="p", group_size=1, timeout_s=5.0, harness="gyre-agent",
+        workspace_template="/etc/ssl",
+    )  # fmt: skip
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await runner.scheduler.SubmitTasks(
+            scheduler_pb2.SubmitTasksRequest(request_id=f"sub-{uuid.uuid4().hex[:8]}", tasks=[spec])
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith("tasks[0].workspace_template:"), err.value.details()
+
+
+async def test_a_filled_workspace_is_private_to_its_execution_and_wiped_on_release(runner: Runner) -> None:
+    request = start_request(prompt="[script: quick]", workspace_template="task:wordfreq")
+    await runner.stub.StartExecution(request)
+    ended = await wait_ended(runner, request.execution.execution_id)
+    box = runner.supervisor.ended[request.execution.execution_id][0]
+    st = box.work.stat()
+    assert (st.st_mode & 0o777, st.st_uid) == (0o700, box.uid), ended
+    assert in_workspace(ended, "README.md").exists()
+    await runner.supervisor.release(request.execution.execution_id)
+    assert not box.work.exists() and not box.path.exists()

@@ -141,7 +141,16 @@ def test_colocate_rolls_out_exactly_one_step_then_switches_everyone() -> None:
 # -- async ------------------------------------------------------------------------------------------
 
 
-def test_vanilla_async_trains_whole_batches_and_releases_the_next_batch_after_the_last() -> None:
+def test_vanilla_async_refills_free_slots_but_trains_whole_batches() -> None:
+    pool = replace(EMPTY, rollout_cells=2, training_cells=6)
+    one = replace(
+        pool, groups_admitted=2, queued_groups=18, running=4, running_groups=((0, 1),), ready=(ready(0, 0),)
+    )
+    # g0's 4 slots are refilled at once; g0 waits for g1 (no streaming).
+    assert fixed_split.decide(one, CONFIG, streaming=False, batch_sync=False) == Decision(admit=1)
+
+
+def test_batch_synchronous_split_trains_whole_batches_and_releases_the_next_after_the_last() -> None:
     pool = replace(EMPTY, rollout_cells=2, training_cells=6)  # 8 slots: two groups
     assert fixed_split.decide(pool, CONFIG, streaming=False, batch_sync=True) == Decision(admit=2)
     one = replace(
@@ -266,12 +275,44 @@ def test_admission_fills_every_free_slot_and_lets_at_most_a_group_wait() -> None
 
 
 def test_colocate_with_standalone_rollout_cells_keeps_only_those_while_training() -> None:
-    knobs = ElasticKnobs(streaming=False, core_cell=False, standalone_rollout_cells=2)
+    # Step 0's two groups are ready; groups 2 and 3 (admitted ahead, within K=1) still run.
     view = replace(
         EMPTY, rollout_cells=8, training_cells=0, running=8, groups_admitted=4, queued_groups=16,
         running_groups=((0, 2),), ready=(ready(0, 0), ready(1, 0)),
     )  # fmt: skip
-    assert elastic.decide(view, CONFIG, knobs) == Decision(assign=(0, 1), to_training=6)
+    assert colocate.decide(view, CONFIG, standalone_rollout_cells=2) == Decision(assign=(0, 1), to_training=6)
+
+
+def test_colocate_admits_later_steps_only_into_the_standalone_cells_slots() -> None:
+    # Step 0's groups are all admitted and running (8 executions); 2 standalone cells hold 8.
+    view = replace(
+        EMPTY, rollout_cells=8, training_cells=0, running=8, groups_admitted=2, queued_groups=18,
+        running_groups=((0, 2),),
+    )  # fmt: skip
+    assert colocate.decide(view, CONFIG, standalone_rollout_cells=2) == Decision()
+    assert colocate.decide(view, CONFIG, standalone_rollout_cells=3) == Decision(admit=1)
+
+
+# -- end game --------------------------------------------------------------------------------------
+
+# The last step (version 9 of 10): nothing queued, 3 rollout cells full with 4 executions waiting,
+# training satellites busy with a step whose training is expensive (balanced split: 1-2 cells).
+END = replace(
+    EMPTY, version=9, rollout_cells=3, training_cells=5, running=12, waiting=4, groups_admitted=20,
+    queued_groups=0, running_groups=((8, 2), (9, 2)), step_groups=1, step_untrained_tokens=50_000,
+    training_cell_s_per_group=400.0,
+)  # fmt: skip
+
+
+def test_gyre_end_game_pulls_satellites_back_to_roll_out_long_executions() -> None:
+    long_runs = replace(END, rollout_cell_s_per_group=100.0)  # mean execution 100 s > 1 x 12 s
+    assert elastic.decide(long_runs, CONFIG).to_rollout == 1  # 16 executions need 4 cells
+    assert elastic.decide(long_runs, CONFIG, ElasticKnobs(end_game=False)).to_rollout == 0
+
+
+def test_gyre_end_game_keeps_training_cells_when_executions_are_short() -> None:
+    short_runs = replace(END, rollout_cell_s_per_group=10.0)  # 10 s < one update and round trip
+    assert elastic.decide(short_runs, CONFIG).to_rollout == 0
 
 
 def test_burst_releases_a_burst_only_after_the_last_one_finished() -> None:

@@ -72,6 +72,18 @@ _DELETE = object()
         ("training.tokens_per_s_per_cel", 1, "training.tokens_per_s_per_cel"),
         ("switch", [], "switch"),
         ("rollout.executions_per_cell", 0, "rollout.executions_per_cell"),
+        ("async_rollout_cells", 0, "async_rollout_cells"),
+        ("execution.timeout_s", 0, "execution.timeout_s"),
+        ("execution.duration_s", {"dist": "const", "value": 0}, "execution.duration_s.value"),
+        ("training.tokens_per_s_per_cell", 0, "training.tokens_per_s_per_cell"),
+        ("training.step_overhead_s", -1, "training.step_overhead_s"),
+        ("training.group_setup_s", -0.5, "training.group_setup_s"),
+        ("training.weight_bytes", "7B", "training.weight_bytes"),
+        ("switch.rollout_to_training_s", -8.52, "switch.rollout_to_training_s"),
+        ("switch.link_bytes_per_s", 0, "switch.link_bytes_per_s"),
+        ("rollout.migrate_s", -1, "rollout.migrate_s"),
+        ("rollout.kv_bytes_per_token", float("inf"), "rollout.kv_bytes_per_token"),
+        ("rollout.max_context_tokens", 0, "rollout.max_context_tokens"),
     ],
 )
 def test_bad_workloads_name_the_field(path: str, value: object, field: str) -> None:
@@ -86,15 +98,35 @@ def test_a_pool_too_small_for_one_group_is_refused() -> None:
 
 
 def test_traces_are_replayed_in_order_and_bad_traces_are_refused(tmp_path: Path) -> None:
-    (tmp_path / "runs.jsonl").write_text('{"wall_s": 10}\n{"wall_s": 20}\n\n{"wall_s": 9999}\n')
+    runs = [10, 20, 9999, *range(1, 58)]  # SMALL runs 60 executions
+    (tmp_path / "runs.jsonl").write_text("\n".join(f'{{"wall_s": {d}}}' for d in runs) + "\n\n")
     trace = {"dist": "trace", "file": "runs.jsonl", "field": "wall_s"}
     w = parse_workload(_with("execution.duration_s", trace), base_dir=tmp_path)
-    assert draw_executions(w).duration_s[:4] == (10.0, 20.0, 900.0, 10.0)  # capped, then cycling
-    assert sum(draw_executions(w).timed_out) > 0
+    assert draw_executions(w).duration_s[:4] == (10.0, 20.0, 900.0, 1.0)  # in order, capped
+    assert sum(draw_executions(w).timed_out) == 1
     with pytest.raises(InvalidArgument, match="no field 'seconds'"):
         parse_workload(_with("execution.duration_s", trace | {"field": "seconds"}), base_dir=tmp_path)
     with pytest.raises(InvalidArgument, match="no such file"):
         parse_workload(_with("execution.duration_s", trace | {"file": "gone.jsonl"}), base_dir=tmp_path)
+
+
+def test_a_trace_shorter_than_the_run_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "runs.jsonl").write_text('{"wall_s": 10}\n{"wall_s": 20}\n')
+    trace = {"dist": "trace", "file": "runs.jsonl", "field": "wall_s"}
+    with pytest.raises(
+        InvalidArgument, match="holds 2 records; the run needs one per execution: 60"
+    ) as caught:
+        parse_workload(_with("execution.duration_s", trace), base_dir=tmp_path)
+    assert caught.value.field == "execution.duration_s.file"
+
+
+def test_the_costs_elasticity_pays_default_when_absent() -> None:
+    w = parse_workload(SMALL, base_dir=Path("."))
+    # No weight size given: the model is sized from the training rate (1,000 tokens/s per cell).
+    assert w.replica_bytes == pytest.approx(2 * 3.2e15 / 6000)
+    assert w.join_s == pytest.approx(w.replica_bytes / 4.0e11)
+    assert w.allreduce_s(1) == 0.0
+    assert w.allreduce_s(4) == pytest.approx(1.5 * w.replica_bytes / 4.0e11)
 
 
 def test_a_missing_or_broken_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -38,12 +38,12 @@ def test_tree_packed_loss_and_gradients_equal_separate_sequences() -> None:
         assert packed.stats.loss == pytest.approx(flat.stats.loss, rel=1e-5, abs=1e-7)
         scale = flat.grad_P.abs().max()
         assert scale > 0
-        assert float((packed.grad_P - flat.grad_P).abs().max() / scale) < 1e-4
+        assert float((packed.grad_P - flat.grad_P).abs().max() / scale) <= 1e-5
 
 
 def test_microbatches_keep_executions_together_within_the_budget() -> None:
-    samples = tree_samples(tiny_model(), num_executions=2)  # 3 samples of 52 tokens each
-    plan = plan_microbatches(samples, max_tokens=110)
+    samples = tree_samples(tiny_model(), num_executions=2)  # 3 samples of 52 tokens, 40 shared
+    plan = plan_microbatches(samples, max_tokens=70)  # packed: 52 + 12 fit, a third 12 does not
     assert [[s.trajectory_id for s in mb] for mb in plan] == [
         ["exec-0/traj-0", "exec-0/traj-1"],
         ["exec-0/traj-2"],

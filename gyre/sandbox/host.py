@@ -5,11 +5,16 @@ Layout of one sandbox (a size-limited tmpfs when the kernel allows it, so the qu
     <root>/<name>/        root 0711
         work/             the workspace, sandbox uid 0700 (what gets graded)
         home/             $HOME of the harness, sandbox uid 0700
-        tmp/              bind-mounted over /tmp, /var/tmp, /dev/shm, /run/lock inside
-        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (pid 1's own)
+        tmp/              the sandbox's /tmp, /var/tmp and /dev/shm
+        etc/              root: the passwd and group files the sandbox sees
+        forward/          root 0711: the forwarder's Unix socket (the one way out)
+        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (set-up's own)
 
-The workspace is kept after the process ends (timeouts earn partial credit); `release` removes
-it, the user and the cgroups.
+With namespaces, a process inside sees only the minimal root of `gyre.sandbox.rootfs`, started
+by bubblewrap as the sandbox user; without them (not root, or no bwrap) it runs on the host
+under rlimits only, and `Isolation.fallbacks` says what that leaves open. The workspace is kept
+after the process ends (timeouts earn partial credit); `release` wipes it, the user and the
+cgroups.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import hashlib
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,19 +37,21 @@ from typing import BinaryIO
 import structlog
 
 from gyre.errors import InvalidArgument
+from gyre.sandbox import launcher
+from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
+from gyre.sandbox.rootfs import FORWARD_DIR
+from gyre.sandbox.trees import chown_tree, folder_bytes, remove_tree
 
 log = structlog.get_logger(__name__)
 SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-# The code harnesses import (the built-in agent, installed editable) stays visible in a sandbox
-# even when the checkout lies under a covered folder (/tmp, /root).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RELOCATED_ROOTS = Path("/var/lib/gyre/sandboxes")
 WATCH_S = 0.5
 HIDDEN = ("/root", "/home")
-"""Covered by an empty folder inside; paths the harness needs below them are mounted back."""
+"""Absent inside; a sandbox root under them moves (see `usable_root`)."""
 KILL_WAIT_S = 10.0
+USERADD_UID_TAKEN, USERADD_NAME_TAKEN = 4, 9
 
 
 def usable_root(root: Path) -> Path:
@@ -100,10 +106,13 @@ class SandboxHost:
         mode: str = "auto",
         uid_base: int = 62000,
         uid_count: int = 1000,
-        hide: tuple[str, ...] = (),
+        runtime: Sequence[str] = (),
     ):
-        self.hide = tuple(str(Path(h).resolve()) for h in hide)
-        """More folders covered by an empty one inside (e.g. the task set with its hidden tests)."""
+        self.runtime = tuple(
+            sorted({sys.base_prefix, sys.prefix, *(str(Path(r).resolve()) for r in runtime)})
+        )
+        """Read-only inside at the same path: the Python installation and what the caller adds
+        (a harness's own files); nothing else of the host's folders is there."""
         self.root = usable_root(Path(root))
         self.caps = probe()
         self.isolation: Isolation = plan_isolation(self.caps, mode=mode)
@@ -138,8 +147,8 @@ class SandboxHost:
         for path in sorted(p for p in self.root.iterdir() if p.is_dir()):
             owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
-            shutil.rmtree(path, ignore_errors=True)
-            for base in (self.caps.cgroup_memory, self.caps.cgroup_pids):
+            remove_tree(path)
+            for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
                     with contextlib.suppress(OSError):
                         (Path(base) / f"gyre-{path.name}").rmdir()
@@ -162,7 +171,7 @@ class SandboxHost:
                 pass
             user = f"gyre{uid}"
             if self.caps.useradd:
-                subprocess.run(
+                made = subprocess.run(
                     [
                         "useradd",
                         "--no-create-home",
@@ -173,10 +182,14 @@ class SandboxHost:
                         "/usr/sbin/nologin",
                         user,
                     ],
-                    check=True,
                     capture_output=True,
                     timeout=30,
+                    check=False,
                 )
+                if made.returncode in (USERADD_UID_TAKEN, USERADD_NAME_TAKEN):
+                    continue  # another process (a parallel runner) took it since the look-up
+                if made.returncode != 0:
+                    raise OSError(f"useradd {user} failed: {made.stderr.decode(errors='replace').strip()}")
                 gid = pwd.getpwnam(user).pw_gid
             else:
                 user, gid = "", uid  # a bare uid works for setuid without a passwd entry
@@ -217,6 +230,7 @@ class Sandbox:
         self.mounted = False
         self.cgroups: list[Path] = []
         self.proc: asyncio.subprocess.Process | None = None
+        self.forwarder: Forwarder | None = None
         self._kill_reason = ""
 
     @property
@@ -249,36 +263,41 @@ class Sandbox:
                 timeout=30,
             )
             self.mounted = True
-        for sub, owner_mode in (("work", 0o700), ("home", 0o700), ("tmp", 0o700), ("log", 0o700)):
+        for sub in ("work", "home", "tmp", "log"):
             d = self.path / sub
             d.mkdir(exist_ok=True)
-            os.chmod(d, owner_mode)
+            os.chmod(d, 0o700)
             if sub != "log" and self.uid is not None:
                 os.chown(d, self.uid, self.gid if self.gid is not None else self.uid)
         if self.isolation.cgroups:
             self._make_cgroups()
 
     def _make_cgroups(self) -> None:
-        mem = Path(self.host.caps.cgroup_memory) / f"gyre-{self.name}"
-        pids = Path(self.host.caps.cgroup_pids) / f"gyre-{self.name}"
-        for d in (mem, pids):
-            d.mkdir(exist_ok=True)
-            self.cgroups.append(d)
+        caps = self.host.caps
+        mem, pids = (Path(base) / f"gyre-{self.name}" for base in (caps.cgroup_memory, caps.cgroup_pids))
+        cpu = Path(caps.cgroup_cpu) / f"gyre-{self.name}" if caps.cgroup_cpu else None
+        for d in (mem, pids, cpu):
+            if d is not None:
+                d.mkdir(exist_ok=True)
+                self.cgroups.append(d)
         (mem / "memory.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
         with contextlib.suppress(OSError):  # without swap accounting the file is missing
             (mem / "memory.memsw.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
-        (pids / "pids.max").write_text(str(self.limits.max_procs + 8))  # +8: pid 1 and its helpers
+        (pids / "pids.max").write_text(str(self.limits.max_procs + 8))  # +8: set-up and its helpers
+        if cpu is not None:
+            period_us, quota_us = self.limits.cfs_quota()
+            (cpu / "cpu.cfs_period_us").write_text(str(period_us))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota_us))
 
     def own_files(self) -> None:
-        """Give everything in work/ and home/ to the sandbox user (after the host filled them)."""
+        """Give everything in work/ and home/ to the sandbox user, folders 0700 at the top (after
+        the host filled them): another sandbox's user can read nothing of it."""
         if self.uid is None:
             return
         gid = self.gid if self.gid is not None else self.uid
         for top in (self.work, self.home):
-            for dirpath, dirnames, filenames in os.walk(top):
-                os.lchown(dirpath, self.uid, gid)
-                for n in dirnames + filenames:
-                    os.lchown(os.path.join(dirpath, n), self.uid, gid)
+            chown_tree(top, self.uid, gid)
+            os.chmod(top, 0o700)
 
     async def launch(
         self,
@@ -288,12 +307,15 @@ class Sandbox:
         forward: Forward | None = None,
         cwd: Path | None = None,
         pass_fds: Sequence[int] = (),
+        read_only: Sequence[Path] = (),
     ) -> None:
         """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
-        the host holds) are inherited at the same numbers through unshare and pid 1."""
+        the host holds) are inherited at the same numbers; `read_only`: host-written folders of
+        this sandbox (the grader's files) the process may read but not change."""
         if self.proc is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
-        spec = {
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        spec: dict[str, object] = {
             "argv": list(argv),
             "env": {"HOME": str(self.home), "TMPDIR": "/tmp", "PATH": os.defpath, **env},
             "cwd": str(cwd or self.work),
@@ -301,27 +323,33 @@ class Sandbox:
             "gid": self.gid,
             "rlimits": self.limits.rlimits(),
             "namespaces": self.isolation.namespaces,
-            "private_tmp": str(self.path / "tmp"),
-            "forward": None
-            if forward is None or not self.isolation.namespaces
-            else {
-                "host": forward.host,
-                "port": forward.port,
-                "listen_port": forward.listen_port,
-            },
-            "log_path": str(self.log_path),
-            "hide": [*HIDDEN, *self.host.hide],
-            "expose": sorted({sys.base_prefix, sys.prefix, str(PROJECT_ROOT)}),
-            "stage": str(self.path / "log" / "stage"),
-            "cgroup_procs": [str(d / "cgroup.procs") for d in self.cgroups],
+            "log_fd": log_fd,
             "pass_fds": list(pass_fds),
         }
-        init = [sys.executable, "-m", "gyre.sandbox.init"]
-        cmd = (
-            ["unshare", "--pid", "--mount", "--fork", "--kill-child", *init]
-            if self.isolation.namespaces
-            else init
-        )
+        own_fds = [log_fd]  # closed here once the child holds them
+        if self.isolation.namespaces:
+            if forward is not None:
+                self.forwarder = Forwarder(
+                    folder=self.path / "forward",
+                    host=forward.host,
+                    port=forward.port,
+                    max_connections=self.limits.max_connections,
+                    uid=self.uid,
+                )
+                await self.forwarder.start()
+                spec["forward"] = {
+                    "listen_port": forward.listen_port,
+                    "socket_path": f"{FORWARD_DIR}/proxy.sock",
+                }
+            seccomp_fd = launcher.seccomp_fd(self)
+            if seccomp_fd is not None:
+                own_fds.append(seccomp_fd)
+            cmd, staging = launcher.bwrap_command(
+                self, cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
+            )
+        else:
+            spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
+            cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
         setup_log = self._open_setup_log()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -330,14 +358,17 @@ class Sandbox:
                 stdout=setup_log,
                 stderr=setup_log,
                 start_new_session=True,
-                pass_fds=tuple(pass_fds),
+                pass_fds=(*own_fds, *pass_fds),
                 env={
                     "PATH": os.environ.get("PATH", os.defpath),
-                    "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                    "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
+                    "GYRE_STAGE": staging,
                 },
             )
         finally:
             setup_log.close()
+            for fd in own_fds:
+                os.close(fd)
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(spec).encode())
         await self.proc.stdin.drain()
@@ -373,6 +404,7 @@ class Sandbox:
                 await self.kill("disk_quota")
                 break
         duration = time.monotonic() - started
+        await self._close_forwarder()
         if self._kill_reason:
             return Outcome(exit_code=None, killed=self._kill_reason, duration_s=duration)
         code = self.proc.returncode
@@ -384,31 +416,39 @@ class Sandbox:
             return
         self._kill_reason = self._kill_reason or reason
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # unshare (--kill-child takes pid 1 along) or init
+            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap (--die-with-parent takes the rest) or init
         await asyncio.to_thread(self._kill_leftovers)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.proc.wait(), timeout=KILL_WAIT_S)
+        for _ in range(int(KILL_WAIT_S / 0.05)):  # bounded: SIGKILLed processes exit in moments
+            if not any(_cgroup_pids(d) for d in self.cgroups):
+                break
+            await asyncio.sleep(0.05)
 
     def _kill_leftovers(self) -> None:
         for d in self.cgroups:
-            with contextlib.suppress(OSError):
-                for pid in (d / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
+            for pid in _cgroup_pids(d):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.uid is not None:  # kill(-1) as the sandbox uid reaches exactly its processes
-            kill_all_of_uid(self.uid, self.gid if self.gid is not None else self.uid)
+            launcher.kill_all_of_uid(self.uid, self.gid if self.gid is not None else self.uid)
 
     async def release(self) -> None:
         """Remove the folder, the cgroups and the user; the workspace is gone afterwards."""
         if self.proc is not None and self.proc.returncode is None:
             await self.kill("released")
+        await self._close_forwarder()
         await asyncio.to_thread(self._release)
+
+    async def _close_forwarder(self) -> None:
+        if self.forwarder is not None:
+            await self.forwarder.close()
 
     def _release(self) -> None:
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30, check=False)
             self.mounted = False
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)  # the workspace is wiped: nothing of it is left for a later uid
         for d in self.cgroups:
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -416,51 +456,8 @@ class Sandbox:
         self.host._free_user(self.uid, self.user)
 
 
-def folder_bytes(path: Path, *, max_entries: int = 1_000_000) -> int:
-    """Bytes under `path` (allocated blocks, links not followed); bounded number of entries."""
-    total = 0
-    seen = 0
-    stack = [str(path)]
-    while stack and seen < max_entries:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                for entry in it:
-                    seen += 1
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:
-            continue
-    return total
-
-
-def kill_all_of_uid(uid: int, gid: int) -> None:
-    """SIGKILL every process of `uid`: `kill -KILL -1` run as that uid reaches exactly those.
-
-    The uid is switched by `setpriv` after exec, so Python spawns with vfork: a plain fork in a
-    process with gRPC threads runs gRPC's fork handlers in the child, which can crash it before
-    the exec (seen under load). Without setpriv, subprocess switches the uid in C (fork).
-    """
-    kill = shutil.which("kill", path="/usr/bin:/bin")
-    if kill is None:
-        log.warning("no_kill_binary", uid=uid)
-        return
-    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
-    if setpriv is not None:
-        argv = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", kill, "-KILL", "-1"]
-        subprocess.run(argv, capture_output=True, timeout=30, check=False)
-        return
-    subprocess.run(
-        [kill, "-KILL", "-1"],
-        user=uid,
-        group=gid,
-        extra_groups=[],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []

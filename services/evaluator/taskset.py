@@ -4,15 +4,19 @@
 `load_task` reads a task folder or a bundled task by name (shell).
 
 A task folder holds `task.toml`, `workspace/` (what the harness starts from) and `hidden/`
-(grader files the harness never sees). See README, section "Evaluator: task format".
+(grader files the harness never sees). A pytest check's tests *return* the value under test;
+`hidden/<tests>.expected.json` maps each test name to the value it must return, and stays on the
+host (see `integrity`). See README, section "Evaluator: task format".
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,13 @@ class Check:
     tests: str
     """Hidden test file, relative to the task folder."""
     weight: float
+    expected: Mapping[str, Any] = field(default_factory=dict)
+    """Test name -> the value it must return (from `expected_path`); the exact set graded."""
+
+    @property
+    def expected_path(self) -> str:
+        """Example: Check(tests="hidden/test_count.py", ...) -> "hidden/test_count.expected.json"."""
+        return self.tests.removesuffix(".py") + ".expected.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,4 +178,17 @@ def load_task(ref: str, *, bundled: Path = BUNDLED) -> TaskDef:
     for path in [c.tests for c in task.checks] + ([task.check_script] if task.check_script else []):
         if not (folder / path).is_file():
             raise InvalidArgument(str(toml_path), f"grader file {path!r} does not exist")
-    return task
+    return replace(task, checks=tuple(_with_expected(c, folder) for c in task.checks))
+
+
+def _with_expected(check: Check, folder: Path) -> Check:
+    path = folder / check.expected_path
+    try:
+        expected = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(
+            str(path), f"expected values of {check.tests} are missing or not JSON: {exc}"
+        ) from exc
+    if not (isinstance(expected, dict) and expected and all(k.startswith("test") for k in expected)):
+        raise InvalidArgument(str(path), "must map each test name (test_...) to the value it returns")
+    return replace(check, expected=expected)

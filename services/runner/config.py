@@ -7,8 +7,16 @@ from pathlib import Path
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gyre.sandbox.limits import SandboxLimits
+from services.runner.workspace import TemplateSources
 
 BUNDLED_TASKS = Path(__file__).resolve().parents[1] / "evaluator" / "tasks"
+_SERVICES = Path(__file__).resolve().parents[1]
+AGENT_FILES = (
+    str(_SERVICES / "__init__.py"),
+    str(_SERVICES / "runner" / "__init__.py"),
+    str(_SERVICES / "runner" / "agent"),
+)
+"""The built-in agent's own files: all a sandbox sees of the checkout (no hidden tests, no .git)."""
 
 
 class RunnerSettings(BaseSettings):
@@ -29,6 +37,14 @@ class RunnerSettings(BaseSettings):
     """The proxy's HTTP root (OpenAI at /v1, Anthropic at /v1/messages): the one place a sandbox may reach."""
     tasks_dir: Path = BUNDLED_TASKS
     """Where `task:<name>` templates are looked up."""
+    task_sets: dict[str, Path] = {}
+    """Registered task sets (JSON object, name -> folder of task folders): `taskset:<set>/<task>`
+    templates copy `<folder>/<task>/workspace`. No other host folder can become a workspace."""
+    template_urls: list[str] = []
+    """URL prefixes git templates may come from (e.g. `https://github.com/org/`); empty: none."""
+    sandbox_runtime: list[str] = []
+    """More read-only paths every harness sandbox sees at the same place (a harness installed
+    outside /usr, e.g. `/opt/node`); the Python installation and the built-in agent are always there."""
     agent_model: str = "gyre-policy"
     harness_env: dict[str, str] = {}
     """Variables every harness gets (JSON object), e.g. the built-in agent's budget
@@ -46,10 +62,19 @@ class RunnerSettings(BaseSettings):
     start_wait_s: float = 60.0
     """How long StartExecution waits for the harness process before answering `starting`."""
     cpu_s: int = 3600
-    memory_mb: int = 2048
+    memory_mb: int = 4096
+    """Address space per process: Claude Code's runtime reserves about 4 GiB."""
     max_procs: int = 256
     file_size_mb: int = 512
     disk_mb: int = 1024
+    cpus: float = 2.0
+    max_connections: int = 64
+    """Connections a harness may hold open at once through the forwarded proxy port."""
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits.of(self)
+
+    def template_sources(self) -> TemplateSources:
+        return TemplateSources(
+            tasks_dir=self.tasks_dir, task_sets=dict(self.task_sets), template_urls=tuple(self.template_urls)
+        )

@@ -43,7 +43,7 @@ def grading_task(*, workspace_template: str, labels: dict[str, str], task: str =
 
     Example:
         grading_task(workspace_template="task:wordfreq", labels={}) -> "wordfreq"
-        grading_task(workspace_template="/srv/repo", labels={"gyre.task": "/srv/task"}) -> "/srv/task"
+        grading_task(workspace_template="taskset:s/t", labels={"gyre.task": "/srv/s/t"}) -> "/srv/s/t"
     """
     if task:
         return task

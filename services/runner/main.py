@@ -15,7 +15,7 @@ from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
 from gyre.settings import KernelSettings
 from services.runner import repo
-from services.runner.config import RunnerSettings
+from services.runner.config import AGENT_FILES, RunnerSettings
 from services.runner.consumer import ScheduledEvents
 from services.runner.service import RunnerServicer
 from services.runner.supervisor import Supervisor
@@ -37,7 +37,7 @@ async def build_with_supervisor(
         settings.sandbox_root,
         mode=settings.sandbox_mode,
         uid_base=settings.uid_base,
-        hide=(str(settings.tasks_dir),),  # harnesses must not read the hidden tests
+        runtime=(*AGENT_FILES, *settings.sandbox_runtime),
     )
     sandboxes.sweep()  # a previous runner's sandboxes: recover() ends their executions as lost
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)

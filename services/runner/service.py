@@ -44,7 +44,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         async with self.sessions() as session:
             first = await self._first(session, request.request_id, "StartExecution", digest)
         if first is None:
-            check_template(request.workspace_template, tasks_dir=self.settings.tasks_dir)
+            check_template(request.workspace_template, self.settings.template_sources())
             async with self.sessions() as session, session.begin():
                 claimed = await repo.claim_request(
                     session,

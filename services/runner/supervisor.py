@@ -30,6 +30,8 @@ from gyre.events import new_event
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
+from gyre.sandbox.limits import MIB
+from gyre.sandbox.trees import CopyBounds
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
@@ -41,6 +43,7 @@ log = structlog.get_logger(__name__)
 PRODUCER = "runner"
 REAP_EVERY_S = 5.0
 RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+FILL_TIMEOUT_S = 300.0
 
 
 class LaunchFailed(Exception):
@@ -117,8 +120,11 @@ class Supervisor:
         except (OSError, subprocess.SubprocessError, GyreError) as exc:
             raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
         try:
+            bounds = CopyBounds(
+                max_bytes=self.settings.disk_mb * MIB, deadline=time.monotonic() + FILL_TIMEOUT_S
+            )
             await asyncio.to_thread(
-                fill, launch.workspace_template, box.work, tasks_dir=self.settings.tasks_dir
+                fill, launch.workspace_template, box.work, self.settings.template_sources(), bounds=bounds
             )
             prompt_file = box.home / "prompt.md"
             prompt_file.write_text(launch.prompt)

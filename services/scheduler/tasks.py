@@ -27,6 +27,8 @@ FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 HARNESS_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 LABEL_KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+TEMPLATE_RE = re.compile(r"|task:[\w.-]+|taskset:[\w.-]+/[\w.-]+|(git\+)?(https|ssh)://\S+")
+"""The template forms a runner can fill (it checks its own allow-lists too); never a host path."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +115,12 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
         raise InvalidArgument(
             f"{at}.workspace_template",
             f"must be at most {MAX_TEMPLATE_CHARS} characters without control characters",
+        )
+    if not TEMPLATE_RE.fullmatch(spec.workspace_template):
+        raise InvalidArgument(
+            f"{at}.workspace_template",
+            "must be empty, task:<name>, taskset:<set>/<name> or a git URL (https:// or ssh://); "
+            f"a host path is never a workspace template, got {spec.workspace_template!r}",
         )
     if len(spec.labels) > MAX_LABELS:
         raise InvalidArgument(f"{at}.labels", f"at most {MAX_LABELS} labels, got {len(spec.labels)}")

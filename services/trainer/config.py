@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.trainer.device import DevicePlan
 from services.trainer.loss import LossConfig
 from services.trainer.samples import StalenessAction
 from services.trainer.steps import OptimConfig
@@ -53,6 +54,13 @@ class TrainerSettings(BaseSettings):
     max_group_attempts: int = 3
     """Steps tried with a group (that failed on an error of the step, or with the trainer dying)
     before the group is set aside with the reason (`GroupSetAside`) instead of tried forever."""
+    device: str = "cpu"
+    """Torch device of the core cell: cpu, cuda, cuda:1 (CUDA: NCCL groups; not yet run on a GPU)."""
+    autocast_bf16: bool = False
+    """Forward passes under bf16 autocast (float32 weights, float32 loss, float64 reductions)."""
+
+    def device_plan(self) -> DevicePlan:
+        return DevicePlan(device=self.device, autocast_bf16=self.autocast_bf16)
 
     def optim(self) -> OptimConfig:
         return OptimConfig(

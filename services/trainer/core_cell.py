@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from services.trainer.checkpoint import checkpoint_folder, load_checkpoint
 from services.trainer.config import TrainerSettings
+from services.trainer.device import check_device, place
 from services.trainer.dp import DataParallelCore
 from services.trainer.policy import build_model, load_model, tiny_config
 from services.trainer.steps import PolicyTrainer, make_optimizer
@@ -42,16 +43,20 @@ def open_core_cell(
     checkpoints_root = root / "checkpoints"
     weights_root = root / "weights"
     optim = settings.optim()
+    device_plan = settings.device_plan()
+    check_device(device_plan)
     if checkpoint_uri is not None:
         model, optimizer_state, saved = load_checkpoint(path_from_uri(checkpoint_uri))
         assert saved == version, f"checkpoint {checkpoint_uri} holds version {saved}, expected {version}"
+        model = place(model, device_plan)
         optimizer = make_optimizer(model, optim)
         optimizer.load_state_dict(optimizer_state)
     else:
-        model = (
+        model = place(
             load_model(settings.model_dir)
             if settings.model_dir
-            else build_model(tiny_config(), seed=settings.seed)
+            else build_model(tiny_config(), seed=settings.seed),
+            device_plan,
         )
         optimizer = make_optimizer(model, optim)
     for stale in checkpoints_root.glob("step-*"):  # uncommitted leftovers of a crash
@@ -66,6 +71,8 @@ def open_core_cell(
         timeout_s=settings.dp_timeout_s,
         dead_after_s=settings.satellite_dead_after_s,
         max_attempts=settings.step_attempts,
+        backend=device_plan.backend,
+        autocast_bf16=device_plan.autocast_bf16,
     )
     trainer = PolicyTrainer(model, optimizer, optim, core, version=version)
     published = publish(model, weights_root, version=version)

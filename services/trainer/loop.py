@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.errors import Unavailable
+from gyre.errors import InvalidArgument, Unavailable
 from gyre.events import new_event
 from gyre.trainer.v1 import events_pb2
 from services.trainer import repo
@@ -121,9 +121,11 @@ class StepLoop:
             try:
                 await self.train(groups)
                 backoff_s = 0.5
-            except (Unavailable, StepFailed) as exc:  # trajectory service away, members dying
+            except (Unavailable, StepFailed, InvalidArgument) as exc:
+                # Trajectory service away, members dying, a batch this configuration refuses: not
+                # an error of the groups' own, so the attempt is taken back and they stay queued.
                 async with self.sessions() as session, session.begin():
-                    await repo.count_attempt(session, task_ids, delta=-1)  # not the groups' fault
+                    await repo.count_attempt(session, task_ids, delta=-1)
                 log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)

@@ -1,7 +1,7 @@
 """Splitting a step's samples into microbatches, and computing one microbatch's gradient.
 
 `plan_microbatches` is pure: each execution's samples stay together (so its tree is packed once)
-unless they exceed the token budget. `microbatch_gradient` runs forward and backward and returns
+unless its packed tokens exceed the budget. `microbatch_gradient` runs forward and backward and returns
 the flattened gradient in float64, the precision members accumulate and reduce in so that the
 step gradient does not depend on who computed which microbatch.
 
@@ -10,24 +10,38 @@ Legend: P number of parameters, K predicted tokens.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
+from google.protobuf.message import DecodeError
 from transformers import PreTrainedModel
 
+from gyre.errors import InvalidArgument
+from gyre.trajectory.v1 import trajectory_pb2
+from services.trainer.device import DevicePlan, autocast
 from services.trainer.loss import LossConfig, LossStats, policy_loss, token_targets
 from services.trainer.policy import flat_logprobs, packed_logprobs
+from services.trainer.sample_arrays import PackedSamplesInvalid, decode_samples, encode_samples
 from services.trainer.samples import Sample
 
 
+class MicrobatchTooLarge(InvalidArgument):
+    """A single trajectory needs more packed tokens than a microbatch may hold."""
+
+
 def plan_microbatches(samples: Sequence[Sample], *, max_tokens: int) -> list[tuple[Sample, ...]]:
-    """One microbatch per execution, split when its flattened tokens exceed `max_tokens`.
+    """One microbatch per execution, split when its packed (unique) tokens would exceed `max_tokens`.
+
+    Samples of one execution share prefixes, so a microbatch costs the nodes of its packed tree,
+    not its flattened tokens. A sample that alone needs more than `max_tokens` cannot be split
+    (its tokens attend to each other): MicrobatchTooLarge names it and the sizes.
 
     Example:
-        e1: 3 samples of 100 tokens, e2: 1 of 500, max_tokens=250
-        -> [(e1#1, e1#2), (e1#3,), (e2#1,)]
+        e1: 3 samples of 100 tokens sharing 60, e2: 1 of 500, max_tokens=200
+        -> e1#1 (100) + e1#2 (40 new) + e1#3 (40 new) = 180: [(e1#1, e1#2, e1#3)];
+           e2#1 needs 500 > 200: MicrobatchTooLarge
     """
     by_execution: dict[str, list[Sample]] = {}
     for s in samples:
@@ -35,28 +49,54 @@ def plan_microbatches(samples: Sequence[Sample], *, max_tokens: int) -> list[tup
     out: list[tuple[Sample, ...]] = []
     for group in by_execution.values():
         current: list[Sample] = []
-        tokens = 0
+        nodes: dict[tuple[int, int], int] = {}  # the current microbatch's packed tree
         for s in group:
-            if current and tokens + len(s.token_ids) > max_tokens:
+            if len(s.token_ids) > max_tokens:
+                raise MicrobatchTooLarge(
+                    "microbatch_max_tokens",
+                    f"trajectory {s.trajectory_id} has {len(s.token_ids)} tokens, more than the "
+                    f"{max_tokens} a microbatch may hold; raise the budget or shorten the context",
+                )
+            new = len(s.token_ids) - _shared_prefix(nodes, s.token_ids)
+            if current and len(nodes) + new > max_tokens:
                 out.append(tuple(current))
-                current, tokens = [], 0
+                current, nodes = [], {}
+            _insert(nodes, s.token_ids)
             current.append(s)
-            tokens += len(s.token_ids)
         out.append(tuple(current))
     return out
 
 
+def _insert(nodes: dict[tuple[int, int], int], token_ids: Sequence[int]) -> None:
+    """Add a sequence to a trie of (parent node, token) -> node, nodes numbered as they come."""
+    at = -1
+    for token in token_ids:
+        at = nodes.setdefault((at, token), len(nodes))
+
+
+def _shared_prefix(nodes: dict[tuple[int, int], int], token_ids: Sequence[int]) -> int:
+    at = -1
+    for t, token in enumerate(token_ids):
+        node = nodes.get((at, token))
+        if node is None:
+            return t
+        at = node
+    return len(token_ids)
+
+
 def encode_microbatch(samples: Sequence[Sample]) -> bytes:
-    return json.dumps([asdict(s) for s in samples]).encode()
+    """A microbatch as it travels to satellites: a serialised `PackedSamples` (arrays, checksum)."""
+    return encode_samples(samples).SerializeToString()
 
 
 def decode_microbatch(data: bytes) -> tuple[Sample, ...]:
-    out = []
-    for d in json.loads(data):
-        for name in ("token_ids", "loss_mask", "token_weight", "old_logprobs", "policy_versions"):
-            d[name] = tuple(d[name])
-        out.append(Sample(**d))
-    return tuple(out)
+    """Inverse of `encode_microbatch`; PackedSamplesInvalid when the payload is damaged."""
+    packed = trajectory_pb2.PackedSamples()
+    try:
+        packed.ParseFromString(data)
+    except DecodeError as exc:
+        raise PackedSamplesInvalid("microbatch", f"is not a PackedSamples message: {exc}") from exc
+    return decode_samples(packed, field="microbatch")
 
 
 def flat_parameters(model: PreTrainedModel) -> list[torch.nn.Parameter]:
@@ -73,14 +113,29 @@ class MicrobatchResult:
 
 
 def microbatch_gradient(
-    model: PreTrainedModel, samples: Sequence[Sample], config: LossConfig, *, packed: bool = True
+    model: PreTrainedModel,
+    samples: Sequence[Sample],
+    config: LossConfig,
+    *,
+    packed: bool = True,
+    autocast_bf16: bool = False,
 ) -> MicrobatchResult:
+    """Forward and backward of one microbatch on the model's device; the loss is taken in float32."""
     params = flat_parameters(model)
     for p in params:
         p.grad = None
     sequences = [s.token_ids for s in samples]
-    logprobs_K = packed_logprobs(model, sequences) if packed else flat_logprobs(model, sequences)
+    with autocast(DevicePlan(device=str(model.device), autocast_bf16=autocast_bf16)):
+        logprobs_K = packed_logprobs(model, sequences) if packed else flat_logprobs(model, sequences)
     targets = token_targets(samples)
+    if logprobs_K.device != targets.weight_K.device:
+        targets = dataclasses.replace(
+            targets,
+            token_ids_K=targets.token_ids_K.to(logprobs_K.device),
+            old_logprobs_K=targets.old_logprobs_K.to(logprobs_K.device),
+            weight_K=targets.weight_K.to(logprobs_K.device),
+            advantage_K=targets.advantage_K.to(logprobs_K.device),
+        )
     loss, stats = policy_loss(logprobs_K, targets, config)
     loss.backward()  # type: ignore[no-untyped-call]
     grad_P = torch.cat(

@@ -5,6 +5,13 @@ main agent's context). Packed, every distinct (prefix, token) becomes one node; 
 to its ancestors and itself only, and its position id is its depth, so each branch sees exactly
 the sequence it would see alone while the shared prefix is computed once.
 
+`plan_tree_attention` describes that ancestor relation without an N x N mask: nodes created one
+after another along a chain form a *run*; a run's queries see, in full, the ranges of nodes its
+first node descends from, and their own run causally. Runs are cut into chunks of at most
+`chunk_tokens` queries, so a long chain is never one block. The plan's size grows with the
+number of forks, not with the square of the tokens. `tree_attention_mask` (dense) stays as the
+reference the tests compare the plan with.
+
 Legend: N packed nodes, S samples, T tokens of one sample.
 """
 
@@ -70,8 +77,57 @@ def pack_sequences(sequences: Sequence[Sequence[int]]) -> PackedTree:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionChunk:
+    """Queries [start, stop): consecutive nodes of one chain, each the parent of the next."""
+
+    start: int
+    stop: int
+    visible: tuple[tuple[int, int], ...]
+    """Node ranges [a, b) every query of the chunk sees in full: its ancestors before `start`.
+
+    The chunk's own nodes [start, stop) are seen causally (query start+i sees start..start+i).
+    """
+
+
+def plan_tree_attention(parent: Sequence[int], *, chunk_tokens: int) -> tuple[AttentionChunk, ...]:
+    """Chunks of queries and the node ranges they attend to, the tree's attention without a mask.
+
+    Example:
+        parent (-1, 0, 1, 2, 2, 4, 1) (runs [0,4), [4,6) below node 2, [6,7) below node 1),
+        chunk_tokens=2 -> (0,2: -), (2,4: [0,2)), (4,6: [0,3)), (6,7: [0,2))
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    run_of: list[int] = []
+    run_start: list[int] = []
+    ancestors: list[tuple[tuple[int, int], ...]] = []
+    """Per run: the node ranges above its first node."""
+    for i, p in enumerate(parent):
+        if p >= i:
+            raise ValueError(f"node {i} has parent {p}: a parent must come before its children")
+        if i == 0 or p != i - 1:
+            if p < 0:
+                above: tuple[tuple[int, int], ...] = ()
+            else:
+                r = run_of[p]
+                above = (*ancestors[r], (run_start[r], p + 1))
+            run_start.append(i)
+            ancestors.append(above)
+        run_of.append(len(run_start) - 1)
+    chunks: list[AttentionChunk] = []
+    run_stop = [*run_start[1:], len(parent)]
+    for r, (start, stop) in enumerate(zip(run_start, run_stop, strict=True)):
+        for a in range(start, stop, chunk_tokens):
+            own = ((start, a),) if a > start else ()
+            chunks.append(
+                AttentionChunk(start=a, stop=min(a + chunk_tokens, stop), visible=(*ancestors[r], *own))
+            )
+    return tuple(chunks)
+
+
 def tree_attention_mask(tree: PackedTree) -> torch.Tensor:
-    """Boolean [N, N] mask: row i is true on i's ancestors and on i itself.
+    """Boolean [N, N] mask: row i is true on i's ancestors and on i itself (quadratic: tests only).
 
     Example:
         parent (-1, 0, 0) -> [[T, F, F], [T, T, F], [T, F, T]]
@@ -83,17 +139,3 @@ def tree_attention_mask(tree: PackedTree) -> torch.Tensor:
             mask_NN[i] = mask_NN[p]  # parents come first, so row p is complete
         mask_NN[i, i] = True
     return mask_NN
-
-
-def target_index(tree: PackedTree) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every (sample, t >= 1) in sample order: the node whose logits predict token t, and token t.
-
-    Flattening the result per sample gives the same order as `flat_target_index`, so losses
-    computed either way line up token for token.
-    """
-    from_node: list[int] = []
-    target: list[int] = []
-    for path in tree.node_of:
-        from_node.extend(path[:-1])
-        target.extend(tree.token_ids[n] for n in path[1:])
-    return torch.tensor(from_node, dtype=torch.long), torch.tensor(target, dtype=torch.long)

@@ -1,9 +1,9 @@
 """The policy model: loading it, and logprobs of sample tokens, flat or tree-packed (torch).
 
 `flat_logprobs` runs every sample as its own row of a right-padded batch (the baseline);
-`packed_logprobs` runs one packed tree per call with a 4-D boolean attention mask and per-node
-position ids (see `packing`). Both return the logprob of tokens 1..T-1 of every sample in sample
-order (the K order of `loss`), so the same loss applies to either.
+`packed_logprobs` runs one packed tree per call, its attention following the tree in chunks with
+per-node position ids and no N x N mask (see `packing`, `tree_forward`). Both return the logprob
+of tokens 1..T-1 of every sample in sample order (the K order of `loss`), so the same loss applies to either.
 
 Legend: B rows, T padded length, N packed nodes, V vocabulary, K predicted tokens.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
-from services.trainer.packing import pack_sequences, target_index, tree_attention_mask
+from services.trainer.packing import pack_sequences
+from services.trainer.tree_forward import TreePackingConfig, tree_logprobs
 
 # SDPA reads a boolean mask as "may attend"; eager attention would add it as 0/1 to the scores.
 ATTENTION = "sdpa"
@@ -67,19 +68,32 @@ def flat_logprobs(model: PreTrainedModel, sequences: Sequence[Sequence[int]]) ->
     for b, seq in enumerate(sequences):
         ids_BT[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask_BT[b, : len(seq)] = 1
-    logits_BTV = model(input_ids=ids_BT, attention_mask=mask_BT).logits
+    logits_BTV = model(input_ids=ids_BT.to(model.device), attention_mask=mask_BT.to(model.device)).logits
     rows = torch.cat([torch.full((len(s) - 1,), b, dtype=torch.long) for b, s in enumerate(sequences)])
     cols = torch.cat([torch.arange(len(s) - 1) for s in sequences])
     targets_K = torch.cat([torch.tensor(s[1:], dtype=torch.long) for s in sequences])
-    return _gather_logprobs(logits_BTV[rows, cols], targets_K)
+    return _gather_logprobs(
+        logits_BTV[rows.to(model.device), cols.to(model.device)], targets_K.to(model.device)
+    )
 
 
-def packed_logprobs(model: PreTrainedModel, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+def separate_logprobs(model: PreTrainedModel, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Each sequence run on its own, no padding and no mask (causal SDPA): the unpacked reference.
+
+    Memory stays linear in a sequence's length, so long trajectories fit where a padded batch would not.
+    """
+    pieces = []
+    for seq in sequences:
+        ids_1T = torch.tensor(seq, dtype=torch.long, device=model.device)[None]
+        logits_1TV = model(input_ids=ids_1T).logits
+        pieces.append(_gather_logprobs(logits_1TV[0, :-1], ids_1T[0, 1:]))
+    return torch.cat(pieces)
+
+
+def packed_logprobs(
+    model: PreTrainedModel,
+    sequences: Sequence[Sequence[int]],
+    config: TreePackingConfig | None = None,
+) -> torch.Tensor:
     """All sequences in one packed tree: each shared prefix is computed once."""
-    tree = pack_sequences(sequences)
-    mask_11NN = tree_attention_mask(tree)[None, None]
-    ids_1N = torch.tensor(tree.token_ids, dtype=torch.long)[None]
-    pos_1N = torch.tensor(tree.position_ids, dtype=torch.long)[None]
-    logits_1NV = model(input_ids=ids_1N, attention_mask=mask_11NN, position_ids=pos_1N).logits
-    from_node_K, targets_K = target_index(tree)
-    return _gather_logprobs(logits_1NV[0, from_node_K], targets_K)
+    return tree_logprobs(model, pack_sequences(sequences), config or TreePackingConfig())

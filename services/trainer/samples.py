@@ -68,6 +68,21 @@ def validate_sample(sample: Sample, *, field: str = "sample") -> Sample:
     return sample
 
 
+def check_context(samples: Sequence[Sample], *, max_context_tokens: int) -> None:
+    """Refuse a sample deeper than the model's context: its positions have no embedding to train.
+
+    Example:
+        a trajectory of 5000 tokens, context 4096 -> InvalidArgument naming it, 5000 and 4096
+    """
+    for i, s in enumerate(samples):
+        if len(s.token_ids) > max_context_tokens:
+            raise InvalidArgument(
+                f"samples[{i}].token_ids",
+                f"trajectory {s.trajectory_id} is {len(s.token_ids)} tokens deep, "
+                f"past the model's context of {max_context_tokens}",
+            )
+
+
 class StalenessAction(enum.StrEnum):
     """What a step does with a sample older than the bound (never nothing, never silently)."""
 

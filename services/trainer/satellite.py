@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--rendezvous", help="tcp://host:port of the core's store (already admitted)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--timeout-s", type=float, default=120.0)
+    parser.add_argument(
+        "--device", default="cpu", help="torch device: cpu, cuda, cuda:1 (NCCL groups on CUDA)"
+    )
     ns = parser.parse_args(argv)
     torch.set_num_threads(ns.threads)
     rendezvous = ns.rendezvous
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"satellite {ns.cell_id}: not admitted: {answer.reason}", file=sys.stderr)
             return 2
         rendezvous = answer.rendezvous_uri
-    computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s)
+    computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
     print(f"satellite {ns.cell_id}: released after {computed} microbatches", file=sys.stderr)
     return 0
 

@@ -115,7 +115,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 dp_rank=ticket.dp_rank,
                 dp_world_size=ticket.dp_world_size,
                 rendezvous_uri=self.cell.core.rendezvous_uri,
-                backend="gloo",
+                backend=self.cell.core.backend,
                 weights_uri=self.cell.weights_uri,
             )
             event = events_pb2.SatelliteJoined(

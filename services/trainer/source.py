@@ -1,4 +1,9 @@
-"""Samples of ready groups, replayed by the trajectory service over `StreamSamples` (shell)."""
+"""Samples of ready groups, replayed by the trajectory service over `StreamSamples` (shell).
+
+The trainer asks for the packed form (`SAMPLE_ENCODING_PACKED`: arrays, versioned, checksummed)
+and decodes every message before it returns: a damaged or unknown payload raises
+PackedSamplesInvalid for the whole fetch, so no step starts on part of its groups.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ from collections.abc import Sequence
 import grpc
 
 from gyre.errors import Unavailable
+from gyre.rpc import MAX_MESSAGE_BYTES
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from services.trainer.sample_arrays import PackedSamplesInvalid, decode_samples
 from services.trainer.samples import Sample
 
 
@@ -26,23 +33,41 @@ def sample_from_proto(s: trajectory_pb2.Sample) -> Sample:
     )
 
 
+def samples_from_response(r: trajectory_pb2.StreamSamplesResponse, *, index: int) -> tuple[Sample, ...]:
+    """The samples of one response, in either encoding; `index` is the first one's place in the stream."""
+    which = r.WhichOneof("payload")
+    if which == "packed":
+        return decode_samples(r.packed, field=f"responses[samples {index}..].packed")
+    if which == "sample":
+        return (sample_from_proto(r.sample),)
+    raise PackedSamplesInvalid(f"responses[samples {index}..]", "carries neither a sample nor packed samples")
+
+
 class TrajectorySamples:
     """Streams the samples of whole groups; weights are computed over exactly these groups."""
 
     def __init__(self, address: str, *, j_max: int, timeout_s: float = 120.0) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
         self.stub = trajectory_pb2_grpc.TrajectoryServiceStub(self.channel)
         self.j_max = j_max
         self.timeout_s = timeout_s
 
     async def fetch(self, task_ids: Sequence[str]) -> list[Sample]:
         """Every sample of the groups; their executions without calls made none and yield nothing."""
-        request = trajectory_pb2.StreamSamplesRequest(task_ids=list(task_ids), j_max=self.j_max)
+        request = trajectory_pb2.StreamSamplesRequest(
+            task_ids=list(task_ids), j_max=self.j_max, encoding=trajectory_pb2.SAMPLE_ENCODING_PACKED
+        )
+        samples: list[Sample] = []
         try:
-            return [
-                sample_from_proto(r.sample)
-                async for r in self.stub.StreamSamples(request, timeout=self.timeout_s)
-            ]
+            async for r in self.stub.StreamSamples(request, timeout=self.timeout_s):
+                samples.extend(samples_from_response(r, index=len(samples)))
+            return samples
         except grpc.aio.AioRpcError as exc:
             raise Unavailable(f"trajectory StreamSamples failed: {exc.code().name}: {exc.details()}") from exc
 

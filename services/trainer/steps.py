@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from services.trainer.dp import DataParallelCore
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
-from services.trainer.samples import Sample, StalenessAction, admit, validate_sample
+from services.trainer.samples import Sample, StalenessAction, admit, check_context, validate_sample
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +78,9 @@ class PolicyTrainer:
         started = time.perf_counter()
         for i, s in enumerate(samples):
             validate_sample(s, field=f"samples[{i}]")
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context:
+            check_context(samples, max_context_tokens=int(context))
         admission = admit(
             samples,
             trainer_version=self.version,

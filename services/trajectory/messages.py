@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
 from datetime import UTC
 
 import numpy as np
@@ -115,6 +116,64 @@ def sample_to_proto(s: Sample) -> trajectory_pb2.Sample:
         advantage=s.advantage,
         task_id=s.task_id,
         has_reward=s.has_reward,
+    )
+
+
+PACKED_FORMAT_VERSION = 1
+PACKED_MAX_TOKENS = 262_144
+"""Tokens per `PackedSamples` message (21 bytes each): well under the 64 MiB gRPC limit."""
+
+
+def samples_to_packed(
+    samples: Sequence[Sample], *, max_tokens: int = PACKED_MAX_TOKENS
+) -> Iterator[trajectory_pb2.PackedSamples]:
+    """Whole samples grouped into `PackedSamples` (format 1) of at most `max_tokens` tokens each.
+
+    A sample longer than `max_tokens` travels alone. The arrays are little-endian; `crc32` covers
+    them in field order, so a reader can refuse a damaged payload.
+
+    Example:
+        samples of 100, 200 and 50 tokens, max_tokens=250 -> messages (100,) and (200, 50)
+    """
+    batch: list[Sample] = []
+    tokens = 0
+    for s in samples:
+        if batch and tokens + len(s.token_ids) > max_tokens:
+            yield _packed(batch)
+            batch, tokens = [], 0
+        batch.append(s)
+        tokens += len(s.token_ids)
+    if batch:
+        yield _packed(batch)
+
+
+def _packed(samples: Sequence[Sample]) -> trajectory_pb2.PackedSamples:
+    arrays = [
+        np.concatenate([s.token_ids for s in samples]).astype("<i4").tobytes(),
+        np.concatenate([s.loss_mask for s in samples]).astype("u1").tobytes(),
+        np.concatenate([s.token_weight for s in samples]).astype("<f4").tobytes(),
+        np.concatenate([s.old_logprobs for s in samples]).astype("<f4").tobytes(),
+        np.concatenate([s.policy_versions for s in samples]).astype("<i8").tobytes(),
+    ]
+    crc = 0
+    for data in arrays:
+        crc = zlib.crc32(data, crc)
+    return trajectory_pb2.PackedSamples(
+        format_version=PACKED_FORMAT_VERSION,
+        execution_ids=[s.execution_id for s in samples],
+        trajectory_ids=[s.trajectory_id for s in samples],
+        agent_roles=[s.agent_role for s in samples],
+        task_ids=[s.task_id for s in samples],
+        num_tokens=[len(s.token_ids) for s in samples],
+        rewards=[s.reward for s in samples],
+        advantages=[s.advantage for s in samples],
+        has_rewards=[s.has_reward for s in samples],
+        token_ids=arrays[0],
+        loss_mask=arrays[1],
+        token_weight=arrays[2],
+        old_logprobs=arrays[3],
+        policy_versions=arrays[4],
+        crc32=crc,
     )
 
 

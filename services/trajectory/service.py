@@ -13,7 +13,7 @@ from gyre.rpc import Context
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trajectory import repo
 from services.trajectory.call_log import CallLog, from_row, raw_connection
-from services.trajectory.messages import record_to_proto, sample_to_proto, tree_to_proto
+from services.trajectory.messages import record_to_proto, sample_to_proto, samples_to_packed, tree_to_proto
 from services.trajectory.projection import call_tokens
 from services.trajectory.records import CallRecord
 from services.trajectory.replay import load_samples, load_trees
@@ -122,5 +122,9 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
                 estimator=estimator,
                 skip_without_calls=request.skip_executions_without_calls,
             )
+        if request.encoding == trajectory_pb2.SAMPLE_ENCODING_PACKED:
+            for packed in samples_to_packed(samples):
+                yield trajectory_pb2.StreamSamplesResponse(packed=packed)
+            return
         for sample in samples:
             yield trajectory_pb2.StreamSamplesResponse(sample=sample_to_proto(sample))

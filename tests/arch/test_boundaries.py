@@ -41,11 +41,6 @@ IO_LIBRARIES = frozenset(
     }
 )
 PURE_MARK = re.compile(r"\(pure\b")
-KNOWN_TOO_LONG = {
-    "services/trainer/dp.py": "issue 14 splits it into membership, gradient protocol and satellite",
-    "bench/sandbox.py": "issue 16 splits it as the escape corpus grows",
-}
-"""Files over the limit that an open issue splits; an entry that no longer applies fails below."""
 
 
 def _generated(path: Path) -> bool:
@@ -128,18 +123,6 @@ def test_pure_modules_import_no_io_library() -> None:
 @pytest.mark.parametrize("root", ["gyre", "gyre_app", "services", "tests", "bench"])
 def test_no_hand_written_file_passes_500_lines(root: str) -> None:
     too_long = {
-        _rel(p): n
-        for p in _python_files(ROOT / root)
-        if (n := len(p.read_text().splitlines())) > MAX_LINES and _rel(p) not in KNOWN_TOO_LONG
+        _rel(p): n for p in _python_files(ROOT / root) if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert too_long == {}
-
-
-def test_known_long_files_are_still_long() -> None:
-    """Keeps the list of exceptions honest: a file split below the limit leaves the list."""
-    stale = [
-        name
-        for name in KNOWN_TOO_LONG
-        if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MAX_LINES
-    ]
-    assert stale == []

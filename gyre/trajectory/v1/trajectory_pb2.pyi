@@ -45,6 +45,30 @@ ADVANTAGE_ESTIMATOR_MEAN_CENTERED: AdvantageEstimator.ValueType  # 2
 """reward - group mean, unscaled (Dr. GRPO: no bias towards low-variance groups)."""
 Global___AdvantageEstimator: _TypeAlias = AdvantageEstimator  # noqa: Y015
 
+class _SampleEncoding:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SampleEncodingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SampleEncoding.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SAMPLE_ENCODING_UNSPECIFIED: _SampleEncoding.ValueType  # 0
+    """Unset: one `Sample` message per response."""
+    SAMPLE_ENCODING_MESSAGES: _SampleEncoding.ValueType  # 1
+    """One `Sample` message per response (explicitly)."""
+    SAMPLE_ENCODING_PACKED: _SampleEncoding.ValueType  # 2
+    """Whole samples grouped into `PackedSamples`, each per-token field one little-endian array."""
+
+class SampleEncoding(_SampleEncoding, metaclass=_SampleEncodingEnumTypeWrapper):
+    """SampleEncoding chooses the form of `StreamSamplesResponse`."""
+
+SAMPLE_ENCODING_UNSPECIFIED: SampleEncoding.ValueType  # 0
+"""Unset: one `Sample` message per response."""
+SAMPLE_ENCODING_MESSAGES: SampleEncoding.ValueType  # 1
+"""One `Sample` message per response (explicitly)."""
+SAMPLE_ENCODING_PACKED: SampleEncoding.ValueType  # 2
+"""Whole samples grouped into `PackedSamples`, each per-token field one little-endian array."""
+Global___SampleEncoding: _TypeAlias = SampleEncoding  # noqa: Y015
+
 @_typing.final
 class GroupExecution(_message.Message):
     """GroupExecution is one execution of a group with what is known of its outcome."""
@@ -449,6 +473,7 @@ class StreamSamplesRequest(_message.Message):
     ROLE_RANK_FIELD_NUMBER: _builtins.int
     ADVANTAGE_ESTIMATOR_FIELD_NUMBER: _builtins.int
     SKIP_EXECUTIONS_WITHOUT_CALLS_FIELD_NUMBER: _builtins.int
+    ENCODING_FIELD_NUMBER: _builtins.int
     j_max: _builtins.int
     """Most trajectories per execution; 0 means the default, 5."""
     advantage_estimator: Global___AdvantageEstimator.ValueType
@@ -460,6 +485,8 @@ class StreamSamplesRequest(_message.Message):
     false (default) answers NOT_FOUND for one with no recorded call (its calls may still be on
     their way); true skips it the same way.
     """
+    encoding: Global___SampleEncoding.ValueType
+    """How samples travel back: one `Sample` message each (default) or `PackedSamples` arrays."""
     @_builtins.property
     def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Executions to replay, in this order."""
@@ -483,10 +510,11 @@ class StreamSamplesRequest(_message.Message):
         role_rank: _abc.Iterable[_builtins.str] | None = ...,
         advantage_estimator: Global___AdvantageEstimator.ValueType = ...,
         skip_executions_without_calls: _builtins.bool = ...,
+        encoding: Global___SampleEncoding.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_estimator", b"advantage_estimator", "execution_ids", b"execution_ids", "j_max", b"j_max", "role_rank", b"role_rank", "skip_executions_without_calls", b"skip_executions_without_calls", "task_ids", b"task_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantage_estimator", b"advantage_estimator", "encoding", b"encoding", "execution_ids", b"execution_ids", "j_max", b"j_max", "role_rank", b"role_rank", "skip_executions_without_calls", b"skip_executions_without_calls", "task_ids", b"task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,25 +601,131 @@ class Sample(_message.Message):
 Global___Sample: _TypeAlias = Sample  # noqa: Y015
 
 @_typing.final
+class PackedSamples(_message.Message):
+    """PackedSamples carries whole samples as arrays: the per-token fields of every sample are
+    concatenated in sample order into one little-endian array per field, cut by `num_tokens`.
+    Format version 1. Readers refuse another version, arrays whose byte sizes disagree with
+    `num_tokens`, and a `crc32` that does not match.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_VERSION_FIELD_NUMBER: _builtins.int
+    EXECUTION_IDS_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_IDS_FIELD_NUMBER: _builtins.int
+    AGENT_ROLES_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    NUM_TOKENS_FIELD_NUMBER: _builtins.int
+    REWARDS_FIELD_NUMBER: _builtins.int
+    ADVANTAGES_FIELD_NUMBER: _builtins.int
+    HAS_REWARDS_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LOSS_MASK_FIELD_NUMBER: _builtins.int
+    TOKEN_WEIGHT_FIELD_NUMBER: _builtins.int
+    OLD_LOGPROBS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSIONS_FIELD_NUMBER: _builtins.int
+    CRC32_FIELD_NUMBER: _builtins.int
+    format_version: _builtins.int
+    """Layout version of the arrays below; 1 is described here."""
+    token_ids: _builtins.bytes
+    """int32 token ids."""
+    loss_mask: _builtins.bytes
+    """uint8 0/1 loss mask."""
+    token_weight: _builtins.bytes
+    """float32 token weights."""
+    old_logprobs: _builtins.bytes
+    """float32 sampling log-probabilities."""
+    policy_versions: _builtins.bytes
+    """int64 policy versions."""
+    crc32: _builtins.int
+    """CRC-32 (zlib) of token_ids, loss_mask, token_weight, old_logprobs and policy_versions, in that order."""
+    @_builtins.property
+    def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Per sample: the execution."""
+
+    @_builtins.property
+    def trajectory_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Per sample: the trajectory."""
+
+    @_builtins.property
+    def agent_roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Per sample: `main`, `sub` or `summary`."""
+
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Per sample: its task (empty when unknown)."""
+
+    @_builtins.property
+    def num_tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Per sample: the number of tokens T_i; every array below holds sum(T_i) entries."""
+
+    @_builtins.property
+    def rewards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Per sample: the execution's reward."""
+
+    @_builtins.property
+    def advantages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Per sample: the execution's advantage."""
+
+    @_builtins.property
+    def has_rewards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """Per sample: whether the execution has a reward."""
+
+    def __init__(
+        self,
+        *,
+        format_version: _builtins.int = ...,
+        execution_ids: _abc.Iterable[_builtins.str] | None = ...,
+        trajectory_ids: _abc.Iterable[_builtins.str] | None = ...,
+        agent_roles: _abc.Iterable[_builtins.str] | None = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        num_tokens: _abc.Iterable[_builtins.int] | None = ...,
+        rewards: _abc.Iterable[_builtins.float] | None = ...,
+        advantages: _abc.Iterable[_builtins.float] | None = ...,
+        has_rewards: _abc.Iterable[_builtins.bool] | None = ...,
+        token_ids: _builtins.bytes = ...,
+        loss_mask: _builtins.bytes = ...,
+        token_weight: _builtins.bytes = ...,
+        old_logprobs: _builtins.bytes = ...,
+        policy_versions: _builtins.bytes = ...,
+        crc32: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advantages", b"advantages", "agent_roles", b"agent_roles", "crc32", b"crc32", "execution_ids", b"execution_ids", "format_version", b"format_version", "has_rewards", b"has_rewards", "loss_mask", b"loss_mask", "num_tokens", b"num_tokens", "old_logprobs", b"old_logprobs", "policy_versions", b"policy_versions", "rewards", b"rewards", "task_ids", b"task_ids", "token_ids", b"token_ids", "token_weight", b"token_weight", "trajectory_ids", b"trajectory_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackedSamples: _TypeAlias = PackedSamples  # noqa: Y015
+
+@_typing.final
 class StreamSamplesResponse(_message.Message):
-    """StreamSamplesResponse carries one sample."""
+    """StreamSamplesResponse carries one sample, or a group of whole samples as arrays."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     SAMPLE_FIELD_NUMBER: _builtins.int
+    PACKED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def sample(self) -> Global___Sample:
-        """The sample."""
+        """One sample (SAMPLE_ENCODING_MESSAGES)."""
+
+    @_builtins.property
+    def packed(self) -> Global___PackedSamples:
+        """Whole samples as arrays (SAMPLE_ENCODING_PACKED)."""
 
     def __init__(
         self,
         *,
         sample: Global___Sample | None = ...,
+        packed: Global___PackedSamples | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sample", b"sample"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed", "payload", b"payload", "sample", b"sample"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sample", b"sample"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["packed", b"packed", "payload", b"payload", "sample", b"sample"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["sample", "packed"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
 Global___StreamSamplesResponse: _TypeAlias = StreamSamplesResponse  # noqa: Y015

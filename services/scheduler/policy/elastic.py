@@ -10,6 +10,10 @@ Each decision:
    switch round trip, every satellite may roll out.
    Cells the queue will need at the next update are kept, unless that update is further off
    than a switch in plus a round trip (`next_release_s`): then they train meanwhile.
+   **End game** (`in_end_game`): once the queue may release everything left and an execution
+   lasts longer than the remaining updates and round trips, the remaining executions are the
+   run's critical path: the pool is sized by demand alone, pulling satellites back from
+   training if they need them (training, divisible, takes every cell once they end).
 3. **Switch.** Surplus rollout cells are drained (their requests migrate to the fullest cells with
    room, `migration.plan_drain`) and join the running step at its next microbatch boundary.
    A shortfall pulls training satellites back to rollout at their next microbatch boundary.
@@ -17,9 +21,9 @@ Each decision:
 4. **Admit** as many groups as the staleness bound allows and the kept cells' free slots can
    start (`staleness.groups_to_admit`: every free slot gets an execution, at most G - 1 wait).
 
-The same function with `streaming=False` is the ablation's "elastic without streaming", with
-`batch_sync=True` burst mode, and with `standalone_rollout_cells=A, core_cell=False` the
-ablation's "Colocate + standalone rollout cells" (A cells always roll out, the others colocate).
+The same function with `streaming=False` is the ablation's "elastic without streaming", and with
+`batch_sync=True` burst mode. (The ablation's "Colocate + standalone rollout cells" is
+`colocate.decide` with `standalone_rollout_cells`, not this policy without a core cell.)
 
 Worked example (8 cells, 4 slots, G=4, B=2, K=2; a group costs 16 rollout cell-s and 8 training
 cell-s, no overhead): the balanced split is 5.33 rollout cells, so 5 to 6 of the 7 satellites.
@@ -49,6 +53,8 @@ class ElasticKnobs:
     core_cell: bool = True  # one cell holds the optimizer and never leaves training
     # Rollout cells kept while training has work; None: the balanced split.
     standalone_rollout_cells: int | None = None
+    # Once the queue may release everything left, size the rollout pool by demand alone.
+    end_game: bool = True
 
 
 GYRE = ElasticKnobs()
@@ -101,6 +107,23 @@ def next_release_s(view: ClusterView, config: PolicyConfig) -> float:
     return cell_s / max(1, view.training_cells) + config.step_overhead_s
 
 
+def in_end_game(view: ClusterView, config: PolicyConfig, *, admissible: int) -> bool:
+    """The queue may release everything left, and an execution lasts longer than the updates
+    and switch round trips of the steps left: then the remaining executions are the run's
+    critical path (no later rollout needs pacing with training, and training, divisible, takes
+    every cell once they end), so every satellite they can use should roll out. With short
+    executions, pulling cells out of training costs more than starting executions sooner saves.
+
+    Example: mean execution 2,700 s, 3 steps left, 120 s updates, 12 s round trip ->
+    2,700 > 3 * 132: end game. Mean execution 32 s, 10 s updates: 32 < 3 * 22: not.
+    """
+    if view.queued_groups > admissible or view.rollout_cell_s_per_group is None:
+        return False
+    mean_s = view.rollout_cell_s_per_group * config.slots_per_cell / config.group_size
+    steps_left = config.total_groups // config.groups_per_step - view.version
+    return mean_s > steps_left * (config.step_overhead_s + config.round_trip_s)
+
+
 def decide(view: ClusterView, config: PolicyConfig, knobs: ElasticKnobs = GYRE) -> Decision:
     assign = assign_ready(view, config, streaming=knobs.streaming)
     has_work = view.step_untrained_tokens + assigned_tokens(view, assign) > 0
@@ -136,6 +159,8 @@ def decide(view: ClusterView, config: PolicyConfig, knobs: ElasticKnobs = GYRE) 
                 overhead_s=config.step_overhead_s,
             )
             low, high = math.floor(split), math.ceil(split)
+    if knobs.end_game and in_end_game(view, config, admissible=admissible):
+        low = high = float(most)
     # A pool that cannot hold one group never admits again: with nothing running, no event
     # would ever wake the policy to grow it (small cells, large groups).
     one_group = math.ceil(config.group_size / slots) if admissible else 0

@@ -65,7 +65,10 @@ class ClusterView:
     running_groups: tuple[tuple[int, int], ...]
     ready: tuple[ReadyGroup, ...]  # ready and not yet assigned to a step, in readiness order
     step_groups: int  # groups assigned to the running step
-    step_untrained_tokens: int  # tokens of those groups not yet trained
+    # Tokens of those groups whose training has not finished: a microbatch round's tokens count
+    # until the round ends (not only until it starts), so during a step's last round a policy
+    # still sees training work and keeps the cells that do it.
+    step_untrained_tokens: int
     in_overhead: bool  # the optimizer update and weight publication of the step is running
     training_starved_since_s: float | None  # when training last ran out of work; None if it has some
     # Observed from finished groups (None before the first): cell-seconds one group costs.

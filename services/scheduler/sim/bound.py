@@ -47,7 +47,11 @@ cell-seconds, w_g = group g's training cell-seconds.
   (any grouping's k largest steps hold at most the k*B largest groups). The term is the largest
   of these bounds over a grid of lam (each lam alone is a valid bound).
 
-lower_bound_s is the largest of the five. What it still leaves out, so what no schedule can
+- **fifo_chain** (`chain_bound.py`, proved there): the staleness chain again, using that the
+  task queue is first in, first out, so the groups admitted at one version are a contiguous run
+  of the queue; minimised over admission sequences by dynamic programming.
+
+lower_bound_s is the largest of the six. What it still leaves out, so what no schedule can
 avoid but the bound does not charge: the non-clairvoyant rollout tail (the task queue is FIFO, but
 the bound may group groups as a clairvoyant schedule would), slot fragmentation (a group starts
 only when G slots are free), staleness waits beyond the chain, and migration pauses.
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import math
 
+from services.scheduler.sim.chain_bound import fifo_chain
 from services.scheduler.sim.workload import Executions, Workload
 
 LAMBDA_GRID = 200
@@ -122,6 +127,13 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
             overhead_s=w.step_overhead_s,
             first_ready_s=min(ready),
             rollout_to_training_s=w.rollout_to_training_s,
+        ),
+        "fifo_chain": fifo_chain(
+            costs=[d + t / c for d, t in zip(ready, group_training, strict=True)],
+            steps=w.steps,
+            groups_per_step=b,
+            max_staleness=w.max_staleness,
+            overhead_s=w.step_overhead_s,
         ),
     }
 

@@ -26,18 +26,23 @@ def build_parser() -> argparse.ArgumentParser:
 def _table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['workload']}: {report['cells']} cells, {report['steps']} steps, "
-        f"{report['executions']} executions; lower bound {report['lower_bound_s'] / 3600:.2f} h",
-        f"{'mode':16} {'wall h':>8} {'vs gyre':>8} {'rollout':>8} {'train':>8} {'idle':>8} {'switch':>8}"
-        f" {'stale':>6} {'switches':>9}",
+        f"{report['executions']} executions; lower bound {report['lower_bound_s'] / 3600:.2f} h"
+        f" ({report['binding_term']})",
+        f"{'mode':22} {'split':>5} {'wall h':>8} {'vs gyre':>8} {'rollout':>8} {'train':>8} {'idle':>8}"
+        f" {'switch':>8} {'sync':>8} {'stale':>6} {'switches':>9}",
     ]
     gyre = report["modes"]["gyre"]["wall_s"]
     for name, m in report["modes"].items():
+        split = str(m.get("rollout_cells", "-"))
         lines.append(
-            f"{name:16} {m['wall_h']:8.2f} {m['wall_s'] / gyre:8.2f} {m['rollout_busy']:8.3f}"
-            f" {m['training_busy']:8.3f} {m['idle']:8.3f} {m['switching']:8.3f}"
+            f"{name:22} {split:>5} {m['wall_h']:8.2f} {m['wall_s'] / gyre:8.2f} {m['rollout_busy']:8.3f}"
+            f" {m['training_busy']:8.3f} {m['idle']:8.3f} {m['switching']:8.3f} {m['sync']:8.3f}"
             f" {m['staleness_mean']:6.2f} {m['num_switches']:9d}"
         )
-    lines.append(f"gyre / lower bound = {report['gyre_over_lower_bound']:.3f}")
+    lines.append(
+        f"gyre / lower bound = {report['gyre_over_bound']:.3f}; gyre is"
+        f" {report['gyre_speedup_over_best_baseline']:.3f}x the best baseline ({report['best_baseline']})"
+    )
     return "\n".join(lines)
 
 

@@ -7,23 +7,29 @@ What is modelled, and how:
   group's executions start in admission order as slots free up (the group's staleness counts
   from its admission). New executions go to the fullest cell with room, so the emptiest cells are
   cheap to free.
-- **Migration.** Freeing a rollout cell moves its executions to other cells (`policy.migration`):
-  each moved execution pauses `migrate_s` (its KV cache travels) and the freed cell spends
-  `migrate_s` on the transfer before its `rollout_to_training_s` switch.
+- **Migration.** Freeing a rollout cell moves its executions to other cells (`policy.migration`)
+  with their KV cache: the context an execution has built so far (its tokens in proportion to the
+  time it has run, at most `max_context_tokens`) times `kv_bytes_per_token`. The moves out of one
+  cell share its link (`link_bytes_per_s`), so each of them pauses `migrate_s` plus all of that
+  cell's KV bytes over the link, and the freed cell spends as long on the transfer.
+- **Joining and leaving training.** A satellite's switch to training also pays the weight
+  broadcast (`replica_bytes` over its link). A training round whose members differ from the
+  previous round's first forms the data-parallel group anew (`group_setup_s`): cells joining or
+  leaving make the whole group pay.
 - **Training in microbatches.** A step trains the tokens of its groups in lockstep rounds of one
   microbatch per training cell (`microbatch_tokens`); the last round of available tokens is split
-  evenly. Cells join or leave a step only between rounds: a satellite that finishes switching
-  waits for the running round, and one told to leave finishes its microbatch first.
+  evenly. Every round with n > 1 members ends with a ring all-reduce of the gradients
+  (`Workload.allreduce_s(n)`: 2(n-1)/n of the gradient bytes over each link). Cells join or leave
+  a step only between rounds: a satellite that finishes switching waits for the running round,
+  and one told to leave finishes its microbatch first.
 - **Weight publication.** After a step's B groups are trained, the optimizer update and weight
-  publication take `step_overhead_s`; no training happens meanwhile (the next step needs the new
-  weights); rollout goes on. The version then increments.
+  publication take `step_overhead_s` on one training cell (an update always holds one: if every
+  cell was told to leave, one stays until it is published); no training happens meanwhile (the
+  next step needs the new weights); rollout goes on. The version then increments.
 - **Staleness.** Groups carry their admission version; the engine asserts the policy kept the
   bound.
 
-Cell-time accounting (shares of cells x wall time): rollout_busy = sum of execution durations /
-slots (a half-full rollout cell is half idle); training_busy = tokens / rate plus one cell per
-update; switching = switch and transfer time plus the slot-time of paused executions; idle = the
-rest.
+Cell-time accounting: `result.Result.shares`.
 """
 
 from __future__ import annotations
@@ -35,50 +41,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.scheduler.policy.migration import plan_drain
-from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig, ReadyGroup
+from services.scheduler.policy.state import ClusterView, Decision, ReadyGroup
+from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result, Segment
 from services.scheduler.sim.workload import Executions, Workload
 
-ROLLOUT, TRAINING, SWITCHING = "rollout", "training", "switching"
 Policy = Callable[[ClusterView], Decision]
 
 _EXEC_END, _SWITCH_END, _ROUND_END, _UPDATE_END = 0, 1, 2, 3
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Segment:
-    start_s: float
-    end_s: float
-    role: str
-
-
-@dataclass(slots=True, kw_only=True)
-class Result:
-    wall_s: float
-    num_cells: int
-    rollout_busy_s: float
-    training_busy_s: float
-    switching_s: float
-    num_switches: int
-    migrations: int
-    steps: int
-    executions: int
-    timeouts: int
-    staleness: list[int]  # one per consumed group
-    step_end_s: list[float]
-    timeline: list[list[Segment]]  # per cell, contiguous, in time order
-    # Only with trace=True: per execution (cell, start, end) hosting intervals; training rounds.
-    hosting: list[list[tuple[int, float, float]]] = field(default_factory=list)
-    rounds: list[tuple[float, float, tuple[int, ...]]] = field(default_factory=list)
-    trained_tokens: int = 0
-
-    def shares(self) -> dict[str, float]:
-        total = self.num_cells * self.wall_s
-        busy = {
-            "rollout_busy": self.rollout_busy_s / total,
-            "training_busy": self.training_busy_s / total,
-            "switching": self.switching_s / total,
-        }
-        return {**busy, "idle": 1.0 - sum(busy.values())}
 
 
 @dataclass(slots=True)
@@ -105,10 +74,9 @@ class Simulation:
     ) -> None:
         self.w, self.x, self.policy, self.trace = workload, executions, policy, trace
         self.core_cell = core_cell  # cell 0 holds the optimizer and never leaves training
-        self.config = policy_config(workload)
         self.slots = workload.executions_per_cell
         self.now = 0.0
-        self.heap: list[tuple[float, int, int, int]] = []
+        self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         n = workload.cells
         self.cells = [_Cell(TRAINING if i < initial_training else ROLLOUT) for i in range(n)]
@@ -124,6 +92,9 @@ class Simulation:
         # Executions and groups.
         g_count = workload.total_groups
         self.exec_end = [0.0] * workload.total_executions
+        self.exec_generation = [0] * workload.total_executions
+        self.exec_start = [0.0] * workload.total_executions
+        self.paused = [0.0] * workload.total_executions  # migration pauses, per execution
         self.exec_cell = [-1] * workload.total_executions
         self.group_left = [workload.group_size] * g_count
         self.group_version = [0] * g_count
@@ -140,11 +111,13 @@ class Simulation:
         self.pending_tokens = 0
         self.round_tokens = 0
         self.round_members: tuple[int, ...] = ()
+        self.group: tuple[int, ...] = ()  # the data-parallel group's members, as last formed
         self.in_round = False
         self.in_update = False
+        self.update_cell = -1  # the training cell running the step's update
         self.starved_since: float | None = 0.0
         # Accounting.
-        self.rollout_busy = self.training_busy = self.switching = 0.0
+        self.rollout_busy = self.training_busy = self.switching = self.sync = 0.0
         self.num_switches = self.migrations = self.trained_tokens = 0
         self.staleness: list[int] = []
         self.step_end: list[float] = []
@@ -155,9 +128,9 @@ class Simulation:
 
     # -- event plumbing -------------------------------------------------------------------------
 
-    def _at(self, time_s: float, kind: int, ref: int) -> None:
+    def _at(self, time_s: float, kind: int, ref: int, generation: int = 0) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (time_s, self.seq, kind, ref))
+        heapq.heappush(self.heap, (time_s, self.seq, kind, ref, generation))
 
     def run(self) -> Result:
         self._decide()
@@ -167,9 +140,9 @@ class Simulation:
             time_s = self.heap[0][0]
             self.now = time_s
             while self.heap and self.heap[0][0] == time_s:
-                _, _, kind, ref = heapq.heappop(self.heap)
+                _, _, kind, ref, generation = heapq.heappop(self.heap)
                 if kind == _EXEC_END:
-                    self._exec_end(ref, time_s)
+                    self._exec_end(ref, generation)
                 elif kind == _SWITCH_END:
                     self._switch_end(ref)
                 elif kind == _ROUND_END:
@@ -197,7 +170,7 @@ class Simulation:
             running_groups=tuple(sorted((v, n) for v, n in self.running_by_version.items() if n)),
             ready=tuple(self.ready),
             step_groups=self.step_groups,
-            step_untrained_tokens=self.pending_tokens,
+            step_untrained_tokens=self.pending_tokens + (self.round_tokens if self.in_round else 0),
             in_overhead=self.in_update,
             training_starved_since_s=self.starved_since,
             rollout_cell_s_per_group=(
@@ -245,6 +218,7 @@ class Simulation:
         while self.waiting and self.serving * self.slots > self.serving_running:
             e = self.waiting.popleft()
             self._host(e, self._fullest_with_room())
+            self.exec_start[e] = self.now
             self.exec_end[e] = self.now + self.x.duration_s[e]
             self._at(self.exec_end[e], _EXEC_END, e)
 
@@ -279,8 +253,10 @@ class Simulation:
             self.hosting[e][-1] = (host_cell, start, self.now)
         return cell
 
-    def _exec_end(self, e: int, time_s: float) -> None:
-        if self.exec_end[e] != time_s:
+    def _exec_end(self, e: int, generation: int) -> None:
+        # Each move reschedules the end with a new generation; comparing end times instead would
+        # let a zero-cost move leave two live end events for one execution.
+        if self.exec_generation[e] != generation:
             return  # superseded: the execution migrated and ends later
         self._unhost(e)
         self.rollout_busy += self.x.duration_s[e] / self.slots
@@ -306,20 +282,42 @@ class Simulation:
             return
         loads = {i: len(c.running) for i, c in enumerate(self.cells) if c.role == ROLLOUT}
         plan = plan_drain(loads=loads, slots_per_cell=self.slots, count=count)
+        moving: list[tuple[int, int, int]] = []  # (execution, source, target)
+        queues = {m.source: sorted(self.cells[m.source].running) for m in plan.moves}
         for move in plan.moves:
-            source = self.cells[move.source]
-            for e in sorted(source.running)[: move.executions]:
-                self._unhost(e)
-                self._host(e, move.target)
-                self.exec_end[e] += self.w.migrate_s
-                self._at(self.exec_end[e], _EXEC_END, e)
-                self.migrations += 1
-                self.switching += self.w.migrate_s / self.slots
-        moved_from = {m.source for m in plan.moves}
+            taken, queues[move.source] = (
+                queues[move.source][: move.executions],
+                queues[move.source][move.executions :],
+            )
+            moving.extend((e, move.source, move.target) for e in taken)
+        # The KV caches leaving one cell share its link: each of its moves pauses until all land.
+        transfer: dict[int, float] = {}
+        for e, source, _ in moving:
+            transfer[source] = (
+                transfer.get(source, self.w.migrate_s) + self._kv_bytes(e) / self.w.link_bytes_per_s
+            )
+        for e, source, target in moving:
+            self._unhost(e)
+            self._host(e, target)
+            self.exec_end[e] += transfer[source]
+            self.exec_generation[e] += 1
+            self._at(self.exec_end[e], _EXEC_END, e, self.exec_generation[e])
+            self.migrations += 1
+            self.switching += transfer[source] / self.slots
+            self.paused[e] += transfer[source]
         for cell in plan.freed:
             assert not self.cells[cell].running
-            transfer = self.w.migrate_s if cell in moved_from else 0.0
-            self._switch(cell, TRAINING, transfer + self.w.rollout_to_training_s)
+            # The freed cell sends its KV, switches, then receives the weights it trains with.
+            switch_s = transfer.get(cell, 0.0) + self.w.rollout_to_training_s + self.w.join_s
+            self._switch(cell, TRAINING, switch_s)
+
+    def _kv_bytes(self, e: int) -> float:
+        """KV cache of a running execution: its context so far (tokens in proportion to the time
+        it has run, up to `max_context_tokens`)."""
+        ran = self.now - self.exec_start[e] - self.paused[e]  # a pause under way counts as done: low
+        done = ran / self.x.duration_s[e]
+        context = min(float(self.w.max_context_tokens), self.x.tokens[e] * min(1.0, max(0.0, done)))
+        return context * self.w.kv_bytes_per_token
 
     def _release(self, count: int) -> None:
         core = 0 if self.core_cell else -1
@@ -327,7 +325,8 @@ class Simulation:
             (c for c in self.training if c != core and not self.cells[c].leaving), reverse=True
         )
         for cell in candidates[:count]:
-            if self.in_round and cell in self.round_members:
+            busy = self.in_round and cell in self.round_members
+            if busy or (self.in_update and cell == self.update_cell):
                 self.cells[cell].leaving = True
                 self.to_rollout += 1
             else:
@@ -393,7 +392,7 @@ class Simulation:
         if self.in_round or self.in_update:
             return
         if self.pending_tokens == 0:
-            if self.step_groups == self.w.groups_per_step:
+            if self._step_complete():
                 self._start_update()
             return
         members = tuple(sorted(c for c in self.training if not self.cells[c].leaving))
@@ -402,9 +401,14 @@ class Simulation:
         rate = self.w.tokens_per_s_per_cell
         tokens = min(self.pending_tokens, len(members) * self.w.microbatch_tokens)
         self.pending_tokens -= tokens
+        # A new membership forms its data-parallel group first; every round all-reduces.
+        setup = self.w.group_setup_s if members != self.group else 0.0
+        sync = setup + self.w.allreduce_s(len(members))
+        self.group = members
+        self.sync += sync * len(members)
         self.round_tokens, self.round_members, self.in_round = tokens, members, True
         self.starved_since = None
-        end = self.now + tokens / (len(members) * rate)
+        end = self.now + sync + tokens / (len(members) * rate)
         if self.trace:
             self.rounds.append((self.now, end, members))
         self._at(end, _ROUND_END, 0)
@@ -413,15 +417,31 @@ class Simulation:
         self.in_round = False
         self.training_busy += self.round_tokens / self.w.tokens_per_s_per_cell
         self.trained_tokens += self.round_tokens
+        # The step's update runs on a training cell: if every cell was told to leave during the
+        # step's last round, one of them stays until the update is published.
+        holder = self._update_holder() if self._step_complete() else None
         for cell in self.round_members:
-            if self.cells[cell].leaving:
+            if self.cells[cell].leaving and cell != holder:
                 self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
         self.round_members = ()
         self._maybe_start_round()
         if not self.in_round and not self.in_update:
             self.starved_since = self.now
 
+    def _step_complete(self) -> bool:
+        return self.pending_tokens == 0 and self.step_groups == self.w.groups_per_step
+
+    def _update_holder(self) -> int | None:
+        """The training cell that runs the update: one staying in training if any, else one told
+        to leave (it leaves when the update is published); None while no cell trains."""
+        staying = [c for c in self.training if not self.cells[c].leaving]
+        return min(staying or self.training, default=None)
+
     def _start_update(self) -> None:
+        holder = self._update_holder()
+        if holder is None:
+            return  # a cell switching in to train will start it
+        self.update_cell = holder
         self.in_update = True
         self.starved_since = None
         self.training_busy += self.w.step_overhead_s
@@ -429,6 +449,9 @@ class Simulation:
 
     def _update_end(self) -> None:
         self.in_update = False
+        holder, self.update_cell = self.update_cell, -1
+        if self.cells[holder].leaving:
+            self._switch(holder, ROLLOUT, self.w.training_to_rollout_s)
         self.version += 1
         self.step_groups = 0
         self.step_end.append(self.now)
@@ -447,6 +470,7 @@ class Simulation:
             rollout_busy_s=self.rollout_busy,
             training_busy_s=self.training_busy,
             switching_s=self.switching,
+            sync_s=self.sync,
             num_switches=self.num_switches,
             migrations=self.migrations,
             steps=self.version,
@@ -458,23 +482,9 @@ class Simulation:
             hosting=self.hosting,
             rounds=self.rounds,
             trained_tokens=self.trained_tokens,
+            paused_s=self.paused,
         )
 
     def _switch_remaining(self, cell: int) -> float:
-        ends = [t for t, _, kind, ref in self.heap if kind == _SWITCH_END and ref == cell]
+        ends = [t for t, _, kind, ref, _ in self.heap if kind == _SWITCH_END and ref == cell]
         return max(0.0, max(ends, default=self.now) - self.now)
-
-
-def policy_config(w: Workload) -> PolicyConfig:
-    return PolicyConfig(
-        num_cells=w.cells,
-        slots_per_cell=w.executions_per_cell,
-        groups_per_step=w.groups_per_step,
-        group_size=w.group_size,
-        max_staleness=w.max_staleness,
-        total_groups=w.total_groups,
-        step_overhead_s=w.step_overhead_s,
-        rollout_to_training_s=w.rollout_to_training_s,
-        training_to_rollout_s=w.training_to_rollout_s,
-        tokens_per_s_per_cell=w.tokens_per_s_per_cell,
-    )

@@ -3,15 +3,19 @@
 | mode | policy | cells at start |
 |---|---|---|
 | colocate | `colocate`: all cells alternate, training waits for the slowest rollout | all rollout |
-| async | `fixed_split` vanilla one-step-off, the workload's `async_rollout_cells` | split |
-| async_best | the same with the best split of a sweep over rollout cells | split |
-| async_streaming | `fixed_split` streaming, the workload's split | split |
+| async | `fixed_split` vanilla: slots refilled continuously, whole-batch steps | split |
+| async_streaming | `fixed_split` streaming: groups enter the running step as they are ready | split |
+| burst_fixed | `fixed_split` batch-synchronous: one burst of B groups at a time, whole-batch steps | split |
 | gyre | `elastic`: core cell trains, elastic satellites, streaming, migration | core trains |
 | burst | `burst`: elastic, one update per burst of B groups (no streaming) | core trains |
 
+Fixed-split modes run at the workload's `async_rollout_cells` and, as `<mode>_best` in the
+report, at the best split of a sweep (`best_split`); `burst_best` is the better of elastic burst
+and `burst_fixed` at its best split.
+
 Ablation variants (the paper's 12-step ablation): `async` (vanilla), `async_streaming`,
-`colocate_standalone` (A standalone rollout cells plus a colocated pool, migration, no streaming),
-`elastic_no_streaming`, and `gyre` (the full design).
+`colocate_standalone` (colocate plus A = `async_rollout_cells` standalone rollout cells that
+never train), `elastic_no_streaming`, and `gyre` (the full design).
 """
 
 from __future__ import annotations
@@ -23,10 +27,16 @@ from functools import partial
 from services.scheduler.policy import colocate, elastic, fixed_split
 from services.scheduler.policy.burst import BURST
 from services.scheduler.policy.elastic import ElasticKnobs
-from services.scheduler.sim.engine import Policy, Result, Simulation, policy_config
+from services.scheduler.policy.state import PolicyConfig
+from services.scheduler.sim.engine import Policy, Simulation
+from services.scheduler.sim.result import Result
 from services.scheduler.sim.workload import Executions, Workload
 
-MODES = ("colocate", "async", "async_best", "async_streaming", "gyre", "burst")
+MODES = ("colocate", "async", "async_streaming", "burst_fixed", "gyre", "burst")
+FIXED_SPLIT = ("async", "async_streaming", "burst_fixed")
+# What a report shows: every mode, plus each fixed-split mode at its best split (burst_best: the
+# better of elastic burst and burst_fixed at its best split).
+REPORTED = (*MODES, "async_best", "async_streaming_best", "burst_best")
 ABLATION = ("async", "async_streaming", "colocate_standalone", "elastic_no_streaming", "gyre")
 
 
@@ -35,6 +45,21 @@ class Setup:
     policy: Policy
     initial_training: int
     core_cell: bool
+
+
+def policy_config(w: Workload) -> PolicyConfig:
+    return PolicyConfig(
+        num_cells=w.cells,
+        slots_per_cell=w.executions_per_cell,
+        groups_per_step=w.groups_per_step,
+        group_size=w.group_size,
+        max_staleness=w.max_staleness,
+        total_groups=w.total_groups,
+        step_overhead_s=w.step_overhead_s,
+        rollout_to_training_s=w.rollout_to_training_s,
+        training_to_rollout_s=w.training_to_rollout_s,
+        tokens_per_s_per_cell=w.tokens_per_s_per_cell,
+    )
 
 
 def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:
@@ -53,6 +78,11 @@ def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:
             policy=partial(colocate.decide, config=config), initial_training=0, core_cell=False
         ),
         "async": lambda: Setup(
+            policy=partial(fixed_split.decide, config=config, streaming=False, batch_sync=False),
+            initial_training=split,
+            core_cell=True,
+        ),
+        "burst_fixed": lambda: Setup(
             policy=partial(fixed_split.decide, config=config, streaming=False, batch_sync=True),
             initial_training=split,
             core_cell=True,
@@ -65,8 +95,10 @@ def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:
         "gyre": lambda: elastic_mode(elastic.GYRE),
         "burst": lambda: elastic_mode(BURST),
         "elastic_no_streaming": lambda: elastic_mode(ElasticKnobs(streaming=False)),
-        "colocate_standalone": lambda: elastic_mode(
-            ElasticKnobs(streaming=False, core_cell=False, standalone_rollout_cells=w.async_rollout_cells)
+        "colocate_standalone": lambda: Setup(
+            policy=partial(colocate.decide, config=config, standalone_rollout_cells=w.cells - split),
+            initial_training=0,
+            core_cell=False,
         ),
     }
     if name not in builders:
@@ -90,8 +122,8 @@ def sweep_splits(cells: int, *, most: int = 24) -> Sequence[int]:
     return sorted({1 + round(i * step) for i in range(most)})
 
 
-def best_async(w: Workload, x: Executions) -> tuple[int, Result]:
-    """The fixed split with the shortest wall time (vanilla one-step-off Async)."""
+def best_split(mode: str, w: Workload, x: Executions) -> tuple[int, Result]:
+    """The fixed split (rollout cells) with the shortest wall time for a fixed-split mode."""
     feasible = [a for a in sweep_splits(w.cells) if a * w.executions_per_cell >= w.group_size]
-    runs = [(a, simulate("async", w, x, rollout_cells=a)) for a in feasible]
+    runs = [(a, simulate(mode, w, x, rollout_cells=a)) for a in feasible]
     return min(runs, key=lambda run: (run[1].wall_s, run[0]))

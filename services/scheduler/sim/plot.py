@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from services.scheduler.sim.engine import ROLLOUT, SWITCHING, TRAINING, Result
+from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result
 
 COLOURS = {ROLLOUT: "#4c9be8", TRAINING: "#f28e2b", SWITCHING: "#d62728"}
 

@@ -2,10 +2,21 @@
 reading the YAML file and recorded traces).
 
 Schema: ../shared/workloads/README.md (copied verbatim in bench/workloads/). Optional fields this
-simulator adds, with their defaults:
+simulator adds, with their defaults (the costs elasticity pays; where each default comes from is
+in the README's simulator section):
 
-    training.microbatch_tokens: 32768   # a satellite joins or leaves a step between microbatches
-    rollout.migrate_s: 5.0              # pause of one execution whose request (and KV) moves cell
+    training.microbatch_tokens: 32768      # a satellite joins or leaves a step between microbatches
+    training.group_setup_s: 2.0            # forming the data-parallel group anew when its members change
+    training.weight_bytes: <derived>       # bytes of one replica's weights (= its bf16 gradients);
+                                           # default 2 * CELL_FLOPS / (6 * tokens_per_s_per_cell)
+    rollout.migrate_s: 5.0                 # fixed pause of a moved execution (pause, hand-over, resume)
+    rollout.kv_bytes_per_token: 192512     # KV cache per context token that a move carries
+    rollout.max_context_tokens: 131072     # the most context (so KV) one execution holds
+    switch.link_bytes_per_s: 4.0e11        # one cell's network: KV moves, weight broadcast, all-reduce
+
+Times that must elapse for work to happen (durations, the timeout, the training rate) must be
+> 0; costs (switches, the update, migration, group set-up) may be 0. A `trace` must hold at least
+one record per execution of the run (it is replayed in order, not cycled).
 
 Every error names the field path, e.g. `execution.duration_s.sigma: must be a number >= 0, got 'x'`.
 Unknown keys are refused too, so a typo cannot silently fall back to a default.
@@ -27,11 +38,18 @@ from gyre.errors import InvalidArgument
 
 DEFAULT_MICROBATCH_TOKENS = 32768
 DEFAULT_MIGRATE_S = 5.0
+DEFAULT_GROUP_SETUP_S = 2.0
+DEFAULT_KV_BYTES_PER_TOKEN = 192_512  # 94 layers x 4 KV heads x 128 dims x (K, V) x 2 bytes
+DEFAULT_MAX_CONTEXT_TOKENS = 131_072
+DEFAULT_LINK_BYTES_PER_S = 4.0e11  # 8 GPUs per cell, one 400 Gb/s NIC each
+# Training throughput of one cell (8 GPUs x 989 TFLOP/s bf16 x 40 % MFU): with 6 FLOPs per
+# parameter and token it sizes the model, so its weights, when a workload does not say.
+CELL_FLOPS = 3.2e15
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dist:
-    """`lognormal` (median, sigma), `const` (value) or `trace` (values replayed in order, cycling)."""
+    """`lognormal` (median, sigma), `const` (value) or `trace` (values replayed in order)."""
 
     kind: str
     median: float = 0.0
@@ -43,7 +61,7 @@ class Dist:
         if self.kind == "const":
             return self.value
         if self.kind == "trace":
-            return self.values[index % len(self.values)]
+            return self.values[index]
         return math.exp(math.log(self.median) + self.sigma * rng.gauss(0.0, 1.0))
 
 
@@ -67,6 +85,30 @@ class Workload:
     training_to_rollout_s: float
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
     migrate_s: float = DEFAULT_MIGRATE_S
+    group_setup_s: float = DEFAULT_GROUP_SETUP_S
+    weight_bytes: float | None = None  # None: derived from the training rate (`replica_bytes`)
+    kv_bytes_per_token: float = DEFAULT_KV_BYTES_PER_TOKEN
+    max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
+    link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S
+
+    @property
+    def replica_bytes(self) -> float:
+        """Bytes of one training replica's weights, and of the gradients it all-reduces."""
+        if self.weight_bytes is not None:
+            return self.weight_bytes
+        return 2.0 * CELL_FLOPS / (6.0 * self.tokens_per_s_per_cell)
+
+    @property
+    def join_s(self) -> float:
+        """What a satellite pays on top of its switch to join training: the weight broadcast."""
+        return self.replica_bytes / self.link_bytes_per_s
+
+    def allreduce_s(self, replicas: int) -> float:
+        """One ring all-reduce of the gradients over `replicas` cells: 2 (n - 1) / n of them cross
+        each cell's link. Example: 1e12 bytes, 4e11 B/s, 4 replicas -> 1.5 * 2.5 = 3.75 s."""
+        if replicas <= 1:
+            return 0.0
+        return 2.0 * (replicas - 1) / replicas * self.replica_bytes / self.link_bytes_per_s
 
     @property
     def total_groups(self) -> int:
@@ -92,10 +134,12 @@ _TOP = {
 }  # fmt: skip
 _SECTIONS = {
     "execution": {"duration_s", "timeout_s", "tokens"},
-    "rollout": {"executions_per_cell", "migrate_s"},
-    "training": {"tokens_per_s_per_cell", "step_overhead_s", "microbatch_tokens"},
-    "switch": {"rollout_to_training_s", "training_to_rollout_s"},
-}
+    "rollout": {"executions_per_cell", "migrate_s", "kv_bytes_per_token", "max_context_tokens"},
+    "training": {
+        "tokens_per_s_per_cell", "step_overhead_s", "microbatch_tokens", "group_setup_s", "weight_bytes",
+    },
+    "switch": {"rollout_to_training_s", "training_to_rollout_s", "link_bytes_per_s"},
+}  # fmt: skip
 _REQUIRED_IN = {
     "execution": {"duration_s", "timeout_s", "tokens"},
     "rollout": {"executions_per_cell"},
@@ -192,7 +236,8 @@ def parse_workload(data: object, *, base_dir: Path) -> Workload:
             "async_rollout_cells",
             f"{rollout_cells} cells x {slots} slots cannot hold one group of {group_size} executions",
         )
-    return Workload(
+    rollout, training, switch = s["rollout"], s["training"], s["switch"]
+    workload = Workload(
         name=top["name"],
         seed=_int(top["seed"], "seed", low=0),
         cells=cells,
@@ -205,23 +250,48 @@ def parse_workload(data: object, *, base_dir: Path) -> Workload:
         timeout_s=_num(s["execution"]["timeout_s"], "execution.timeout_s", positive=True),
         tokens=_dist(s["execution"]["tokens"], "execution.tokens", base_dir),
         executions_per_cell=slots,
-        migrate_s=_num(s["rollout"].get("migrate_s", DEFAULT_MIGRATE_S), "rollout.migrate_s", positive=False),
-        tokens_per_s_per_cell=_num(
-            s["training"]["tokens_per_s_per_cell"], "training.tokens_per_s_per_cell", positive=True
+        migrate_s=_num(rollout.get("migrate_s", DEFAULT_MIGRATE_S), "rollout.migrate_s", positive=False),
+        kv_bytes_per_token=_num(
+            rollout.get("kv_bytes_per_token", DEFAULT_KV_BYTES_PER_TOKEN),
+            "rollout.kv_bytes_per_token",
+            positive=False,
         ),
-        step_overhead_s=_num(s["training"]["step_overhead_s"], "training.step_overhead_s", positive=False),
+        max_context_tokens=_int(
+            rollout.get("max_context_tokens", DEFAULT_MAX_CONTEXT_TOKENS), "rollout.max_context_tokens", low=1
+        ),
+        tokens_per_s_per_cell=_num(
+            training["tokens_per_s_per_cell"], "training.tokens_per_s_per_cell", positive=True
+        ),
+        step_overhead_s=_num(training["step_overhead_s"], "training.step_overhead_s", positive=False),
         microbatch_tokens=_int(
-            s["training"].get("microbatch_tokens", DEFAULT_MICROBATCH_TOKENS),
-            "training.microbatch_tokens",
-            low=1,
+            training.get("microbatch_tokens", DEFAULT_MICROBATCH_TOKENS), "training.microbatch_tokens", low=1
+        ),
+        group_setup_s=_num(
+            training.get("group_setup_s", DEFAULT_GROUP_SETUP_S), "training.group_setup_s", positive=False
+        ),
+        weight_bytes=(
+            _num(training["weight_bytes"], "training.weight_bytes", positive=False)
+            if "weight_bytes" in training
+            else None
         ),
         rollout_to_training_s=_num(
-            s["switch"]["rollout_to_training_s"], "switch.rollout_to_training_s", positive=False
+            switch["rollout_to_training_s"], "switch.rollout_to_training_s", positive=False
         ),
         training_to_rollout_s=_num(
-            s["switch"]["training_to_rollout_s"], "switch.training_to_rollout_s", positive=False
+            switch["training_to_rollout_s"], "switch.training_to_rollout_s", positive=False
+        ),
+        link_bytes_per_s=_num(
+            switch.get("link_bytes_per_s", DEFAULT_LINK_BYTES_PER_S), "switch.link_bytes_per_s", positive=True
         ),
     )
+    for field, dist in (("execution.duration_s", workload.duration), ("execution.tokens", workload.tokens)):
+        if dist.kind == "trace" and len(dist.values) < workload.total_executions:
+            raise InvalidArgument(
+                f"{field}.file",
+                f"holds {len(dist.values)} records; the run needs one per execution:"
+                f" {workload.total_executions} (steps x groups_per_step x group_size)",
+            )
+    return workload
 
 
 def load_workload(path: str | Path) -> Workload:

@@ -1,13 +1,15 @@
+# Each test returns the value under test; the grader compares it, serialised, with
+# test_count.expected.json outside the tested process.
 from wordfreq.count import top
 
 
-def test_most_frequent_first() -> None:
-    assert top("b a b c b a", 2) == [("b", 3), ("a", 2)]
+def test_most_frequent_first():
+    return top("b a b c b a", 2)
 
 
-def test_ties_alphabetical() -> None:
-    assert top("z y x", 3) == [("x", 1), ("y", 1), ("z", 1)]
+def test_ties_alphabetical():
+    return top("z y x", 3)
 
 
-def test_n_larger_than_vocabulary() -> None:
-    assert top("one", 5) == [("one", 1)]
+def test_n_larger_than_vocabulary():
+    return top("one", 5)

@@ -1,17 +1,19 @@
+# Each test returns the value under test; the grader compares it, serialised, with
+# test_tokenize.expected.json outside the tested process.
 from wordfreq.tokenize import words
 
 
-def test_lower_cases() -> None:
-    assert words("Hello World") == ["hello", "world"]
+def test_lower_cases():
+    return words("Hello World")
 
 
-def test_keeps_apostrophes() -> None:
-    assert words("don't stop") == ["don't", "stop"]
+def test_keeps_apostrophes():
+    return words("don't stop")
 
 
-def test_drops_digits_and_punctuation() -> None:
-    assert words("a1b, c!") == ["a", "b", "c"]
+def test_drops_digits_and_punctuation():
+    return words("a1b, c!")
 
 
-def test_empty() -> None:
-    assert words("") == []
+def test_empty():
+    return words("")

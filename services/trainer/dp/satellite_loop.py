@@ -1,0 +1,160 @@
+"""The satellite process's side of dynamic data parallelism: wait to be admitted, compute, reduce (shell).
+
+A satellite reads the model and loss configuration from the core's store, builds the model
+(its weights come from each epoch's broadcast), then per epoch takes microbatches off the shared
+counter until the core ends the epoch, all-reduces its float64 partial sum (unless the epoch was
+aborted because a member died) and waits for the next epoch or its release.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import torch
+from torch.distributed import TCPStore  # type: ignore[attr-defined]
+from transformers import Qwen2Config
+
+from services.trainer.device import DevicePlan, check_device, place
+from services.trainer.dp.membership import (
+    HEARTBEAT_S,
+    POLL_S,
+    EpochPlan,
+    make_group,
+    parse_rendezvous,
+    wait_key,
+)
+from services.trainer.loss import LossConfig
+from services.trainer.microbatch import (
+    decode_microbatch,
+    load_parameters_vector,
+    microbatch_gradient,
+    parameters_vector,
+)
+from services.trainer.policy import build_model
+
+
+def _heartbeat(rendezvous: tuple[str, int], cell_id: str, stop: threading.Event, *, timeout_s: float) -> None:
+    """Tick `alive/<cell>` every HEARTBEAT_S on a connection of its own, even while a collective blocks."""
+    store = TCPStore(rendezvous[0], rendezvous[1], is_master=False, timeout=timedelta(seconds=timeout_s))
+    while not stop.is_set():
+        store.add(f"alive/{cell_id}", 1)
+        stop.wait(HEARTBEAT_S)
+
+
+def run_satellite(
+    rendezvous_uri: str,
+    *,
+    cell_id: str,
+    timeout_s: float = 120.0,
+    idle_timeout_s: float = 3600.0,
+    device: str = "cpu",
+) -> int:
+    """A satellite's training loop: wait to be admitted, then compute and reduce until released.
+
+    Returns the number of microbatches it computed.
+    """
+    host, port = parse_rendezvous(rendezvous_uri)
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_heartbeat,
+        args=((host, port), cell_id, stop),
+        kwargs={"timeout_s": timeout_s},
+        daemon=True,
+    )
+    beat.start()
+    try:
+        return _satellite_loop(
+            host,
+            port,
+            cell_id=cell_id,
+            timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            device_plan=DevicePlan(device=device),
+        )
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+
+
+def _satellite_loop(
+    host: str, port: int, *, cell_id: str, timeout_s: float, idle_timeout_s: float, device_plan: DevicePlan
+) -> int:
+    check_device(device_plan)
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    config = Qwen2Config.from_dict(json.loads(store.get("model/config")))
+    loss_fields = json.loads(store.get("loss/config"))
+    packed = bool(loss_fields.pop("packed"))
+    autocast_bf16 = bool(loss_fields.pop("autocast_bf16", False))
+    loss_config = LossConfig(**loss_fields)
+    model = place(build_model(config, seed=0), device_plan)  # weights: the core's broadcast
+    released = f"released/{cell_id}"
+
+    def is_released() -> bool:
+        return bool(store.check([released]))
+
+    deadline = time.monotonic() + timeout_s
+    epoch: int | None = None
+    while epoch is None:  # admission: the first epoch naming this cell
+        if is_released():
+            return 0
+        if store.check(["epoch/latest"]):
+            latest = int(store.get("epoch/latest"))
+            if cell_id in EpochPlan.decode(store.get(f"epoch/{latest}")).members:
+                epoch = latest
+                break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{cell_id} was not admitted within {timeout_s} s")
+        time.sleep(0.01)
+    computed = 0
+    while True:
+        plan = EpochPlan.decode(store.get(f"epoch/{epoch}"))
+        if cell_id not in plan.members:
+            return computed
+        group = make_group(
+            store,
+            epoch=epoch,
+            rank=plan.members.index(cell_id),
+            size=len(plan.members),
+            timeout_s=timeout_s,
+            backend=device_plan.backend,
+        )
+        weights_P = torch.empty_like(parameters_vector(model))
+        group.broadcast(weights_P, 0).wait()
+        load_parameters_vector(model, weights_P)
+        counters = plan.counters
+        acc_P = torch.zeros_like(weights_P, dtype=torch.float64)
+        end_key = f"epoch/{epoch}/end"
+        while not store.check([end_key]):
+            if int(store.add(f"{counters}next", 0)) >= plan.num_microbatches:
+                time.sleep(POLL_S)
+                continue
+            i = int(store.add(f"{counters}next", 1)) - 1
+            if i >= plan.num_microbatches:
+                continue
+            result = microbatch_gradient(
+                model,
+                decode_microbatch(store.get(f"step/{plan.version}/mb/{i}")),
+                loss_config,
+                packed=packed,
+                autocast_bf16=autocast_bf16,
+            )
+            acc_P += result.grad_P
+            computed += 1
+            store.add(f"{counters}targets/{cell_id}", result.num_targets)
+            key = f"{counters}loss/{cell_id}"
+            prev = float(store.get(key)) if store.check([key]) else 0.0
+            store.set(key, repr(prev + result.stats.loss))
+            store.add(f"count/{cell_id}", 1)
+            store.add(f"{counters}done", 1)
+        end = json.loads(store.get(end_key))
+        if not end.get("abort"):  # aborted: a member died, the step is redone as a new attempt
+            group.allreduce([acc_P]).wait()
+        epoch = int(end["next"])
+        # Between steps the next epoch may be far off; a release ends the wait.
+        if not wait_key(
+            store, f"epoch/{epoch}", deadline=time.monotonic() + idle_timeout_s, also=is_released
+        ):
+            return computed
