@@ -6,7 +6,7 @@ for one message. Publishing sets `Nats-Msg-Id` to the event id, so a republished
 outbox relay after a crash, say) is stored once within the stream's duplicate window.
 
 Every stream and the payload bucket have retention limits (`max_age_s`, and `max_bytes` per
-stream, oldest discarded first): Postgres is the durable record (each producer's outbox, the
+stream when set, oldest discarded first): Postgres is the durable record (each producer's outbox, the
 trajectory service's call log); the bus only carries events to their consumers. A consumer
 down for longer than `max_age_s` misses what expired meanwhile.
 """
@@ -52,7 +52,8 @@ class BusConfig:
     max_age_s: float = DEFAULT_MAX_AGE_S
     """How long a stream keeps a message (and the bucket a payload)."""
     max_bytes: int = DEFAULT_MAX_BYTES
-    """Most bytes one stream (or the payload bucket) holds; the oldest messages go first."""
+    """Most bytes one stream (or the payload bucket) holds, the oldest messages going first; 0:
+    no byte limit (JetStream reserves max_bytes against the server's storage up front)."""
 
 
 class Bus:
@@ -95,7 +96,7 @@ class Bus:
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.OLD,
             max_age=self.max_age_s,
-            max_bytes=self.max_bytes,
+            max_bytes=self.max_bytes or -1,
         )
         try:
             await self.js.add_stream(config)
@@ -135,7 +136,7 @@ class Bus:
         except BucketNotFoundError:
             return await self.js.create_object_store(
                 self.payload_bucket,
-                config=ObjectStoreConfig(ttl=self.max_age_s, max_bytes=self.max_bytes),
+                config=ObjectStoreConfig(ttl=self.max_age_s, max_bytes=self.max_bytes or -1),
             )
 
     async def load_payload(self, envelope: envelope_pb2.Envelope) -> any_pb2.Any:

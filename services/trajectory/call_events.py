@@ -120,6 +120,9 @@ class CallEvents(Consumer):
                 handlers={proxy_events.LlmCallRecorded: self._unused},
                 batch=64,
                 max_wait_deliver=30,
+                # A batch commits in well under a second; a killed service's unacked batch comes
+                # back after this, so it bounds the recovery after a crash.
+                ack_wait_s=15.0,
                 retry_base_s=retry_base_s,
             ),
         )

@@ -63,6 +63,7 @@ class TaskEvents:
             durable=TASKS_CONSUMER,
             producer="scheduler",
             handlers={scheduler_events.TaskSubmitted: self.on_task_submitted},
+            ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
 
     async def on_task_submitted(self, event: DecodedEvent) -> None:
@@ -103,6 +104,7 @@ class RewardEvents:
             durable=REWARDS_CONSUMER,
             producer="evaluator",
             handlers={evaluator_events.RewardAssigned: self.on_reward_assigned},
+            ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
 
     async def on_reward_assigned(self, event: DecodedEvent) -> None:
