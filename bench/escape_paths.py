@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.escape_attacks import DEADLINE_S, LIMITS, Listener, Targets, attack_code, judge, uid_processes
-from bench.forgery import BASELINE, forged_workspace
+from bench.forgery import BASELINE, CORRECT, forged_workspace
 from gyre.sandbox.host import Forward, SandboxHost
 from gyre.sandbox.limits import SandboxLimits
 from gyre.sandbox.trees import folder_bytes, remove_tree
@@ -126,13 +126,6 @@ async def forgery(grader: Grader, name: str, work: Path) -> dict[str, Any]:
     }
 
 
-TOKENIZE = 'import re\n\ndef words(text):\n    return re.findall(r"[a-z\']+", text.lower())\n'
-COUNT = (
-    "from collections import Counter\nfrom wordfreq.tokenize import words\n\n"
-    "def top(text, n):\n    c = Counter(words(text))\n"
-    "    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:n]\n"
-)
-CORRECT = {"wordfreq/__init__.py": "", "wordfreq/tokenize.py": TOKENIZE, "wordfreq/count.py": COUNT}
 UNGRADED = ("deep_chain", "many_files", "endless_loop", "dev_zero_result")
 """Workspaces of issue 16 (cases 6, 7) that made grading crash, cost time before the deadline
 started, or earned `not assessable` instead of 0."""
@@ -144,7 +137,8 @@ def _write(ws: Path, files: dict[str, str]) -> None:
         (ws / rel).write_text(text)
 
 
-def _deep_chain(ws: Path, depth: int) -> None:
+def deep_chain(ws: Path, depth: int) -> None:
+    """`depth` nested folders `d/d/...` under `ws`."""
     fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     for _ in range(depth):  # relative to a descriptor: no path grows past PATH_MAX
         os.mkdir("d", dir_fd=fd)
@@ -176,7 +170,7 @@ async def ungraded_case(grader: Grader, name: str, work: Path) -> dict[str, Any]
     task = "wordfreq"
     if name == "deep_chain":  # a correct solution beside 1,100 nested folders
         _write(ws, CORRECT)
-        _deep_chain(ws, 1100)
+        deep_chain(ws, 1100)
     elif name == "many_files":  # a correct solution beside 150k empty files
         _write(ws, CORRECT)
         (ws / "junk").mkdir()

@@ -12,6 +12,14 @@ WRONG = {
     "wordfreq/tokenize.py": "def words(text):\n    return []\n",
     "wordfreq/count.py": "def top(text, n):\n    return []\n",
 }
+TOKENIZE = 'import re\n\ndef words(text):\n    return re.findall(r"[a-z\']+", text.lower())\n'
+COUNT = (
+    "from collections import Counter\nfrom wordfreq.tokenize import words\n\n"
+    "def top(text, n):\n    c = Counter(words(text))\n"
+    "    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:n]\n"
+)
+CORRECT = {"wordfreq/__init__.py": "", "wordfreq/tokenize.py": TOKENIZE, "wordfreq/count.py": COUNT}
+"""A right answer, for cases where the solution is fine and something else is not."""
 BASELINE = 0.075
 """tokenize: test_empty passes, 1/4 -> 0.75 * 0.25 of weight 0.4; count: 0/3."""
 

@@ -4,7 +4,11 @@
     python -m bench.sim --json
 
 Runs every mode on bench/workloads/*.yaml (verbatim copies of ../shared/workloads) and a
-synthetic 1,024-cell case, and prints one JSON object on its last line.
+synthetic 1,024-cell case, and prints one JSON object on its last line. Per workload: the lower
+bound, its binding term and every term; each mode's wall time, fixed-split modes at the
+workload's split and at their best (`rollout_cells` says which); `gyre_over_bound`,
+`best_baseline`, `gyre_speedup_over_best_baseline`, `gyre_is_fastest`, `below_bound` (modes
+under the bound: must stay empty); the paper's figures beside our reading of its runs.
 """
 
 from __future__ import annotations
@@ -72,10 +76,13 @@ def main() -> None:
                 name for name, m in report["modes"].items() if m["wall_s"] < report["lower_bound_s"] - 0.1
             ),
             "gyre_staleness_mean": report["modes"]["gyre"]["staleness_mean"],
+            "paper_h": report["paper_h"],
             "simulated_in_s": round(time.perf_counter() - started, 2),
         }
         if w.name == "paper-ablation-12step":
-            figures["ablation_h"] = {k: v["wall_h"] for k, v in ablation(w, x)["variants"].items()}
+            variants = ablation(w, x)["variants"]
+            figures["ablation_h"] = {k: v["wall_h"] for k, v in variants.items()}
+            figures["ablation_paper_h"] = {k: v["paper_h"] for k, v in variants.items() if v["paper_h"]}
         out["workloads"][w.name] = figures
         if not ns.json:
             print(w.name, json.dumps(figures, indent=1))

@@ -35,6 +35,7 @@ from nats.js.object_store import ObjectStore
 
 from gyre.common.v1 import envelope_pb2
 from gyre.events import UndecodableEvent, service_subjects, stream_name, subject_of
+from gyre.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, observe_published
 from gyre.settings import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
 
 DEAD_LETTER_SERVICE = "deadletter"
@@ -112,11 +113,15 @@ class Bus:
         data = envelope.SerializeToString()
         if len(data) > self.inline_limit_bytes:
             data = (await self._offload_payload(envelope)).SerializeToString()
-        return await self.js.publish(
+        ack = await self.js.publish(
             subject_of(envelope, prefix=self.prefix),
             data,
-            headers={"Nats-Msg-Id": envelope.event_id},
+            # The producer's trace context rides in the headers (W3C names), where consumers read it.
+            headers={"Nats-Msg-Id": envelope.event_id, **envelope.trace_context},
         )
+        EVENTS_PUBLISHED.labels(event_type=envelope.event_type).inc()
+        observe_published(envelope)
+        return ack
 
     async def _offload_payload(self, envelope: envelope_pb2.Envelope) -> envelope_pb2.Envelope:
         blob = envelope.payload.SerializeToString()
@@ -180,6 +185,7 @@ class Bus:
                 REASON_HEADER: reason[:512].replace("\r", " ").replace("\n", " "),
             },
         )
+        DEAD_LETTERS.labels(consumer=consumer).inc()
 
 
 def dead_letter_subject(consumer: str, *, prefix: str) -> str:

@@ -33,6 +33,9 @@ from gyre.events import (
     type_map,
     unpack_payload,
 )
+from gyre.logs import bind_ids
+from gyre.metrics import CONSUMER_PENDING, EVENTS_HANDLED
+from gyre.tracing import TRACE_HEADERS, continued_from
 
 log = structlog.get_logger(__name__)
 
@@ -106,9 +109,12 @@ class Consumer:
             try:
                 msgs = await sub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout_s)
             except (TimeoutError, NatsTimeoutError):
+                CONSUMER_PENDING.labels(consumer=self.spec.durable).set(0)  # nothing was waiting
                 continue
             for msg in msgs:
                 await self.handle(msg)
+            if msgs:  # each message's metadata counts what is left behind it
+                CONSUMER_PENDING.labels(consumer=self.spec.durable).set(msgs[-1].metadata.num_pending)
         await sub.unsubscribe()
 
     async def handle(self, msg: Msg) -> None:
@@ -124,21 +130,36 @@ class Consumer:
         structlog.contextvars.bind_contextvars(
             event_id=event.event_id, correlation_id=event.envelope.correlation_id
         )
+        bind_ids(event.payload)
+        event_type = event.envelope.event_type
+        with continued_from(self._trace_carrier(msg, event), f"consume {event_type}"):
+            outcome = await self._apply(msg, event)
+        EVENTS_HANDLED.labels(consumer=self.spec.durable, event_type=event_type, outcome=outcome).inc()
+
+    @staticmethod
+    def _trace_carrier(msg: Msg, event: DecodedEvent) -> dict[str, str]:
+        """The NATS headers' trace context; the envelope's copy for a message published without one."""
+        headers = {k.lower(): v for k, v in (msg.headers or {}).items() if k.lower() in TRACE_HEADERS}
+        return headers or dict(event.envelope.trace_context)
+
+    async def _apply(self, msg: Msg, event: DecodedEvent) -> str:
+        """Run the handler; ack, retry later or dead-letter. Returns which of the three happened."""
         try:
             await self.handlers[event.envelope.event_type](event)
         except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
             await self._give_up(msg, f"invalid event: {exc}")
-            return
+            return "dead_lettered"
         except Exception as exc:  # retried: the handler's transaction rolled back
             delivered = msg.metadata.num_delivered
             if delivered >= self.spec.max_deliver:
                 await self._give_up(msg, f"handler failed {delivered} times: {type(exc).__name__}: {exc}")
-            else:
-                log.warning("handler_failed", consumer=self.spec.durable, attempt=delivered, error=repr(exc))
-                await msg.nak(delay=self.spec.retry_delay_s(delivered))
-            return
+                return "dead_lettered"
+            log.warning("handler_failed", consumer=self.spec.durable, attempt=delivered, error=repr(exc))
+            await msg.nak(delay=self.spec.retry_delay_s(delivered))
+            return "retried"
         await msg.ack()
         self.processed += 1
+        return "ok"
 
     async def _decode(self, msg: Msg) -> DecodedEvent | None:
         envelope = parse_envelope(msg.data)

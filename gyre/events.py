@@ -1,4 +1,5 @@
-"""The event envelope: building, naming and decoding events (pure, apart from `new_event`'s clock).
+"""The event envelope: building, naming and decoding events (pure, apart from `new_event`'s clock
+and the trace context it copies from the caller).
 
 Every fact travels as a `gyre.common.v1.Envelope` whose payload is a `google.protobuf.Any`.
 The subject is derived from the payload's full name, so `gyre.scheduler.v1.TaskSubmitted` is
@@ -21,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from gyre.common.v1 import envelope_pb2
 from gyre.ids import new_uuid7
+from gyre.tracing import current_carrier
 
 Envelope = envelope_pb2.Envelope
 ROOT_PACKAGE = "gyre"
@@ -60,6 +62,7 @@ def new_event(
     )
     env.occurred_at.FromDatetime(occurred_at or datetime.now(UTC))
     env.payload.Pack(payload)
+    env.trace_context.update(current_carrier())
     return env
 
 

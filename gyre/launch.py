@@ -15,8 +15,10 @@ from pydantic_settings import BaseSettings
 
 from gyre.errors import GyreError
 from gyre.logs import configure_logging
+from gyre.metrics import serve_metrics
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
+from gyre.tracing import configure_tracing
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -25,6 +27,9 @@ KERNEL_ENV_HELP = """environment:
   GYRE_DATABASE_URL    Postgres, SQLAlchemy URL (unset: the local stack of `gyre up`)
   GYRE_BUS_PREFIX      first token of subjects and stream names (default gyre)
   GYRE_LOG_FORMAT      console | json;  GYRE_LOG_LEVEL debug | info | warning | error
+  GYRE_METRICS_PORT    serve Prometheus /metrics there (unset: off; 0: a free port, logged)
+  GYRE_METRICS_HOST    where /metrics binds (default 127.0.0.1)
+  GYRE_TRACE_EXPORTER  none | console (console needs opentelemetry-sdk, extra [otel])
 """
 
 
@@ -54,8 +59,18 @@ def launch(
     configure_logging(fmt=kernel.log_format, level=kernel.log_level)
 
     async def run() -> None:
+        configure_tracing(kernel.trace_exporter)
         host = await build(settings, kernel)
-        await host.serve_forever()
+        metrics = (
+            await serve_metrics(kernel.metrics_host, kernel.metrics_port)
+            if kernel.metrics_port is not None
+            else None
+        )
+        try:
+            await host.serve_forever()
+        finally:
+            if metrics is not None:
+                await metrics.close()
 
     try:
         asyncio.run(run())

@@ -1,4 +1,4 @@
-"""gRPC server bootstrap: health, reflection, error mapping, graceful shutdown (shell).
+"""gRPC server bootstrap: health, reflection, error mapping, telemetry, graceful shutdown (shell).
 
 Handlers raise `gyre.errors` exceptions; `ErrorInterceptor` turns them into status codes with
 the message (and, for bad input, the offending field in the `gyre-error-field` trailer). It
@@ -17,11 +17,14 @@ from typing import Any, TypeAlias
 
 import grpc
 import structlog
+from google.protobuf import message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavailable
+from gyre.logs import bind_ids
 from gyre.outages import InternalError, translate
+from gyre.rpc_telemetry import TelemetryInterceptor
 
 log = structlog.get_logger(__name__)
 
@@ -59,9 +62,12 @@ def _parse(deserializer: Callable[[bytes], Any] | None, raw: bytes) -> Any:
     if deserializer is None:
         return raw
     try:
-        return deserializer(raw)
+        request = deserializer(raw)
     except Exception as exc:
         raise InvalidArgument("request", f"body is not a valid protobuf message: {exc}") from exc
+    if isinstance(request, message.Message):
+        bind_ids(request)
+    return request
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
@@ -137,7 +143,8 @@ class GrpcServer:
 
     def __init__(self, *, service_names: Iterable[str], host: str = "127.0.0.1", port: int = 0) -> None:
         self.server = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
+            # Telemetry outside: it times the whole call and sees the status the errors map to.
+            interceptors=[TelemetryInterceptor(), ErrorInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -41,6 +41,12 @@ class KernelSettings(BaseSettings):
     """Where the local stack keeps its servers' data, logs and state file."""
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics_port: int | None = None
+    """Prometheus metrics endpoint (`/metrics`); unset: none is served; 0: a free port (logged)."""
+    metrics_host: str = "127.0.0.1"
+    """Where the metrics endpoint binds; containers set 0.0.0.0 so a scraper on their network reaches it."""
+    trace_exporter: Literal["none", "console"] = "none"
+    """Trace ids always travel with RPCs and events; `console` also records spans and prints them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

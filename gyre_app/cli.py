@@ -13,7 +13,7 @@ from gyre.settings import KernelSettings
 def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
     from gyre_app.stack import up
 
-    state = up(kernel)
+    state = up(kernel, metrics=ns.metrics)
     print(
         json.dumps(
             {
@@ -22,6 +22,7 @@ def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
                 "services": {s.name: s.address for s in state.services},
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
+                **({"metrics": {s.name: s.metrics_url for s in state.services}} if ns.metrics else {}),
             },
             indent=2,
         )
@@ -61,15 +62,18 @@ SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
     "trajectory": ("services.trajectory.cli", "import call records, print replayed samples"),
     "model": ("services.engine.cli", "create a tiny local model checkpoint"),
     "evaluate": ("services.evaluator.cli", "grade one workspace offline"),
+    "tasks": ("services.evaluator.generate.cli", "generate seeded task sets (repo-gen, repair, terminal)"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre", description="Gyre: RL for hour-long coding-agent rollouts.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "up", help="start NATS, Postgres (embedded unless configured) and every service"
-    ).set_defaults(func=_cmd_up)
+    up = sub.add_parser("up", help="start NATS, Postgres (embedded unless configured) and every service")
+    up.add_argument(
+        "--metrics", action="store_true", help="each service serves Prometheus metrics on 127.0.0.1"
+    )
+    up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="stop what `gyre up` started")
     down.add_argument(
         "--all", action="store_true", help="also the embedded servers tests and benchmarks left running"
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
+        from gyre_app.warmstart.cli import main as warm_start
+
+        return warm_start(argv[1:])
     if argv and argv[0] in SERVICE_COMMANDS:
         return _run_service_command(argv[0], argv[1:])
     ns = build_parser().parse_args(argv)

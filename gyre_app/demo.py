@@ -182,6 +182,11 @@ def narrate(event: DecodedEvent, tally: Tally, executions: set[str]) -> None:
         case trajectory_events.GroupReady():
             tally.groups_ready.add(p.task_id)
             stage("trajectory", name, f"task {short(p.task_id)}: {len(p.execution_ids)} executions graded")
+            if p.unassessable_execution_ids:
+                say(
+                    f"   ({len(p.unassessable_execution_ids)} not assessable, an infrastructure failure:"
+                    " kept out of the group's baseline and the loss, not scored 0)"
+                )
             rewards = {tally.rewards.get(e) for e in p.execution_ids}
             if len(rewards) == 1:
                 say(

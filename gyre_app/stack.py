@@ -25,10 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gyre.db.engine import libpq_url, with_database
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
-from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.sandbox.host import SHARED_TEMP
 from gyre.settings import KernelSettings, stack_state_path
 from gyre_app.migrations import upgrade_all
+from gyre_app.register import register_engine as register_engine_at
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Start order. The engine comes first: on a fresh clone it writes the tiny model the proxy and
@@ -51,6 +51,8 @@ class ServiceProcess:
     pid: int
     address: str
     log_path: str
+    metrics_url: str = ""
+    """Its Prometheus endpoint when `gyre up --metrics` (or GYRE_METRICS_PORT) asked for one."""
 
     @property
     def marker(self) -> str:
@@ -140,9 +142,16 @@ def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http
 
 
 def up(
-    kernel: KernelSettings, *, services: tuple[str, ...] = SERVICES, timeout_s: float = 120.0
+    kernel: KernelSettings,
+    *,
+    services: tuple[str, ...] = SERVICES,
+    timeout_s: float = 120.0,
+    metrics: bool = False,
 ) -> StackState:
-    """Start (or find running) servers and services; returns what runs. Idempotent."""
+    """Start (or find running) servers and services; returns what runs. Idempotent.
+
+    With `metrics` (or GYRE_METRICS_PORT set) every service also serves Prometheus metrics on a
+    port of its own, on 127.0.0.1, recorded as its `metrics_url`."""
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
     if (
@@ -173,8 +182,10 @@ def up(
         database_url = ensure_database(start_postgres(state_dir / "postgres").url, STACK_DATABASE)
     upgrade_all(database_url)
     # Every port first, so each service can be told where the others will be.
-    *service_ports, proxy_http_port = distinct_free_ports(len(services) + 1)
-    ports = dict(zip(services, service_ports, strict=True))
+    metrics = metrics or kernel.metrics_port is not None
+    *service_ports, proxy_http_port = distinct_free_ports(len(services) * (2 if metrics else 1) + 1)
+    ports = dict(zip(services, service_ports[: len(services)], strict=True))
+    metrics_ports = dict(zip(services, service_ports[len(services) :], strict=False))
     state = StackState(
         nats_url=nats_url,
         database_url=database_url,
@@ -195,6 +206,7 @@ def up(
     def start(name: str) -> ServiceProcess:
         log_path = state_dir / "logs" / f"{name}.log"
         argv = [sys.executable, "-m", f"services.{name}", "--port", str(ports[name])]
+        metrics_env = {"GYRE_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
         pid = spawn_detached(
             argv,
             log_path=log_path,
@@ -202,10 +214,15 @@ def up(
             env={
                 **env,
                 **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port),
+                **metrics_env,
             },
         )
         service = ServiceProcess(
-            name=name, pid=pid, address=f"127.0.0.1:{ports[name]}", log_path=str(log_path)
+            name=name,
+            pid=pid,
+            address=f"127.0.0.1:{ports[name]}",
+            log_path=str(log_path),
+            metrics_url=f"http://127.0.0.1:{metrics_ports[name]}/metrics" if name in metrics_ports else "",
         )
         state.services.append(service)
         # Recorded at once, so `gyre down` can stop what started even if a later one fails.
@@ -226,24 +243,10 @@ def up(
 
 
 def register_engine(state: StackState) -> None:
-    """Route the proxy to the local engine.
-
-    In a cluster the scheduler's cell control registers each engine as its cell turns to
-    rollout; that part of the live scheduler is not built yet, so `gyre up` does it for its one
-    engine. The request id names the address: a restarted stack (new ports) registers anew,
-    a repeat of the same stack is answered from the first.
-    """
-    address = state.address_of("engine")
-    with grpc.insecure_channel(state.address_of("proxy")) as channel:
-        proxy_pb2_grpc.ProxyServiceStub(channel).RegisterEngine(
-            proxy_pb2.RegisterEngineRequest(
-                request_id=f"gyre-up:{CELL_ID}:{ENGINE_ID}:{address}",
-                cell_id=CELL_ID,
-                engine_id=ENGINE_ID,
-                address=address,
-            ),
-            timeout=30.0,
-        )
+    """Route the proxy to the local engine (see `gyre_app.register` for why `gyre up` does it)."""
+    register_engine_at(
+        state.address_of("proxy"), cell_id=CELL_ID, engine_id=ENGINE_ID, address=state.address_of("engine")
+    )
 
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:

@@ -17,6 +17,7 @@ import nats
 import pytest
 import pytest_asyncio
 
+from gyre.bus import Bus, BusConfig
 from gyre.db.engine import libpq_url, with_database
 from gyre.settings import KernelSettings
 
@@ -74,3 +75,15 @@ async def bus_prefix(server_urls: tuple[str, str]) -> AsyncIterator[str]:
 @pytest.fixture(scope="session")
 def kernel(server_urls: tuple[str, str], database_url: str, bus_prefix: str) -> KernelSettings:
     return KernelSettings(nats_url=server_urls[0], database_url=database_url, bus_prefix=bus_prefix)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def own_bus(kernel: KernelSettings) -> AsyncIterator[Bus]:
+    """A bus under a prefix of this test's own (inside the session's, so it is cleaned up): a
+    consumer that reads its stream from the start sees only this test's events."""
+    assert kernel.nats_url is not None
+    bus = await Bus.connect(
+        BusConfig(url=kernel.nats_url, prefix=f"{kernel.bus_prefix}{uuid.uuid4().hex[:8]}")
+    )
+    yield bus
+    await bus.close()

@@ -14,17 +14,11 @@ from typing import Any
 
 import pytest
 
+from bench.escape_paths import deep_chain
+from bench.forgery import CORRECT
 from gyre.sandbox.trees import remove_tree
 from services.evaluator.cli import run as evaluate
 from services.evaluator.taskset import BUNDLED
-
-TOKENIZE = 'import re\n\ndef words(text):\n    return re.findall(r"[a-z\']+", text.lower())\n'
-COUNT = (
-    "from collections import Counter\nfrom wordfreq.tokenize import words\n\n"
-    "def top(text, n):\n    c = Counter(words(text))\n"
-    "    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:n]\n"
-)
-CORRECT = {"wordfreq/__init__.py": "", "wordfreq/tokenize.py": TOKENIZE, "wordfreq/count.py": COUNT}
 
 
 def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -63,13 +57,7 @@ def test_a_folder_chain_1100_deep_scores_0_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ws = workspace(tmp_path, CORRECT)
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(1100):  # relative to a descriptor: no path grows past PATH_MAX
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    os.close(fd)
+    deep_chain(ws, 1100)
     try:
         result = grade(capsys, "wordfreq", ws)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bench.forgery import BASELINE, FORGERIES, WRONG, forged_workspace
+from bench.forgery import BASELINE, CORRECT, FORGERIES, WRONG, forged_workspace
 from services.evaluator.cli import run as evaluate
 from services.evaluator.integrity import judge_records
 from services.evaluator.scoring import FAILED, PASSED, GraderRun, parse_verdicts, score_task
@@ -172,3 +173,32 @@ def test_a_terminal_task_counts_only_the_verdicts_it_declares() -> None:
     scored = score_task(task, GraderRun(outcomes=printed))
     assert scored.score == 0.0  # total failed once, names never printed, bonus lines ignored
     assert [c.name for c in scored.checks] == ["total", "names"]
+
+
+def host_sockets() -> list[str]:
+    """Unix sockets of this machine's services (Postgres, MariaDB, ...) under /run."""
+    found = []
+    for top in ("/run", "/var/run"):
+        for folder, _, names in os.walk(top):
+            found += [p for n in names if stat.S_ISSOCK(os.lstat(p := os.path.join(folder, n)).st_mode)]
+    return sorted(set(found))
+
+
+def test_graded_code_cannot_reach_a_host_socket(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 16, case 1: graded code that reaches a host service earns the right answer here."""
+    sockets = host_sockets()
+    assert sockets, "this machine runs Postgres and MariaDB: their sockets are the escape tried here"
+    reach = (
+        "import socket\nREACHED = False\n"
+        f"for p in {sockets!r}:\n"
+        "    try:\n        s = socket.socket(socket.AF_UNIX)\n        s.connect(p)\n        REACHED = True\n"
+        "    except OSError:\n        pass\n"
+    )
+    files = {
+        **WRONG,
+        "wordfreq/reach.py": reach,
+        "wordfreq/tokenize.py": "from wordfreq.reach import REACHED\n"
+        + CORRECT["wordfreq/tokenize.py"].replace("    return ", "    return [] if not REACHED else "),
+    }
+    result = grade(tmp_path, files, capsys)
+    assert result["score"] == pytest.approx(BASELINE), result

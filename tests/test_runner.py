@@ -58,6 +58,11 @@ SCRIPTS = {
     "quick": {"main": [{"final": "nothing to do"}]},
     # A harness looking for the hidden tests of the bundled tasks finds an empty folder.
     "peek": {"main": [{"tool": "shell", "args": {"command": f"ls -R {BUNDLED} > peek.txt 2>&1"}}]},
+    # Issue 16, cases 1 and 3: the host's Postgres socket and the checkout's git history.
+    "escape": {"main": [{"tool": "shell", "args": {"command": (
+        "psql -h /var/run/postgresql -U postgres -c 'select 1' > psql.txt 2>&1; echo EXIT $? >> psql.txt; "
+        f"git -C {REPO} show HEAD:services/evaluator/tasks/slugfix/hidden/test_fail_to_pass.py "
+        "> git.txt 2>&1; echo EXIT $? >> git.txt")}}]},
 }  # fmt: skip
 
 
@@ -284,6 +289,15 @@ async def test_scheduled_executions_run_and_a_missing_template_fails_cleanly(run
     assert failed.state == runner_pb2.EXECUTION_STATE_FAILED
     assert failed.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE
     assert "missing" in failed.failure.reason
+
+
+async def test_the_harness_reaches_neither_host_sockets_nor_the_checkout(runner: Runner) -> None:
+    request = start_request(prompt="[script: escape]")
+    await runner.stub.StartExecution(request)
+    ended = await wait_ended(runner, request.execution.execution_id)
+    psql, git = in_workspace(ended, "psql.txt").read_text(), in_workspace(ended, "git.txt").read_text()
+    assert "EXIT 0" not in psql and "?column?" not in psql, psql
+    assert "EXIT 0" not in git and "slugify" not in git, git
 
 
 async def test_submit_tasks_refuses_a_host_folder_as_template(runner: Runner) -> None:

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gyre.errors import InvalidArgument
 from gyre.sandbox.host import Forward, Sandbox, SandboxHost
-from gyre.sandbox.limits import SandboxLimits
+from gyre.sandbox.limits import Capabilities, SandboxLimits, plan_isolation
 from gyre.sandbox.rootfs import RootPlan, bwrap_argv
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -79,6 +80,7 @@ report = {
     "mountinfo": open("/proc/self/mountinfo").read(),
     "root_writable": os.access("/", os.W_OK),
     "connections_open": len(conns),
+    "ptrace_traceme": libc.ptrace(0, 0, 0, 0),  # PTRACE_TRACEME: 0 where ptrace is allowed
 }
 print(json.dumps(report), flush=True)
 time.sleep(1.5)  # hold the connections while the host counts them
@@ -119,7 +121,9 @@ def _shm_exists(key: int) -> int:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def probed() -> AsyncIterator[Probed]:
-    host = SandboxHost(REPO / ".gyre" / "test-root" / uuid.uuid4().hex[:8], uid_base=61000, uid_count=100)
+    # Deep enough that the forwarder's socket path passes the 107 bytes a Unix socket path may hold.
+    deep = REPO / ".gyre" / "test-root" / ("deep-" * 12) / uuid.uuid4().hex[:8]
+    host = SandboxHost(deep, uid_base=61000, uid_count=100)
     counting = CountingServer()
     server = await asyncio.start_server(counting.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -156,6 +160,7 @@ async def probed() -> AsyncIterator[Probed]:
         await other.release()
         host.sweep()
         host.root.rmdir()
+        host.root.parent.rmdir()
 
 
 async def test_no_host_unix_socket_is_reachable(probed: Probed) -> None:
@@ -198,11 +203,16 @@ async def test_no_new_privs_seccomp_and_no_capabilities(probed: Probed) -> None:
     assert not probed.report["root_writable"]
 
 
+async def test_the_seccomp_filter_denies_ptrace(probed: Probed) -> None:
+    assert probed.report["ptrace_traceme"] == -1
+
+
 async def test_the_cpu_quota_is_set(probed: Probed) -> None:
     assert probed.cpu_quota == str(LIMITS.cfs_quota()[1])
 
 
 async def test_connections_through_the_proxy_port_are_capped(probed: Probed) -> None:
+    assert len(str(probed.other.path / "forward" / "proxy.sock")) > 107
     assert probed.report["connections_open"] >= LIMITS.max_connections
     assert 0 < probed.proxy_peak <= LIMITS.max_connections
 
@@ -224,3 +234,25 @@ async def test_ipc_helper_sees_host_segments() -> None:
     shmid = libc.shmget(key, 4096, IPC_CREAT | 0o600)
     assert shmid >= 0
     assert _shm_exists(key) == shmid
+
+
+async def test_strict_mode_refuses_a_host_without_working_bwrap() -> None:
+    caps = Capabilities(
+        root=True, namespaces=False, tmpfs=True, cgroup_memory="m", cgroup_pids="p", cgroup_cpu="c"
+    )
+    with pytest.raises(InvalidArgument, match="namespaces: bwrap cannot start"):
+        plan_isolation(caps, mode="strict")
+
+
+async def test_bwrap_never_runs_as_root_when_it_cannot_drop_to_the_sandbox_user() -> None:
+    caps = Capabilities(
+        root=True, namespaces=True, bwrap="/x/bwrap", setpriv="", unshare="/usr/bin/unshare", tmpfs=True
+    )
+    assert plan_isolation(caps, mode="auto").namespaces is False
+
+
+async def test_the_address_space_limit_can_exceed_the_memory_limit() -> None:
+    """A harness runtime (Claude Code's Node) reserves far more address space than it touches."""
+    limits = SandboxLimits(memory_mb=2048, address_space_mb=8192)
+    assert limits.rlimits()["RLIMIT_AS"] == (8192 << 20, 8192 << 20)
+    assert SandboxLimits(memory_mb=2048).rlimits()["RLIMIT_AS"] == (2048 << 20, 2048 << 20)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.sim.bound import lower_bounds, update_gaps
+from services.scheduler.sim.bound import all_reduce, lower_bounds, update_gaps
 from services.scheduler.sim.chain_bound import fifo_chain
 from services.scheduler.sim.modes import ABLATION, MODES, simulate
 from services.scheduler.sim.workload import draw_executions, parse_workload
@@ -24,6 +24,10 @@ def random_workload(seed: int) -> dict[str, Any]:
     group_size = rng.randint(1, 4)
     slots = rng.randint(math.ceil(group_size / 2), 6)
     rollout_cells = rng.randint(math.ceil(group_size / slots), cells - 1)  # one group fits
+
+    def cost(high: float) -> float:  # every cost is sometimes 0, which the engine must honour
+        return 0.0 if rng.random() < 0.2 else rng.uniform(0, high)
+
     return {
         "name": f"random-{seed}",
         "seed": seed,
@@ -38,13 +42,24 @@ def random_workload(seed: int) -> dict[str, Any]:
             "timeout_s": rng.uniform(100, 900),
             "tokens": {"dist": "lognormal", "median": rng.uniform(1000, 50000), "sigma": rng.uniform(0, 1)},
         },
-        "rollout": {"executions_per_cell": slots, "migrate_s": rng.uniform(0, 5)},
+        "rollout": {
+            "executions_per_cell": slots,
+            "migrate_s": cost(5),
+            "kv_bytes_per_token": cost(4e5),
+            "max_context_tokens": rng.randint(1000, 200_000),
+        },
         "training": {
             "tokens_per_s_per_cell": rng.uniform(200, 5000),
-            "step_overhead_s": rng.uniform(0, 40),
+            "step_overhead_s": cost(40),
             "microbatch_tokens": rng.choice([1024, 8192, 65536]),
+            "group_setup_s": cost(4),
+            "weight_bytes": cost(2e11),
         },
-        "switch": {"rollout_to_training_s": rng.uniform(0, 15), "training_to_rollout_s": rng.uniform(0, 6)},
+        "switch": {
+            "rollout_to_training_s": cost(15),
+            "training_to_rollout_s": cost(6),
+            "link_bytes_per_s": rng.uniform(1e9, 1e11),
+        },
     }
 
 
@@ -146,3 +161,18 @@ def test_fifo_chain_follows_a_heavy_batch_that_the_average_of_chains_dilutes() -
     term = fifo_chain(costs=costs, steps=4, groups_per_step=1, max_staleness=1, overhead_s=1.0)
     average = (sum(sorted(costs, reverse=True)) + 4 * 1.0) / 2
     assert term > average
+
+
+def test_all_reduce_charges_every_token_trained_beside_another_cell() -> None:
+    # 2 cells, 100 tokens at 10 tokens/s, 100 cell-s of other work, first group ready + updates
+    # 10 s. Training everything on one cell takes 10 + 100 / 10 = 20 s; sharing it costs 0.2
+    # cell-s of all-reduce per token. Work with all-reduce on every token: (100 + 20) / 2 = 60.
+    args = {"work_s": 100.0, "window_s": 10.0, "cells": 2, "tokens": 100, "tokens_per_s": 10.0}
+    assert all_reduce(**args, sync_s_per_token=0.0) == pytest.approx(50.0)  # the work term
+    # The schedule's best is to train every token on one cell: work 50, window 20.
+    assert all_reduce(**args, sync_s_per_token=0.2) == pytest.approx(50.0)
+    # With less other work the two sides cross inside [0, T]: (30 + 0.2 (100 - T1)) / 2 =
+    # 10 + T1 / 10 + (100 - T1) / 20 at T1 = 66.7, so 18.33 s, above the 15 s without all-reduce.
+    light = {**args, "work_s": 30.0}
+    assert all_reduce(**light, sync_s_per_token=0.2) == pytest.approx(18.333, abs=1e-3)
+    assert all_reduce(**light, sync_s_per_token=0.0) == pytest.approx(15.0)

@@ -172,3 +172,24 @@ def test_ablation_shows_the_papers_figures_only_beside_the_12_step_workload() ->
     variants = ablation(w, draw_executions(w))["variants"]
     assert variants["async"]["paper_h"] == 25.08 and variants["gyre"]["paper_h"] == 16.12
     assert variants["elastic_no_streaming"]["paper_h"] is None  # the paper gives no figure for it
+
+
+def test_every_fixed_split_mode_at_its_best_split_is_no_slower_than_at_the_workloads(
+    small: tuple[Workload, Executions],
+) -> None:
+    from services.scheduler.sim.report import compare, run_modes
+
+    w, x = small
+    report = compare(w, x, run_modes(w, x))
+    modes = report["modes"]
+    for mode in ("async", "async_streaming"):
+        assert modes[f"{mode}_best"]["wall_s"] <= modes[mode]["wall_s"]
+        assert 1 <= modes[f"{mode}_best"]["rollout_cells"] <= w.cells - 1
+    assert modes["burst_best"]["wall_s"] <= min(modes["burst"]["wall_s"], modes["burst_fixed"]["wall_s"])
+    best = report["best_baseline"]
+    assert best != "gyre" and modes[best]["wall_s"] == min(
+        m["wall_s"] for name, m in modes.items() if name != "gyre"
+    )
+    assert report["gyre_speedup_over_best_baseline"] == pytest.approx(
+        modes[best]["wall_s"] / modes["gyre"]["wall_s"], rel=1e-3
+    )

@@ -148,7 +148,7 @@ async def test_calls_and_rewards_from_the_bus_make_a_ready_group_and_samples(
     reasons = [envelope_pb2.DeadLetter.FromString(d).reason for d in dead]
     assert any("99 shared tokens, but call" in r for r in reasons), reasons
 
-    for execution_id, score, assessable in ((e1, 1.0, True), (e2, 0.7, False)):
+    for execution_id, score, assessable in ((e1, 1.0, True), (e2, 0.0, True)):
         grade = evaluator_pb2.Grade(
             execution_id=execution_id, task_id=task_id, score=score, assessable=assessable
         )
@@ -162,7 +162,7 @@ async def test_calls_and_rewards_from_the_bus_make_a_ready_group_and_samples(
         if group.ready:
             break
         await asyncio.sleep(0.1)
-    assert group.ready and [e.reward for e in group.executions] == [1.0, 0.0]  # unassessable counts as 0
+    assert group.ready and [e.reward for e in group.executions] == [1.0, 0.0]
 
     ready: list[trajectory_events.GroupReady] = []
     for _ in range(30):
@@ -190,6 +190,68 @@ async def test_calls_and_rewards_from_the_bus_make_a_ready_group_and_samples(
     assert sum(sum(s.token_weight) for s in samples) == pytest.approx(1.0)
     assert list(samples[0].token_weight)[2] == pytest.approx(1 / (2 * 3))
     assert list(samples[0].policy_versions) == [0, 0, 3, 3, 0, 3]
+
+
+async def ready_event(bus: Bus, task_id: str) -> trajectory_events.GroupReady:
+    for _ in range(50):  # bounded: about 10 s
+        for data in await stream_payloads(bus, "trajectory", f"{bus.prefix}.trajectory.v1.GroupReady"):
+            env = envelope_pb2.Envelope.FromString(data)
+            event = trajectory_events.GroupReady()
+            env.payload.Unpack(event)
+            if event.task_id == task_id:
+                return event
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no GroupReady for task {task_id}")
+
+
+async def test_an_unassessable_execution_is_kept_out_of_the_baseline_and_the_loss(
+    service: tuple[trajectory_pb2_grpc.TrajectoryServiceStub, Bus],
+) -> None:
+    """An infrastructure failure completes the group but is neither a 0 in the baseline nor trained on."""
+    stub, bus = service
+    task_id, good, partial, crashed = (str(uuid.uuid4()) for _ in range(4))
+    members = (good, partial, crashed)
+    task = scheduler_pb2.Task(
+        task_id=task_id,
+        spec=scheduler_pb2.TaskSpec(family="repo_repair", group_size=3),
+        executions=[
+            ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
+            for i, e in enumerate(members)
+        ],
+    )
+    await publish(bus, scheduler_events.TaskSubmitted(task=task), "scheduler", task_id)
+    for e in members:
+        await publish(
+            bus,
+            proxy_events.LlmCallRecorded(call=record(e, str(uuid.uuid4()), [50, 51], prompt=[1])),
+            "proxy",
+            task_id,
+        )
+        await eventually_tree(stub, e, 1)
+    # A timeout with partial credit is a policy outcome (scored as earned); a crashed grader is not.
+    for e, score, assessable, is_partial in (
+        (good, 1.0, True, False),
+        (partial, 0.4, True, True),
+        (crashed, 0.0, False, False),
+    ):
+        grade = evaluator_pb2.Grade(
+            execution_id=e, task_id=task_id, score=score, assessable=assessable, partial=is_partial
+        )
+        await publish(bus, evaluator_events.RewardAssigned(grade=grade), "evaluator", task_id)
+
+    ready = await ready_event(bus, task_id)
+    assert list(ready.execution_ids) == list(members) and list(ready.unassessable_execution_ids) == [crashed]
+    group = (await stub.GetGroup(trajectory_pb2.GetGroupRequest(task_id=task_id))).group
+    assert [e.assessable for e in group.executions] == [True, True, False] and group.num_unassessable == 1
+
+    samples = [
+        r.sample async for r in stub.StreamSamples(trajectory_pb2.StreamSamplesRequest(task_ids=[task_id]))
+    ]
+    # Baseline over {1.0, 0.4}: mean 0.7, std 0.3. With the crash counted as 0 it would be
+    # mean 0.467 and the partial execution's advantage would turn from -1 to about -0.16.
+    assert [s.execution_id for s in samples] == [good, partial]
+    assert [round(s.advantage, 4) for s in samples] == [1.0, -1.0]
+    assert sum(sum(s.token_weight) for s in samples) == pytest.approx(1.0)
 
 
 async def test_bad_requests_name_what_is_wrong(

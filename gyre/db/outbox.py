@@ -9,6 +9,7 @@ second publish after a crash between publish and mark harmless.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import sqlalchemy as sa
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from gyre.bus import Bus
 from gyre.common.v1 import envelope_pb2
+from gyre.metrics import OUTBOX_WAIT_SECONDS
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +83,8 @@ class OutboxRelay:
                 envelope = envelope_pb2.Envelope()
                 envelope.ParseFromString(row.envelope)
                 await self.bus.publish(envelope)
+                waited_s = time.time() - envelope.occurred_at.ToNanoseconds() / 1e9
+                OUTBOX_WAIT_SECONDS.labels(producer=envelope.producer).observe(max(0.0, waited_s))
             if rows:
                 await conn.execute(
                     sa.update(t).where(t.c.seq.in_([r.seq for r in rows])).values(published_at=sa.func.now())

@@ -43,7 +43,14 @@ class Forwarder:
 
     async def start(self) -> None:
         self.folder.mkdir(mode=0o711, exist_ok=True)
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket_path))
+        # A Unix socket path holds at most 107 bytes and sandbox folders can be deeper: bind
+        # through a descriptor of the folder (/proc/self/fd/N/...), which is always short.
+        folder_fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            short = f"/proc/self/fd/{folder_fd}/{SOCKET_NAME}"
+            self._server = await asyncio.start_unix_server(self._serve, path=short)
+        finally:
+            os.close(folder_fd)
         if self.uid is not None:  # only the sandbox user (and root) may connect
             os.chown(self.socket_path, self.uid, -1)
         os.chmod(self.socket_path, 0o600)

@@ -147,11 +147,11 @@ class SandboxHost:
         for path in sorted(p for p in self.root.iterdir() if p.is_dir()):
             owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
-            remove_tree(path)
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                remove_tree(path)
             for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
-                    with contextlib.suppress(OSError):
-                        (Path(base) / f"gyre-{path.name}").rmdir()
+                    _remove_cgroup(Path(base) / f"gyre-{path.name}")
             if self.uid_base <= owner < self.uid_base + self.uid_count:
                 with contextlib.suppress(KeyError):
                     self._free_user(owner, pwd.getpwuid(owner).pw_name)
@@ -326,47 +326,46 @@ class Sandbox:
             "log_fd": log_fd,
             "pass_fds": list(pass_fds),
         }
-        own_fds = [log_fd]  # closed here once the child holds them
-        if self.isolation.namespaces:
-            if forward is not None:
-                self.forwarder = Forwarder(
-                    folder=self.path / "forward",
-                    host=forward.host,
-                    port=forward.port,
-                    max_connections=self.limits.max_connections,
-                    uid=self.uid,
-                )
-                await self.forwarder.start()
-                spec["forward"] = {
-                    "listen_port": forward.listen_port,
-                    "socket_path": f"{FORWARD_DIR}/proxy.sock",
-                }
-            seccomp_fd = launcher.seccomp_fd(self)
-            if seccomp_fd is not None:
-                own_fds.append(seccomp_fd)
-            cmd, staging = launcher.bwrap_command(
-                self, cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
-            )
-        else:
-            spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
-            cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
-        setup_log = self._open_setup_log()
+        own_fds = [log_fd]  # closed here once the child holds them (or on failure)
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=setup_log,
-                stderr=setup_log,
-                start_new_session=True,
-                pass_fds=(*own_fds, *pass_fds),
-                env={
-                    "PATH": os.environ.get("PATH", os.defpath),
-                    "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
-                    "GYRE_STAGE": staging,
-                },
-            )
+            if self.isolation.namespaces:
+                if forward is not None:
+                    self.forwarder = Forwarder(
+                        folder=self.path / "forward",
+                        host=forward.host,
+                        port=forward.port,
+                        max_connections=self.limits.max_connections,
+                        uid=self.uid,
+                    )
+                    await self.forwarder.start()
+                    spec["forward"] = {
+                        "listen_port": forward.listen_port,
+                        "socket_path": f"{FORWARD_DIR}/proxy.sock",
+                    }
+                seccomp_fd = launcher.seccomp_fd(self)
+                if seccomp_fd is not None:
+                    own_fds.append(seccomp_fd)
+                cmd, staging = launcher.bwrap_command(
+                    self, cwd or self.work, read_only=read_only, seccomp_fd=seccomp_fd, fds=own_fds
+                )
+            else:
+                spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
+                cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
+            with self._open_setup_log() as setup_log:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *cmd,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=setup_log,
+                    stderr=setup_log,
+                    start_new_session=True,
+                    pass_fds=(*own_fds, *pass_fds),
+                    env={
+                        "PATH": os.environ.get("PATH", os.defpath),
+                        "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
+                        "GYRE_STAGE": staging,
+                    },
+                )
         finally:
-            setup_log.close()
             for fd in own_fds:
                 os.close(fd)
         assert self.proc.stdin is not None
@@ -448,10 +447,12 @@ class Sandbox:
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30, check=False)
             self.mounted = False
-        remove_tree(self.path)  # the workspace is wiped: nothing of it is left for a later uid
+        try:
+            remove_tree(self.path)  # the workspace is wiped: nothing of it is left for a later uid
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("sandbox_not_removed", path=str(self.path), error=str(exc))
         for d in self.cgroups:
-            with contextlib.suppress(OSError):
-                d.rmdir()
+            _remove_cgroup(d)
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
 
@@ -461,3 +462,21 @@ def _cgroup_pids(cgroup: Path) -> list[int]:
         return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    """rmdir a sandbox's cgroup. Its last processes may still be exiting (bwrap's pid 1 takes the
+    namespace down as it goes), and rmdir fails while any is in it: kill and retry, bounded."""
+    for _ in range(100):
+        pids = _cgroup_pids(cgroup)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            cgroup.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+    log.warning("sandbox_cgroup_left", cgroup=str(cgroup))

@@ -104,11 +104,7 @@ def run(spec: dict[str, Any]) -> int:
     if namespaces and spec.get("forward"):
         fwd = spec["forward"]
         relay = Relay(listen_port=fwd["listen_port"], socket_path=fwd["socket_path"])
-    log = (
-        os.fdopen(spec["log_fd"], "ab", buffering=0)
-        if "log_fd" in spec
-        else open(spec["log_path"], "ab", buffering=0)
-    )
+    log = os.fdopen(spec["log_fd"], "ab", buffering=0)  # the host's harness.log
     uid = None if namespaces else spec.get("uid")
     child = subprocess.Popen(
         spec["argv"],

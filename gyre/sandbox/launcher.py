@@ -78,7 +78,8 @@ def bwrap_command(
     stage = box.path / "runtime"
     stage.mkdir(mode=0o711, exist_ok=True)
     runtime = [p for p in box.host.runtime if os.path.exists(p)]
-    for n, p in enumerate(runtime):  # mount points: a folder for a folder, a file for a file
+    staged = box.uid is not None  # as root: bwrap runs as another user, who may not reach them
+    for n, p in enumerate(runtime if staged else ()):  # mount points: a folder, or a file
         if os.path.isdir(p):
             (stage / str(n)).mkdir(mode=0o755, exist_ok=True)
         else:
@@ -96,7 +97,7 @@ def bwrap_command(
             (opened(etc / "group"), "/etc/group"),
             (opened(INIT_SCRIPT), INIT_PATH),
         ],
-        runtime=[(str(stage / str(n)), p) for n, p in enumerate(runtime)],
+        runtime=[(str(stage / str(n)) if staged else p, p) for n, p in enumerate(runtime)],
         read_write=[(str(box.work), str(box.work)), (str(box.home), str(box.home))],
         private_tmp=str(box.path / "tmp"),
         read_only=extra,
@@ -107,8 +108,8 @@ def bwrap_command(
     drop = []
     if box.uid is not None:  # bwrap runs unprivileged, as the sandbox user, from the start
         drop = [box.host.caps.setpriv, f"--reuid={box.uid}", f"--regid={gid}", "--clear-groups"]
-    staging = "".join(f"{p}\t{stage / str(n)}\n" for n, p in enumerate(runtime))
-    launcher = [box.host.caps.unshare, "--mount", "--propagation", "private"] if box.uid is not None else []
+    staging = "".join(f"{p}\t{stage / str(n)}\n" for n, p in enumerate(runtime)) if staged else ""
+    launcher = [box.host.caps.unshare, "--mount", "--propagation", "private"] if staged else []
     cmd = [*launcher, "/bin/sh", "-c", LAUNCHER, "gyre-sandbox", *drop, *bwrap_argv(plan, init)]
     return cmd, staging
 

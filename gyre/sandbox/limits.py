@@ -21,7 +21,11 @@ class SandboxLimits:
     cpu_s: int = 3600
     """CPU seconds per process (RLIMIT_CPU)."""
     memory_mb: int = 2048
-    """Address space per process (RLIMIT_AS) and, with a memory cgroup, resident memory of all."""
+    """Resident memory of all its processes (the memory cgroup) and, unless `address_space_mb`
+    says otherwise, the address space per process (RLIMIT_AS)."""
+    address_space_mb: int = 0
+    """Address space per process (RLIMIT_AS) when it must differ from `memory_mb` (a runtime
+    such as Node's reserves far more than it touches); 0: `memory_mb`."""
     max_procs: int = 256
     """Processes of the sandbox user (RLIMIT_NPROC, per dedicated uid) and the pids cgroup."""
     file_size_mb: int = 512
@@ -54,6 +58,11 @@ class SandboxLimits:
             value = getattr(self, name)
             if not (isinstance(value, int) and value > 0):
                 raise InvalidArgument(f"{at}.{name}", f"must be a positive integer, got {value!r}")
+        if not (isinstance(self.address_space_mb, int) and self.address_space_mb >= 0):
+            raise InvalidArgument(
+                f"{at}.address_space_mb",
+                f"must be 0 (same as memory_mb) or a positive integer, got {self.address_space_mb!r}",
+            )
         if not (isinstance(self.cpus, (int, float)) and 0.01 <= self.cpus <= 1024):
             raise InvalidArgument(
                 f"{at}.cpus", f"must be a number of CPUs in [0.01, 1024], got {self.cpus!r}"
@@ -77,9 +86,10 @@ class SandboxLimits:
             SandboxLimits(cpu_s=10, memory_mb=256, max_procs=32, file_size_mb=8, disk_mb=64).rlimits()
             -> {"RLIMIT_CPU": (10, 10), "RLIMIT_AS": (268435456, 268435456), ...}
         """
+        address_space = (self.address_space_mb or self.memory_mb) * MIB
         return {
             "RLIMIT_CPU": (self.cpu_s, self.cpu_s),
-            "RLIMIT_AS": (self.memory_mb * MIB, self.memory_mb * MIB),
+            "RLIMIT_AS": (address_space, address_space),
             "RLIMIT_NPROC": (self.max_procs, self.max_procs),
             "RLIMIT_FSIZE": (self.file_size_mb * MIB, self.file_size_mb * MIB),
             "RLIMIT_NOFILE": (self.open_files, self.open_files),

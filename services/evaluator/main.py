@@ -11,7 +11,7 @@ from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost, connect
 from gyre.sandbox.host import SandboxHost
 from gyre.settings import KernelSettings
-from services.evaluator import repo
+from services.evaluator import metrics, repo
 from services.evaluator.config import EvaluatorSettings
 from services.evaluator.consumer import RunnerEvents
 from services.evaluator.grading import Grader
@@ -30,6 +30,7 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
     grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
+    metrics.register()
     runner = Consumer(conns.bus, RunnerEvents(conns.sessions, relay, grader, settings).spec())
     server = GrpcServer(
         service_names=[evaluator_pb2.DESCRIPTOR.services_by_name["EvaluatorService"].full_name],

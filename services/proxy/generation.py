@@ -20,6 +20,7 @@ import structlog
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.errors import Unavailable
 from gyre.rpc import MAX_MESSAGE_BYTES
+from gyre.rpc_telemetry import channel as traced_channel
 from services.proxy.routing import Route
 
 log = structlog.get_logger(__name__)
@@ -37,7 +38,7 @@ class EnginePool:
     def stub(self, address: str) -> Any:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(
+            channel = traced_channel(
                 address,
                 options=[
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

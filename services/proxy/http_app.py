@@ -14,9 +14,11 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from opentelemetry.trace import SpanKind
 
 from gyre.errors import GyreError, InvalidArgument, NotFound, Unavailable
 from gyre.outages import translate
+from gyre.tracing import continued_from
 from services.proxy import anthropic_api, openai_api
 from services.proxy.auth import TokenBook, Unauthenticated, bearer_token
 from services.proxy.calls import CallRun, Calls
@@ -124,6 +126,7 @@ async def _start(request: web.Request, parse: Callable[[Any], ChatRequest]) -> t
     execution_id = await _authenticate(request)
     chat = parse(await _json_body(request))
     run = await request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
+    structlog.contextvars.bind_contextvars(execution_id=execution_id, call_id=run.call_id)
     return chat, run
 
 
@@ -257,8 +260,15 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "serving"})
 
 
+@web.middleware
+async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Continue the harness's trace (its `traceparent` header), or start one per request."""
+    with continued_from(request.headers, f"{request.method} {request.path}", kind=SpanKind.SERVER):
+        return await handler(request)
+
+
 def build_app(*, calls: Calls, tokens: TokenBook, max_body_bytes: int) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[trace_middleware, errors_middleware], client_max_size=max_body_bytes)
     app[CALLS_KEY] = calls
     app[TOKENS_KEY] = tokens
     app.router.add_post("/v1/chat/completions", chat_completions)

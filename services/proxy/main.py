@@ -15,7 +15,7 @@ from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost, connect
 from gyre.settings import KernelSettings
-from services.proxy import repo
+from services.proxy import metrics, repo
 from services.proxy.auth import TokenBook
 from services.proxy.calls import Calls
 from services.proxy.config import ProxySettings
@@ -47,6 +47,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         routes = await repo.load_routes(session)
     pool = EnginePool()
     router = Router(pool, routes)
+    metrics.register(router)
     recorder = Recorder(conns.sessions, relay)
 
     async def load_outputs(execution_id: str) -> list[ReusableOutput]:

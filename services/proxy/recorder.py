@@ -24,12 +24,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.events import new_event
 from gyre.proxy.v1 import events_pb2, proxy_pb2
+from gyre.tracing import current_carrier
 from services.proxy import repo
 from services.proxy.render import ReusableOutput
 
 log = structlog.get_logger(__name__)
 PRODUCER = "proxy"
-Item = tuple[proxy_pb2.CallRecord, ReusableOutput | None, asyncio.Future[bool]]
+Item = tuple[proxy_pb2.CallRecord, ReusableOutput | None, dict[str, str], asyncio.Future[bool]]
+"""A call's record, its reusable output, its trace context (the batch is written by another
+task, outside the call's trace) and the future that says it is committed."""
 
 
 class Recorder:
@@ -55,7 +58,7 @@ class Recorder:
     ) -> asyncio.Future[bool]:
         """Queue a call's record (and the reusable form of its output); the future says it is durable."""
         durable: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((call, output, durable))
+        self._queue.put_nowait((call, output, current_carrier(), durable))
         return durable
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -74,18 +77,19 @@ class Recorder:
             await self._write(calls)
 
     async def _write(self, items: list[Item]) -> None:
-        calls = [call for call, _, _ in items]
-        outputs = [(call.execution_id, output) for call, output, _ in items if output is not None]
+        calls = [call for call, _, _, _ in items]
+        outputs = [(call.execution_id, output) for call, output, _, _ in items if output is not None]
         counts = Counter(call.execution_id for call in calls)
-        events = [
-            new_event(
+        events = []
+        for call, _, trace_context, _ in items:
+            event = new_event(
                 events_pb2.LlmCallRecorded(call=call),
                 producer=PRODUCER,
                 correlation_id=call.execution_id,
                 causation_id=call.call_id,
             )
-            for call in calls
-        ]
+            event.trace_context.update(trace_context)
+            events.append(event)
         deadline = time.monotonic() + self.give_up_after_s
         for attempt in range(10_000):  # bounded by the deadline below
             try:
@@ -100,7 +104,7 @@ class Recorder:
                     self._lose(items)
                     return
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-        for _, _, durable in items:
+        for *_, durable in items:
             if not durable.done():
                 durable.set_result(True)
         self.relay.poke()
@@ -109,8 +113,8 @@ class Recorder:
         """Give up on a batch and on everything queued behind it (they may be its delta children)."""
         while not self._queue.empty():
             items.append(self._queue.get_nowait())
-        log.error("records_lost", num_calls=len(items), call_ids=[c.call_id for c, _, _ in items][:20])
-        for _, _, durable in items:
+        log.error("records_lost", num_calls=len(items), call_ids=[item[0].call_id for item in items][:20])
+        for *_, durable in items:
             if not durable.done():
                 durable.set_result(False)
-        self.on_lost([call for call, _, _ in items])
+        self.on_lost([item[0] for item in items])

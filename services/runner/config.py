@@ -63,7 +63,10 @@ class RunnerSettings(BaseSettings):
     """How long StartExecution waits for the harness process before answering `starting`."""
     cpu_s: int = 3600
     memory_mb: int = 4096
-    """Address space per process: Claude Code's runtime reserves about 4 GiB."""
+    """Memory of the sandbox (cgroup) and address space per process: Claude Code's runtime
+    reserves about 4 GiB."""
+    address_space_mb: int = 0
+    """Address space per process when it must differ from memory_mb (0: the same)."""
     max_procs: int = 256
     file_size_mb: int = 512
     disk_mb: int = 1024

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
-
 from gyre.consume import Consumer
 from gyre.db.outbox import OutboxRelay
 from gyre.proxy.v1 import proxy_pb2_grpc
 from gyre.rpc import GrpcServer
+from gyre.rpc_telemetry import channel as traced_channel
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
 from gyre.settings import KernelSettings
-from services.runner import repo
+from services.runner import metrics, repo
 from services.runner.config import AGENT_FILES, RunnerSettings
 from services.runner.consumer import ScheduledEvents
 from services.runner.service import RunnerServicer
@@ -43,7 +42,7 @@ async def build_with_supervisor(
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     proxy = (
-        proxy_pb2_grpc.ProxyServiceStub(grpc.aio.insecure_channel(settings.proxy_address))
+        proxy_pb2_grpc.ProxyServiceStub(traced_channel(settings.proxy_address))
         if settings.proxy_address
         else None
     )
@@ -51,6 +50,7 @@ async def build_with_supervisor(
         sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy
     )
     await supervisor.recover()
+    metrics.register(supervisor)
     scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())
     server = GrpcServer(
         service_names=[runner_pb2.DESCRIPTOR.services_by_name["RunnerService"].full_name],

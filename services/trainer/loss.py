@@ -6,6 +6,10 @@ by the engine that generated it, plus an optional KL penalty towards that behavi
 the per-execution then per-batch averaging (DESIGN section 4), so the batch loss is a plain
 weighted sum and the sum of microbatch losses is the batch loss whatever the split.
 
+`LossConfig(mode="supervised")` is the supervised mode (the warm start's fine-tuning on
+demonstrations): the weighted negative log-likelihood of the targets, `-sum(weight * logprob)`,
+with the same weights, microbatching and data parallelism; advantages and old logprobs are unused.
+
 Legend: K = one entry per (sample, token t >= 1) in sample order, the token predicted from t-1.
 """
 
@@ -18,9 +22,14 @@ import torch
 
 from services.trainer.samples import Sample
 
+POLICY_GRADIENT = "policy_gradient"
+SUPERVISED = "supervised"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LossConfig:
+    mode: str = POLICY_GRADIENT
+    """`policy_gradient` (clipped surrogate, RL) or `supervised` (weighted NLL of the targets)."""
     clip_low: float = 0.2
     """The ratio is clipped below at 1 - clip_low."""
     clip_high: float = 0.2
@@ -98,3 +107,25 @@ def policy_loss(
         total_weight = float(weight_K.sum())
         kl = float((weight_K * kl_K).sum()) / total_weight if total_weight > 0 else 0.0
     return loss, LossStats(loss=float(loss.detach()), clip_fraction=clipped / n if n else 0.0, kl=kl)
+
+
+def supervised_loss(logprobs_K: torch.Tensor, targets: TokenTargets) -> tuple[torch.Tensor, LossStats]:
+    """Weighted negative log-likelihood of the targets of one microbatch.
+
+    Example:
+        logprobs_K (-0.5, -2.0), weight_K (0, 1) -> loss 2.0
+    """
+    weight_K = targets.weight_K.to(logprobs_K.dtype)
+    loss = -(weight_K * logprobs_K).sum()
+    return loss, LossStats(loss=float(loss.detach()), clip_fraction=0.0, kl=0.0)
+
+
+def microbatch_loss(
+    logprobs_K: torch.Tensor, targets: TokenTargets, config: LossConfig
+) -> tuple[torch.Tensor, LossStats]:
+    """The loss `config.mode` names."""
+    if config.mode == SUPERVISED:
+        return supervised_loss(logprobs_K, targets)
+    if config.mode != POLICY_GRADIENT:
+        raise ValueError(f"unknown loss mode {config.mode!r}: expected {POLICY_GRADIENT} or {SUPERVISED}")
+    return policy_loss(logprobs_K, targets, config)

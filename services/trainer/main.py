@@ -13,7 +13,7 @@ from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost, connect
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from services.trainer import repo
+from services.trainer import metrics, repo
 from services.trainer.config import TrainerSettings
 from services.trainer.consumer import GroupEvents
 from services.trainer.core_cell import open_core_cell
@@ -37,6 +37,7 @@ async def build(settings: TrainerSettings, kernel: KernelSettings) -> ServiceHos
         checkpoint_uri=last.checkpoint_uri if last else None,
     )
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
+    metrics.register()
     if initial is not None:
         await announce_initial_weights(conns.sessions, relay, initial)
     source = TrajectorySamples(settings.trajectory_address, j_max=settings.j_max)

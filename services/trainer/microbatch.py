@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from gyre.errors import InvalidArgument
 from gyre.trajectory.v1 import trajectory_pb2
 from services.trainer.device import DevicePlan, autocast
-from services.trainer.loss import LossConfig, LossStats, policy_loss, token_targets
+from services.trainer.loss import LossConfig, LossStats, microbatch_loss, token_targets
 from services.trainer.policy import flat_logprobs, packed_logprobs
 from services.trainer.sample_arrays import PackedSamplesInvalid, decode_samples, encode_samples
 from services.trainer.samples import Sample
@@ -136,7 +136,7 @@ def microbatch_gradient(
             weight_K=targets.weight_K.to(logprobs_K.device),
             advantage_K=targets.advantage_K.to(logprobs_K.device),
         )
-    loss, stats = policy_loss(logprobs_K, targets, config)
+    loss, stats = microbatch_loss(logprobs_K, targets, config)
     loss.backward()  # type: ignore[no-untyped-call]
     grad_P = torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params]

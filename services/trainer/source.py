@@ -13,6 +13,7 @@ import grpc
 
 from gyre.errors import Unavailable
 from gyre.rpc import MAX_MESSAGE_BYTES
+from gyre.rpc_telemetry import channel as traced_channel
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.trainer.sample_arrays import PackedSamplesInvalid, decode_samples
 from services.trainer.samples import Sample
@@ -47,7 +48,7 @@ class TrajectorySamples:
     """Streams the samples of whole groups; weights are computed over exactly these groups."""
 
     def __init__(self, address: str, *, j_max: int, timeout_s: float = 120.0) -> None:
-        self.channel = grpc.aio.insecure_channel(
+        self.channel = traced_channel(
             address,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -4,11 +4,13 @@
 - `RewardAssigned` (evaluator): store the execution's reward and the number of calls the proxy
   recorded for it; when every execution of the group has its reward and that many calls stored,
   mark the group ready and publish `GroupReady` through the outbox (the last call stored can be
-  what completes it: `CallEvents` runs the same check). A grade with
-  `assessable = false` (nothing could be judged, e.g. the workspace is gone) still counts, with
-  its score (0 by the evaluator's contract): a failed rollout is signal for the group, and a group
-  that waited for it would never train. An execution that never gets a reward holds its group
-  back; the scheduler's deadlines and the evaluator's timeout grading are what end that.
+  what completes it: `CallEvents` runs the same check). A grade with `assessable = false` (an
+  infrastructure failure: nothing could be judged, e.g. the sandbox or grader crashed, the
+  workspace is gone) completes its execution for readiness (a group that waited for it would
+  never train) but is no reward: it is listed in `GroupReady`'s `unassessable_execution_ids`,
+  and replay keeps it out of the group's advantage baseline and out of the loss. An execution
+  that never gets a reward holds its group back; the scheduler's deadlines and the evaluator's
+  timeout grading are what end that.
 - `LlmCallRecorded` (proxy): see `CallEvents`, batched.
 """
 
@@ -38,14 +40,19 @@ async def publish_if_ready(session: AsyncSession, task_id: str, *, causation_id:
     members = await repo.mark_ready_if_complete(session, task_id)
     if members is None:
         return False
+    unassessable = await repo.unassessable_executions(session, members)
     event = new_event(
-        trajectory_events.GroupReady(task_id=task_id, execution_ids=members),
+        trajectory_events.GroupReady(
+            task_id=task_id,
+            execution_ids=members,
+            unassessable_execution_ids=[e for e in members if e in unassessable],
+        ),
         producer="trajectory",
         correlation_id=task_id,
         causation_id=causation_id,
     )
     await enqueue(session, repo.outbox, event)
-    log.info("group_ready", task_id=task_id, group_size=len(members))
+    log.info("group_ready", task_id=task_id, group_size=len(members), unassessable=len(unassessable))
     return True
 
 

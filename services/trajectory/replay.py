@@ -101,7 +101,7 @@ async def outcomes_for(
     outcomes: dict[str, Outcome] = {}
     for e, k in known.items():
         advantage = 0.0
-        if k.reward is not None and k.task_id:
+        if k.reward is not None and k.assessable and k.task_id:
             advantage = group_advantages(k.group_rewards, estimator=estimator).get(e, 0.0)
         outcomes[e] = Outcome(reward=k.reward, advantage=advantage, task_id=k.task_id)
     return outcomes
@@ -121,6 +121,12 @@ async def load_samples(
     ids = await resolve_executions(session, execution_ids, task_ids)
     if not ids:
         raise NotFound("no executions named: give execution_ids or task_ids")
+    # Infrastructure failures are kept out of the loss (and out of E in the 1/(E*U_e) weights):
+    # their tokens say nothing about what the policy earned.
+    excluded = await repo.unassessable_executions(session, ids)
+    ids = [e for e in ids if e not in excluded]
+    if not ids:
+        return []
     if skip_without_calls or task_ids:
         # A ready group has every call its executions recorded stored (the proxy's count), so a
         # member without calls never made one: it yields no sample but counts in the baseline.

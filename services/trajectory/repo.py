@@ -35,6 +35,17 @@ group_executions = sa.Table(
     sa.UniqueConstraint("task_id", "index_in_group"),
 )
 
+# Created by migration 0002 (raw SQL writes it); declared here for typed reads.
+rewards = sa.Table(
+    "rewards",
+    metadata,
+    sa.Column("execution_id", sa.Text, primary_key=True),
+    sa.Column("task_id", sa.Text, nullable=False),
+    sa.Column("reward", sa.Float, nullable=False),
+    sa.Column("assessable", sa.Boolean, nullable=False),
+    sa.Column("partial", sa.Boolean, nullable=False),
+)
+
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
 
@@ -44,6 +55,8 @@ class GroupMember:
     execution_id: str
     index_in_group: int
     reward: float | None
+    assessable: bool = True
+    """False when its grade was not assessable (an infrastructure failure)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +94,15 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
     members = (
         await session.execute(
             sa.select(
-                group_executions.c.execution_id, group_executions.c.index_in_group, group_executions.c.reward
+                group_executions.c.execution_id,
+                group_executions.c.index_in_group,
+                group_executions.c.reward,
+                sa.func.coalesce(rewards.c.assessable, True),
+            )
+            .select_from(
+                group_executions.outerjoin(
+                    rewards, rewards.c.execution_id == sa.cast(group_executions.c.execution_id, sa.Text)
+                )
             )
             .where(group_executions.c.task_id == row.task_id)
             .order_by(group_executions.c.index_in_group)
@@ -93,7 +114,10 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
         group_size=row.group_size,
         registered_at=row.registered_at,
         ready_at=row.ready_at,
-        members=tuple(GroupMember(execution_id=str(e), index_in_group=i, reward=r) for e, i, r in members),
+        members=tuple(
+            GroupMember(execution_id=str(e), index_in_group=i, reward=r, assessable=a)
+            for e, i, r, a in members
+        ),
     )
 
 
@@ -194,8 +218,10 @@ class KnownOutcome:
     task_id: str
     """Empty when the execution belongs to no known group."""
     reward: float | None
+    assessable: bool
+    """False when its grade was not assessable; True also while it has no reward."""
     group_rewards: dict[str, float]
-    """Rewards of every rewarded execution of its group (itself included)."""
+    """Rewards of every assessable rewarded execution of its group (itself included): the baseline."""
 
 
 async def load_outcomes(session: AsyncSession, execution_ids: list[str]) -> dict[str, KnownOutcome]:
@@ -206,7 +232,9 @@ async def load_outcomes(session: AsyncSession, execution_ids: list[str]) -> dict
                 "membership AS (SELECT w.execution_id, ge.task_id FROM wanted w "
                 "  LEFT JOIN trajectory.group_executions ge ON ge.execution_id::text = w.execution_id) "
                 "SELECT m.execution_id AS wanted, m.task_id::text AS task_id, "
-                "  ge.execution_id::text AS member, r.reward AS member_reward, own.reward AS own_reward "
+                "  ge.execution_id::text AS member, r.reward AS member_reward, "
+                "  r.assessable AS member_assessable, "
+                "  own.reward AS own_reward, COALESCE(own.assessable, true) AS own_assessable "
                 "FROM membership m "
                 "LEFT JOIN trajectory.rewards own ON own.execution_id = m.execution_id "
                 "LEFT JOIN trajectory.group_executions ge ON ge.task_id = m.task_id "
@@ -218,12 +246,28 @@ async def load_outcomes(session: AsyncSession, execution_ids: list[str]) -> dict
     outcomes: dict[str, KnownOutcome] = {}
     for r in rows:
         known = outcomes.get(r.wanted) or KnownOutcome(
-            execution_id=r.wanted, task_id=r.task_id or "", reward=r.own_reward, group_rewards={}
+            execution_id=r.wanted,
+            task_id=r.task_id or "",
+            reward=r.own_reward,
+            assessable=r.own_assessable,
+            group_rewards={},
         )
-        if r.member is not None and r.member_reward is not None:
+        # An unassessable member (infrastructure failure) is no sample of the policy: leaving it
+        # in the baseline as 0 would push every assessable member's advantage up.
+        if r.member is not None and r.member_reward is not None and r.member_assessable:
             known.group_rewards[r.member] = r.member_reward
         outcomes[r.wanted] = known
     return outcomes
+
+
+async def unassessable_executions(session: AsyncSession, execution_ids: list[str]) -> set[str]:
+    """The executions among `execution_ids` whose grade was not assessable."""
+    rows = await session.execute(
+        sa.select(rewards.c.execution_id).where(
+            rewards.c.execution_id.in_(execution_ids), rewards.c.assessable.is_(False)
+        )
+    )
+    return {r.execution_id for r in rows}
 
 
 async def group_members(session: AsyncSession, task_id: str) -> tuple[bool, list[str]] | None:

@@ -51,10 +51,12 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
                     index_in_group=m.index_in_group,
                     has_reward=m.reward is not None,
                     reward=m.reward or 0.0,
+                    assessable=m.assessable,
                 )
                 for m in record.members
             ],
             ready=record.ready_at is not None,
+            num_unassessable=sum(1 for m in record.members if m.reward is not None and not m.assessable),
         )
         group.registered_at.FromDatetime(record.registered_at)
         return trajectory_pb2.GetGroupResponse(group=group)

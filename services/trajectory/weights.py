@@ -9,7 +9,8 @@ have at least one (an execution with none adds nothing and does not dilute the o
 batch loss is then the plain sum `sum(token_weight * token_loss)`; the weights sum to 1.
 
 Advantage (`GRPO`, the default): `(r - mean_g) / (std_g + 1e-6)` over the rewards of every
-rewarded execution of the group (population standard deviation). It makes the advantage scale
+assessable rewarded execution of the group (population standard deviation; the caller leaves
+infrastructure failures out of `rewards`, see replay.py). It makes the advantage scale
 free across tasks of different reward ranges, which suits the [0, 1] partial-credit rewards; a
 group whose rewards are all equal yields 0 (no signal rather than noise). `MEAN_CENTERED` is
 `r - mean_g` (Dr. GRPO), for recipes that avoid favouring low-variance groups.

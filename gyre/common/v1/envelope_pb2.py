@@ -26,17 +26,21 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgyre/common/v1/envelope.proto\x12\x0egyre.common.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x02\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08producer\x18\x04 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x06 \x01(\t\x12\'\n\x07payload\x18\x07 \x01(\x0b\x32\x14.google.protobuf.AnyH\x00\x12\x31\n\x0bpayload_ref\x18\x08 \x01(\x0b\x32\x1a.gyre.common.v1.PayloadRefH\x00\x42\x06\n\x04\x62ody\"U\n\nPayloadRef\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x13\n\x0bobject_name\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xc3\x01\n\nDeadLetter\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x17\n\x0fstream_sequence\x18\x03 \x01(\x04\x12\x0e\n\x06msg_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rnum_delivered\x18\x06 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x34\n\x10\x64\x65\x61\x64_lettered_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgyre/common/v1/envelope.proto\x12\x0egyre.common.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x02\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08producer\x18\x04 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x05 \x01(\t\x12\x14\n\x0c\x63\x61usation_id\x18\x06 \x01(\t\x12\'\n\x07payload\x18\x07 \x01(\x0b\x32\x14.google.protobuf.AnyH\x00\x12\x31\n\x0bpayload_ref\x18\x08 \x01(\x0b\x32\x1a.gyre.common.v1.PayloadRefH\x00\x12\x41\n\rtrace_context\x18\t \x03(\x0b\x32*.gyre.common.v1.Envelope.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04\x62ody\"U\n\nPayloadRef\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x13\n\x0bobject_name\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xc3\x01\n\nDeadLetter\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x17\n\x0fstream_sequence\x18\x03 \x01(\x04\x12\x0e\n\x06msg_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x15\n\rnum_delivered\x18\x06 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x34\n\x10\x64\x65\x61\x64_lettered_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.common.v1.envelope_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_ENVELOPE']._serialized_start=110
-  _globals['_ENVELOPE']._serialized_end=371
-  _globals['_PAYLOADREF']._serialized_start=373
-  _globals['_PAYLOADREF']._serialized_end=458
-  _globals['_DEADLETTER']._serialized_start=461
-  _globals['_DEADLETTER']._serialized_end=656
+  _globals['_ENVELOPE']._serialized_end=491
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_start=432
+  _globals['_ENVELOPE_TRACECONTEXTENTRY']._serialized_end=483
+  _globals['_PAYLOADREF']._serialized_start=493
+  _globals['_PAYLOADREF']._serialized_end=578
+  _globals['_DEADLETTER']._serialized_start=581
+  _globals['_DEADLETTER']._serialized_end=776
 # @@protoc_insertion_point(module_scope)

@@ -3,10 +3,12 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -26,6 +28,26 @@ class Envelope(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     EVENT_ID_FIELD_NUMBER: _builtins.int
     EVENT_TYPE_FIELD_NUMBER: _builtins.int
     OCCURRED_AT_FIELD_NUMBER: _builtins.int
@@ -34,6 +56,7 @@ class Envelope(_message.Message):
     CAUSATION_ID_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     PAYLOAD_REF_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Unique id of this event, a UUIDv7 in its canonical text form; also the deduplication key."""
     event_type: _builtins.str
@@ -56,6 +79,13 @@ class Envelope(_message.Message):
     def payload_ref(self) -> Global___PayloadRef:
         """Where the serialized payload was stored because it exceeded the inline limit."""
 
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context (`traceparent`, and `tracestate` when set) of the operation that produced
+        this event. Kept with the envelope so it survives the outbox; the bus copies it into the NATS
+        message headers, where consumers read it.
+        """
+
     def __init__(
         self,
         *,
@@ -67,10 +97,11 @@ class Envelope(_message.Message):
         causation_id: _builtins.str = ...,
         payload: _any_pb2.Any | None = ...,
         payload_ref: Global___PayloadRef | None = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "occurred_at", b"occurred_at", "payload", b"payload", "payload_ref", b"payload_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "causation_id", b"causation_id", "correlation_id", b"correlation_id", "event_id", b"event_id", "event_type", b"event_type", "occurred_at", b"occurred_at", "payload", b"payload", "payload_ref", b"payload_ref", "producer", b"producer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "causation_id", b"causation_id", "correlation_id", b"correlation_id", "event_id", b"event_id", "event_type", b"event_type", "occurred_at", b"occurred_at", "payload", b"payload", "payload_ref", b"payload_ref", "producer", b"producer", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["payload", "payload_ref"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015

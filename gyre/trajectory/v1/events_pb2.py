@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgyre/trajectory/v1/events.proto\x12\x12gyre.trajectory.v1\"4\n\nGroupReady\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x15\n\rexecution_ids\x18\x02 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgyre/trajectory/v1/events.proto\x12\x12gyre.trajectory.v1\"X\n\nGroupReady\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x15\n\rexecution_ids\x18\x02 \x03(\t\x12\"\n\x1aunassessable_execution_ids\x18\x03 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.trajectory.v1.events_p
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GROUPREADY']._serialized_start=55
-  _globals['_GROUPREADY']._serialized_end=107
+  _globals['_GROUPREADY']._serialized_end=143
 # @@protoc_insertion_point(module_scope)

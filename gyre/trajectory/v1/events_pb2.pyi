@@ -29,21 +29,29 @@ class GroupReady(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     EXECUTION_IDS_FIELD_NUMBER: _builtins.int
+    UNASSESSABLE_EXECUTION_IDS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task whose group is ready."""
     @_builtins.property
     def execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The executions of the group, in group order."""
 
+    @_builtins.property
+    def unassessable_execution_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The executions (a subset of `execution_ids`) whose grade was not assessable: infrastructure
+        failures, kept out of the group's advantage baseline and the loss, counted here.
+        """
+
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         execution_ids: _abc.Iterable[_builtins.str] | None = ...,
+        unassessable_execution_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_ids", b"execution_ids", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_ids", b"execution_ids", "task_id", b"task_id", "unassessable_execution_ids", b"unassessable_execution_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,6 +79,7 @@ class GroupExecution(_message.Message):
     INDEX_IN_GROUP_FIELD_NUMBER: _builtins.int
     HAS_REWARD_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
+    ASSESSABLE_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     """Id of the execution."""
     index_in_group: _builtins.int
@@ -87,6 +88,11 @@ class GroupExecution(_message.Message):
     """Whether a reward has been assigned."""
     reward: _builtins.float
     """The reward, meaningful only when `has_reward`."""
+    assessable: _builtins.bool
+    """False when the evaluator could not judge the execution (an infrastructure failure: sandbox,
+    grader or runner crash, workspace lost). Such an execution counts for readiness but is kept
+    out of the group's advantage baseline and out of the loss.
+    """
     def __init__(
         self,
         *,
@@ -94,10 +100,11 @@ class GroupExecution(_message.Message):
         index_in_group: _builtins.int = ...,
         has_reward: _builtins.bool = ...,
         reward: _builtins.float = ...,
+        assessable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "has_reward", b"has_reward", "index_in_group", b"index_in_group", "reward", b"reward"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "execution_id", b"execution_id", "has_reward", b"has_reward", "index_in_group", b"index_in_group", "reward", b"reward"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -115,6 +122,7 @@ class Group(_message.Message):
     EXECUTIONS_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
     REGISTERED_AT_FIELD_NUMBER: _builtins.int
+    NUM_UNASSESSABLE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task the group belongs to."""
     family: _builtins.str
@@ -125,6 +133,8 @@ class Group(_message.Message):
     """True once every execution has a reward and every call the proxy recorded for it is stored
     (GroupReady was published).
     """
+    num_unassessable: _builtins.int
+    """Number of rewarded executions that were not assessable (kept out of baseline and loss)."""
     @_builtins.property
     def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupExecution]:
         """The executions in group order."""
@@ -142,10 +152,11 @@ class Group(_message.Message):
         executions: _abc.Iterable[Global___GroupExecution] | None = ...,
         ready: _builtins.bool = ...,
         registered_at: _timestamp_pb2.Timestamp | None = ...,
+        num_unassessable: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["registered_at", b"registered_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions", "family", b"family", "group_size", b"group_size", "ready", b"ready", "registered_at", b"registered_at", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions", "family", b"family", "group_size", b"group_size", "num_unassessable", b"num_unassessable", "ready", b"ready", "registered_at", b"registered_at", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,7 +51,18 @@ cell-seconds, w_g = group g's training cell-seconds.
   task queue is first in, first out, so the groups admitted at one version are a contiguous run
   of the queue; minimised over admission sequences by dynamic programming.
 
-lower_bound_s is the largest of the six. What it still leaves out, so what no schedule can
+- **all_reduce**: the engine trains in lockstep rounds, one at a time; a round of n >= 2 members
+  trains at most n * microbatch tokens and ends with a ring all-reduce of 2(n-1)/n * beta seconds
+  (beta = replica bytes / link) on every member: 2(n-1) * beta >= n * beta cell-seconds, so at
+  least s = beta / microbatch cell-seconds per token it trains, disjoint from R, W and the
+  updates. A round of one member pays none but trains at r tokens/s on one cell. With T1 of the
+  T tokens trained in one-member rounds:
+      C * wall >= R + W + S*O + (C-1)*O + (T - T1) * s        (the work term, plus all-reduce)
+      wall >= min_g D_g + S*O + T1 / r + (T - T1) / (C r)     (rounds are sequential)
+  The first falls and the second rises with T1, so the term is the larger of the two where
+  they cross (or at an end of [0, T]).
+
+lower_bound_s is the largest of the seven. What it still leaves out, so what no schedule can
 avoid but the bound does not charge: the non-clairvoyant rollout tail (the task queue is FIFO, but
 the bound may group groups as a clairvoyant schedule would), slot fragmentation (a group starts
 only when G slots are free), staleness waits beyond the chain, and migration pauses.
@@ -105,6 +116,28 @@ def update_gaps(
     return best
 
 
+def all_reduce(
+    *, work_s: float, window_s: float, cells: int, tokens: int, tokens_per_s: float, sync_s_per_token: float
+) -> float:
+    """The all-reduce term: min over T1 in [0, T] of max((work + (T - T1) * s) / C,
+    window + T1 / r + (T - T1) / (C * r)), the two sides being linear in T1.
+
+    Example: work 100 cell-s, window 10 s, 2 cells, 100 tokens at 10 tokens/s, s = 0.2 cell-s
+    per token: (120 - 0.2 T1) / 2 = 15 + 0.05 T1 at T1 = 300 > T, so T1 = T = 100:
+    max(50, 20) = 50; s = 0 -> 50 (the work term alone).
+    """
+    c, t, r, s = cells, float(tokens), tokens_per_s, sync_s_per_token
+
+    def sides(t1: float) -> tuple[float, float]:
+        return (work_s + (t - t1) * s) / c, window_s + t1 / r + (t - t1) / (c * r)
+
+    # (work + (t - t1) s) / c = window + t1 / r + (t - t1) / (c r), solved for t1.
+    slope = s / c + 1 / r - 1 / (c * r)
+    crossing = ((work_s + t * s) / c - window_s - t / (c * r)) / slope if slope > 0 else t
+    t1 = min(t, max(0.0, crossing))
+    return max(sides(t1))
+
+
 def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
     c, e, r = w.cells, w.executions_per_cell, w.tokens_per_s_per_cell
     g, b = w.group_size, w.groups_per_step
@@ -114,8 +147,9 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
     ready = [max(x.duration_s[k * g : k * g + g]) for k in range(w.total_groups)]
     group_training = [sum(x.tokens[k * g : k * g + g]) / r for k in range(w.total_groups)]
     by_cost = sorted(group_training)
+    work_cell_s = rollout + training + overhead + (c - 1) * w.step_overhead_s
     return {
-        "work": (rollout + training + overhead + (c - 1) * w.step_overhead_s) / c,
+        "work": work_cell_s / c,
         "training_window": min(ready) + overhead + training / c,
         "staleness_chain": (sum(sorted(ready, reverse=True)[j * b] for j in range(w.steps)) + overhead)
         / (w.max_staleness + 1),
@@ -127,6 +161,14 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
             overhead_s=w.step_overhead_s,
             first_ready_s=min(ready),
             rollout_to_training_s=w.rollout_to_training_s,
+        ),
+        "all_reduce": all_reduce(
+            work_s=work_cell_s,
+            window_s=min(ready) + overhead,
+            cells=c,
+            tokens=sum(x.tokens),
+            tokens_per_s=r,
+            sync_s_per_token=w.replica_bytes / w.link_bytes_per_s / w.microbatch_tokens,
         ),
         "fifo_chain": fifo_chain(
             costs=[d + t / c for d, t in zip(ready, group_training, strict=True)],

@@ -43,6 +43,8 @@ def _table(report: dict[str, Any]) -> str:
         f"gyre / lower bound = {report['gyre_over_bound']:.3f}; gyre is"
         f" {report['gyre_speedup_over_best_baseline']:.3f}x the best baseline ({report['best_baseline']})"
     )
+    if report["paper_h"]:
+        lines.append("the paper's run: " + ", ".join(f"{k} {v:.1f} h" for k, v in report["paper_h"].items()))
     return "\n".join(lines)
 
 

@@ -1,0 +1,147 @@
+"""A deterministic scripted solver: the built-in agent's real loop, driven by a reference solution (shell).
+
+`ScriptedClient` stands where the model endpoint would: it answers each completion with the
+next tool call of the task's reference solution (`hidden/solution.json`), so `AgentRun` runs its
+real loop — tools executed in a real workspace, a sub-agent for the delegated part, a summary
+call when the context passes its budget — and every call it makes is recorded as the policy
+should have answered it. Nothing here samples or reads a clock: the same instance and budget
+give the same calls (pytest's timing line in tool output is normalised for that).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.evaluator.generate.instance import Step, TaskInstance
+from services.runner.agent.context import Budget
+from services.runner.agent.loop import AgentRun
+from services.runner.agent.tools import Workspace
+
+TIMING = re.compile(r" in \d+\.\d+s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedCall:
+    """One completion of the run: what the agent sent and what the policy should answer."""
+
+    role: str
+    agent_id: str
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...]
+    reply: dict[str, Any]
+
+
+def _tool_reply(step: Step, call_id: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": step.tool, "arguments": json.dumps(dict(step.arguments))},
+            }
+        ],
+    }
+
+
+def _summary(task: str, done: Sequence[Step]) -> str:
+    did = "; ".join(
+        f"{s.tool} {s.arguments.get('path') or s.arguments.get('command') or ''}".strip() for s in done
+    )
+    return f"Task: {task.splitlines()[0]}\nDone: {did or 'nothing yet'}.\nLeft: finish the remaining steps."
+
+
+@dataclass(slots=True, kw_only=True)
+class ScriptedClient:
+    """Answers like a ChatClient, from a script per agent; records every call."""
+
+    main: Sequence[Step]
+    sub: Sequence[Step]
+    delegate: str
+    task: str
+    calls: list[RecordedCall] = field(default_factory=list)
+    _next: dict[str, int] = field(default_factory=dict)
+
+    def _script(self, agent_id: str) -> list[Step]:
+        if agent_id == "main":
+            steps = list(self.main)
+            if self.delegate:
+                steps.insert(1, Step(tool="delegate", arguments={"task": self.delegate}))
+            return steps
+        return list(self.sub)
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        role: str,
+        agent_id: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        script = self._script(agent_id)
+        done = self._next.get(agent_id, 0)
+        if role == "summary":
+            reply: dict[str, Any] = {"role": "assistant", "content": _summary(self.task, script[:done])}
+        elif done < len(script):
+            self._next[agent_id] = done + 1
+            reply = _tool_reply(script[done], f"call_{agent_id}_{done}")
+        else:
+            reply = {"role": "assistant", "content": "Done: the work is written and checked."}
+        self.calls.append(
+            RecordedCall(
+                role=role,
+                agent_id=agent_id,
+                messages=tuple(json.loads(json.dumps(messages))),
+                tools=tuple(tools or ()),
+                reply=reply,
+            )
+        )
+        return reply
+
+
+class _StableWorkspace(Workspace):
+    """The agent's tools, with pytest's run time cut from their output so transcripts repeat."""
+
+    def shell(self, command: str, timeout_s: float | None = None) -> str:
+        return TIMING.sub("", super().shell(command, timeout_s))
+
+
+def _write(root: Path, files: Mapping[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def record_transcript(inst: TaskInstance, *, context_tokens: int, max_turns: int = 12) -> list[RecordedCall]:
+    """Run the built-in agent on `inst` with its reference solution as the policy; its calls.
+
+    With a delegated part, the main agent's step that writes it goes to a sub-agent instead.
+    A small `context_tokens` makes the agent compact (a `summary` call, then a fresh context).
+    """
+    steps = list(inst.solution)
+    sub: list[Step] = []
+    if inst.delegate:
+        # the step the sub-agent does: the one writing the file the delegated text names
+        sub = [
+            s for s in steps if s.tool == "write_file" and str(s.arguments.get("path", "")) in inst.delegate
+        ]
+        steps = [s for s in steps if s not in sub]
+    client = ScriptedClient(main=steps, sub=sub, delegate=inst.delegate if sub else "", task=inst.prompt)
+    with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as tmp:
+        root = Path(tmp)
+        _write(root, inst.workspace)
+        run = AgentRun(
+            client=client,  # type: ignore[arg-type]  # duck-typed: complete() is all AgentRun calls
+            workspace=_StableWorkspace(root, shell_timeout_s=60.0),
+            budget=Budget(context_tokens=context_tokens),
+            max_turns=max_turns,
+        )
+        run.run(inst.prompt)
+    return client.calls
