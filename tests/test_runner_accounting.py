@@ -13,11 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 from proxy_support import start_rig, write_tokenizer
+from test_runner_proxy import runner_settings
 from trainer_stack import events_on_bus
 
 from gyre.runner.v1 import events_pb2, runner_pb2, runner_pb2_grpc
 from gyre.settings import KernelSettings
-from services.runner.config import RunnerSettings
 from services.runner.main import build_with_supervisor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,14 +29,7 @@ async def test_the_end_event_counts_the_calls_the_proxy_recorded(
 ) -> None:
     rig = await start_rig(kernel, write_tokenizer(tmp_path / "tokenizer"), num_engines=1)
     rig.scripter.replies = ['<tool_call>{"name": "shell", "arguments": {"command": "true"}}</tool_call>']
-    settings = RunnerSettings(
-        sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
-        proxy_address=rig.proxy.host.address,
-        proxy_base_url=rig.http_url,
-        memory_mb=1024,
-        max_procs=64,
-        disk_mb=64,
-    )
+    settings = runner_settings(proxy_address=rig.proxy.host.address, proxy_base_url=rig.http_url)
     host, supervisor = await build_with_supervisor(settings, kernel)
     await host.start()
     channel = grpc.aio.insecure_channel(host.address)

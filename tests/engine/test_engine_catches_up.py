@@ -5,26 +5,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM
-
 from gyre.bus import Bus, BusConfig
 from gyre.events import new_event
 from gyre.settings import KernelSettings
-from services.trainer.weights import publish
 from tests.engine.conftest import engine_settings, start_engine
-from tests.engine.test_engine_follows_trainer import engine_version, weights_published
+from tests.engine.test_engine_follows_trainer import engine_version, published_v1, weights_published
 from tests.engine.test_engine_grpc import stub
 
 
 async def test_an_engine_restarted_after_a_step_starts_on_that_steps_weights(
     model_dir: Path, tmp_path: Path, kernel: KernelSettings
 ) -> None:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    v1 = publish(model, tmp_path / "weights", version=1)
+    v1 = published_v1(model_dir, tmp_path)
     own = KernelSettings(nats_url=kernel.nats_url, bus_prefix=f"{kernel.bus_prefix}-catchup")
     bus = await Bus.connect(BusConfig(url=str(own.nats_url), prefix=own.bus_prefix))
     settings = engine_settings(model_dir, "restarted", follow_weights=True)
