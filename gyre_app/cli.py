@@ -40,6 +40,17 @@ def _cmd_down(ns: argparse.Namespace, kernel: KernelSettings) -> int:
     return 0
 
 
+def _cmd_restart(ns: argparse.Namespace, kernel: KernelSettings) -> int:
+    from gyre_app.stack import restart
+
+    try:
+        service = restart(kernel, ns.service)
+    except RuntimeError as exc:
+        raise SystemExit(f"gyre restart: {exc}") from None
+    print(json.dumps({"service": service.name, "pid": service.pid, "address": service.address}))
+    return 0
+
+
 def _cmd_migrate(ns: argparse.Namespace, kernel: KernelSettings) -> int:
     from gyre.settings import resolve_urls
     from gyre_app.migrations import upgrade_all
@@ -79,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="also the embedded servers tests and benchmarks left running"
     )
     down.set_defaults(func=_cmd_down)
+    restart = sub.add_parser("restart", help="restart one service of the running stack in place")
+    restart.add_argument("service", help="engine, scheduler, trajectory, runner, evaluator, proxy or trainer")
+    restart.set_defaults(func=_cmd_restart)
     sub.add_parser("migrate", help="bring every service's schema up to date").set_defaults(func=_cmd_migrate)
     demo = sub.add_parser("demo", help="run the end-to-end slice on the local stack and narrate it")
     demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")

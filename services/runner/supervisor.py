@@ -44,6 +44,7 @@ PRODUCER = "runner"
 REAP_EVERY_S = 5.0
 RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 FILL_TIMEOUT_S = 300.0
+RECOVER_REVOKE_RETRY_S = 10.0
 
 
 class LaunchFailed(Exception):
@@ -65,6 +66,8 @@ class Running:
     """The execution's token was (or may have been) registered with the proxy."""
     num_calls: int | None = None
     """Calls the proxy recorded for the execution, once its token is revoked."""
+    revoke_retry_s: float | None = None
+    """How long to retry the revocation while the proxy is away (None: the settings')."""
 
 
 class Supervisor:
@@ -286,7 +289,8 @@ class Supervisor:
         request = proxy_pb2.RevokeExecutionTokenRequest(
             request_id=f"revoke:{eid}", execution_id=eid, cancel_in_flight=cancel_in_flight
         )
-        deadline = time.monotonic() + self.settings.revoke_retry_s
+        retry_s = self.settings.revoke_retry_s if run.revoke_retry_s is None else run.revoke_retry_s
+        deadline = time.monotonic() + retry_s
         for attempt in range(10_000):  # bounded by the deadline
             try:
                 answer = await self.proxy.RevokeExecutionToken(request, timeout=60)
@@ -344,6 +348,7 @@ class Supervisor:
             )
             run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
             run.registered = True  # it may have been: revoking answers the count either way
+            run.revoke_retry_s = min(RECOVER_REVOKE_RETRY_S, self.settings.revoke_retry_s)  # start-up waits
             await self._end_failed(run, "runner_lost", "the runner restarted while the execution ran")
         return len(rows)
 
