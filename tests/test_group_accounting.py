@@ -196,3 +196,22 @@ async def test_a_delta_whose_parent_comes_later_waits_for_it_instead_of_being_de
     finally:
         await sub.unsubscribe()
     assert not [r for r in reasons if child in r or parent in r], reasons
+
+
+async def test_a_call_refused_for_good_counts_so_its_group_does_not_wait_forever(
+    service: tuple[Stub, Bus],
+) -> None:
+    stub, bus = service
+    e1 = str(uuid.uuid4())
+    task_id = await submit(bus, [e1])
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    await publish(bus, call(e1, good, [100], prompt=[1, 2]), "proxy", task_id)
+    refused = call(e1, bad, [101], prompt=[7], parent=good)
+    refused.call.prompt_delta.num_shared_tokens = 99  # the parent has 3 tokens: dead-lettered
+    await publish(bus, refused, "proxy", task_id)
+    await reward(bus, task_id, e1, num_calls=2)
+    await eventually(lambda: is_ready(stub, task_id), timeout_s=15, what="the group ready without it")
+    samples = [
+        r.sample async for r in stub.StreamSamples(trajectory_pb2.StreamSamplesRequest(task_ids=[task_id]))
+    ]
+    assert [list(s.token_ids) for s in samples] == [[1, 2, 100]]

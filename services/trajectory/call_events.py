@@ -2,7 +2,9 @@
 
 A batch of up to `batch` messages: undecodable or invalid ones (bad shape, a shared count
 beyond the parent's tokens, a call id of another execution) are dead-lettered with the reason;
-the rest are claimed in the inbox, placed and COPYed in one transaction, then acked. A delta
+the rest are claimed in the inbox, placed and COPYed in one transaction, then acked. A call
+refused for good is recorded in `refused_calls` (same transaction), where it counts towards its
+execution's recorded calls, so its group trains without it instead of waiting forever. A delta
 whose parent is not stored yet (its record is redelivered later, say) waits: it is naked and
 retried with back-off, and dead-lettered only after `max_wait_deliver` deliveries. Redelivered
 events are skipped by the inbox, re-sent calls by their `call_id`. If the transaction fails,
@@ -84,20 +86,38 @@ async def apply_events(
                     CALLS_CONSUMER,
                     [ids[k] for k in result.rejected],
                 )
-            ready = 0
-            if result.stored:
-                stored_for = sorted({r.execution_id for r in records})
-                for task_id in await repo.waiting_groups_of(session, stored_for):
-                    ready += await publish_if_ready(
-                        session, task_id, causation_id=events[positions[0]].event_id
-                    )
+            refused = [
+                (records[k].call_id, records[k].execution_id, str(exc))
+                for k, exc in result.rejected.items()
+                if not isinstance(exc, ParentNotStored)
+            ]
+            touched = {r.execution_id for r in records} if result.stored else set()
+            ready = await account_refused(
+                session, refused, touched, causation_id=events[positions[0]].event_id
+            )
     except BaseException:
         calls.forget([r.execution_id for r in records])
         raise
     waiting: dict[int, str] = {}
-    for k, refused in result.rejected.items():
-        (waiting if isinstance(refused, ParentNotStored) else invalid)[positions[k]] = str(refused)
+    for k, why in result.rejected.items():
+        (waiting if isinstance(why, ParentNotStored) else invalid)[positions[k]] = str(why)
     return BatchOutcome(result=result, invalid=invalid, waiting=waiting, num_ready_groups=ready)
+
+
+async def account_refused(
+    session: AsyncSession, refused: list[tuple[str, str, str]], touched: set[str], *, causation_id: str
+) -> int:
+    """Record calls refused for good, then complete the groups of the executions that stored or
+    refused a call (either can be what they waited for); the number of groups made ready."""
+    if refused:
+        await repo.refuse_calls(session, refused)
+    executions = sorted(touched | {e for _, e, _ in refused})
+    if not executions:
+        return 0
+    ready = 0
+    for task_id in await repo.waiting_groups_of(session, executions):
+        ready += await publish_if_ready(session, task_id, causation_id=causation_id)
+    return ready
 
 
 class CallEvents(Consumer):
@@ -130,10 +150,15 @@ class CallEvents(Consumer):
         self.calls = calls
         self.poke = poke  # wakes the outbox relay after a commit that enqueued GroupReady
 
-    async def _wait(self, msg: Msg, reason: str) -> None:
+    async def _wait(self, msg: Msg, event: DecodedEvent, reason: str) -> None:
         """Retry a call later: what it depends on may arrive meanwhile."""
         delivered = msg.metadata.num_delivered
         if delivered >= self.spec.max_wait_deliver:
+            call = event.payload.call
+            async with self.sessions() as session, session.begin():
+                refused = [(call.call_id, call.execution_id, f"waited {delivered} deliveries: {reason}")]
+                if await account_refused(session, refused, set(), causation_id=event.event_id):
+                    self.poke()
             await self._give_up(msg, f"waited {delivered} deliveries: {reason}")
             return
         log.info("call_waits_for_parent", attempt=delivered, reason=reason)
@@ -180,11 +205,11 @@ class CallEvents(Consumer):
             return
         if outcome.num_ready_groups:
             self.poke()
-        for i, (msg, _) in enumerate(decoded):
+        for i, (msg, event) in enumerate(decoded):
             if i in outcome.invalid:
                 await self._give_up(msg, f"invalid event: {outcome.invalid[i]}")
             elif i in outcome.waiting:
-                await self._wait(msg, outcome.waiting[i])
+                await self._wait(msg, event, outcome.waiting[i])
             else:
                 await msg.ack()
                 self.processed += 1

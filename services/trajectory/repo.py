@@ -169,7 +169,9 @@ async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[st
 
     Calls and rewards come on streams that are not ordered with each other, so a reward can be
     in while calls are still on the bus: the stored count must reach the expected one, whichever
-    of the two events comes last runs this check (both under the group's lock).
+    of the two events comes last runs this check (both under the group's lock). A call refused
+    for good (dead-lettered, in `refused_calls`) counts as accounted for: the group trains
+    without it rather than waiting for it forever.
     """
     # The group's registration and its last reward arrive on different streams and may commit at
     # the same moment; neither would see the other's rows and the group would never be ready.
@@ -190,7 +192,9 @@ async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[st
         await session.execute(
             sa.text(
                 "SELECT ge.execution_id::text AS execution_id, r.reward IS NOT NULL AS rewarded, "
-                "r.num_calls_expected IS NULL OR COALESCE(x.num_calls, 0) >= r.num_calls_expected "
+                "r.num_calls_expected IS NULL OR COALESCE(x.num_calls, 0) + (SELECT count(*) FROM "
+                "trajectory.refused_calls rc WHERE rc.execution_id = ge.execution_id::text) "
+                ">= r.num_calls_expected "
                 "AS calls_stored FROM trajectory.group_executions ge "
                 "LEFT JOIN trajectory.rewards r ON r.execution_id = ge.execution_id::text "
                 "LEFT JOIN trajectory.executions x ON x.execution_id = ge.execution_id::text "
@@ -292,3 +296,14 @@ async def waiting_groups_of(session: AsyncSession, execution_ids: list[str]) -> 
         )
     ).all()
     return [r.task_id for r in rows]
+
+
+async def refuse_calls(session: AsyncSession, refused: list[tuple[str, str, str]]) -> None:
+    """Record (call_id, execution_id, reason) of calls dead-lettered for good."""
+    await session.execute(
+        sa.text(
+            "INSERT INTO trajectory.refused_calls (call_id, execution_id, reason) "
+            "VALUES (:c, :e, :r) ON CONFLICT DO NOTHING"
+        ),
+        [{"c": c, "e": e, "r": r[:2000]} for c, e, r in refused],
+    )
