@@ -1,19 +1,43 @@
-"""The `gyre` command: local stack, migrations, demo, code generation (shell)."""
+"""The `gyre` command: local stack, tasks, executions, replay and staleness (shell: typer + rich).
+
+Every command has `--help`; every command that reads has `--json` (one JSON object on stdout).
+An error is one line on stderr, `gyre <command>: <what was wrong>`, and a non-zero exit.
+"""
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import json
 import os
 import sys
+from typing import Annotated, Any
 
+import typer
+from typer.exceptions import TyperException
+
+from gyre.errors import GyreError
 from gyre.settings import KernelSettings
+from gyre_app import cli_replay, cli_tasks, cli_trace
+
+app = typer.Typer(
+    name="gyre",
+    help="Gyre: RL for hour-long coding-agent rollouts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
-def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre_app.stack import up
+@app.command()
+def up(
+    metrics: Annotated[
+        bool, typer.Option(help="each service serves Prometheus metrics on 127.0.0.1")
+    ] = False,
+) -> None:
+    """Start NATS, Postgres (embedded unless configured) and every service."""
+    from gyre_app.stack import up as stack_up
 
-    state = up(kernel, metrics=ns.metrics)
+    state = stack_up(KernelSettings(), metrics=metrics)
     print(
         json.dumps(
             {
@@ -22,92 +46,113 @@ def _cmd_up(ns: argparse.Namespace, kernel: KernelSettings) -> int:
                 "services": {s.name: s.address for s in state.services},
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
-                **({"metrics": {s.name: s.metrics_url for s in state.services}} if ns.metrics else {}),
+                **({"metrics": {s.name: s.metrics_url for s in state.services}} if metrics else {}),
             },
             indent=2,
         )
     )
-    return 0
 
 
-def _cmd_down(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre_app.stack import down, stop_embedded_servers
+@app.command()
+def down(
+    all_: Annotated[
+        bool, typer.Option("--all", help="also the embedded servers tests and benchmarks left running")
+    ] = False,
+) -> None:
+    """Stop what `gyre up` started."""
+    from gyre_app.stack import down as stack_down
+    from gyre_app.stack import stop_embedded_servers
 
-    stopped = down(kernel)
-    if ns.all:
+    kernel = KernelSettings()
+    stopped = stack_down(kernel)
+    if all_:
         stopped += stop_embedded_servers(kernel.state_dir)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
-    return 0
 
 
-def _cmd_restart(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre_app.stack import restart
+@app.command()
+def restart(
+    service: Annotated[
+        str, typer.Argument(help="engine, scheduler, trajectory, runner, evaluator, proxy or trainer")
+    ],
+) -> None:
+    """Restart one service of the running stack in place (its port and settings; nothing else touched)."""
+    from gyre_app.stack import restart as restart_service
 
-    try:
-        service = restart(kernel, ns.service)
-    except RuntimeError as exc:
-        raise SystemExit(f"gyre restart: {exc}") from None
-    print(json.dumps({"service": service.name, "pid": service.pid, "address": service.address}))
-    return 0
+    started = restart_service(KernelSettings(), service)
+    print(json.dumps({"service": started.name, "pid": started.pid, "address": started.address}))
 
 
-def _cmd_migrate(ns: argparse.Namespace, kernel: KernelSettings) -> int:
+@app.command()
+def migrate() -> None:
+    """Bring every service's schema up to date."""
     from gyre.settings import resolve_urls
     from gyre_app.migrations import upgrade_all
 
-    print("migrated:", ", ".join(upgrade_all(resolve_urls(kernel).database_url)))
-    return 0
+    print("migrated:", ", ".join(upgrade_all(resolve_urls(KernelSettings()).database_url)))
 
 
-def _cmd_demo(ns: argparse.Namespace, kernel: KernelSettings) -> int:
-    from gyre_app.demo import main as demo
+@app.command()
+def demo(keep: Annotated[bool, typer.Option(help="leave the stack running afterwards")] = False) -> None:
+    """Run the end-to-end slice on the local stack and narrate it."""
+    from gyre_app.demo import main as run_demo
 
-    return demo(kernel, keep=ns.keep)
+    code = run_demo(KernelSettings(), keep=keep)
+    if code:
+        raise typer.Exit(code)
 
 
-# Commands that belong to a service live in that service and are loaded only when named, so the
-# kernel imports no service and `gyre up` does not pay for torch. Each module has
-# `main(argv: list[str]) -> int`.
+cli_tasks.register(app)
+cli_replay.register(app)
+cli_trace.register(app)
+
+# Commands that belong to a service live in that service and are loaded only when named, so
+# `gyre up` does not pay for torch. Each module has `main(argv: list[str]) -> int`; its own
+# parser answers `--help`.
 SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("services.scheduler.sim.cli", "simulate the scheduling modes on a workload file"),
-    "trajectory": ("services.trajectory.cli", "import call records, print replayed samples"),
-    "model": ("services.engine.cli", "create a tiny local model checkpoint"),
-    "evaluate": ("services.evaluator.cli", "grade one workspace offline"),
-    "tasks": ("services.evaluator.generate.cli", "generate seeded task sets (repo-gen, repair, terminal)"),
+    "sim": ("services.scheduler.sim.cli", "Simulate the scheduling modes on a workload file."),
+    "trajectory": ("services.trajectory.cli", "Import call records, print replayed samples, rebuild trees."),
+    "model": ("services.engine.cli", "Create a tiny local model checkpoint."),
+    "evaluate": ("services.evaluator.cli", "Grade one workspace offline."),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gyre", description="Gyre: RL for hour-long coding-agent rollouts.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start NATS, Postgres (embedded unless configured) and every service")
-    up.add_argument(
-        "--metrics", action="store_true", help="each service serves Prometheus metrics on 127.0.0.1"
+def _service_command(name: str, summary: str) -> None:
+    @app.command(
+        name=name,
+        help=summary + " (`gyre " + name + " --help` for its options)",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
     )
-    up.set_defaults(func=_cmd_up)
-    down = sub.add_parser("down", help="stop what `gyre up` started")
-    down.add_argument(
-        "--all", action="store_true", help="also the embedded servers tests and benchmarks left running"
-    )
-    down.set_defaults(func=_cmd_down)
-    restart = sub.add_parser("restart", help="restart one service of the running stack in place")
-    restart.add_argument("service", help="engine, scheduler, trajectory, runner, evaluator, proxy or trainer")
-    restart.set_defaults(func=_cmd_restart)
-    sub.add_parser("migrate", help="bring every service's schema up to date").set_defaults(func=_cmd_migrate)
-    demo = sub.add_parser("demo", help="run the end-to-end slice on the local stack and narrate it")
-    demo.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
-    demo.set_defaults(func=_cmd_demo)
-    for name, (_, summary) in SERVICE_COMMANDS.items():
-        sub.add_parser(name, help=summary, add_help=False)
-    return parser
+    def forward(ctx: typer.Context) -> None:
+        code = _run_service_command(name, list(ctx.args))
+        if code:
+            raise typer.Exit(code)
+
+
+for _name, (_, _summary) in SERVICE_COMMANDS.items():
+    _service_command(_name, _summary)
 
 
 def _run_service_command(name: str, argv: list[str]) -> int:
-    import importlib
+    return _run_module(SERVICE_COMMANDS[name][0], argv)
 
-    module_name, _ = SERVICE_COMMANDS[name]
-    module = importlib.import_module(module_name)
-    return int(module.main(argv))
+
+def _run_module(module_name: str, argv: list[str]) -> int:
+    return int(importlib.import_module(module_name).main(argv))
+
+
+def command_path(argv: list[str]) -> str:
+    """The (sub)command words of argv. Example: ["replay", "step", "9", "--json"] -> "replay step"."""
+    command: Any = typer.main.get_command(app)
+    words = []
+    for arg in argv:
+        subcommands = getattr(command, "commands", {})
+        if arg not in subcommands:
+            break
+        words.append(arg)
+        command = subcommands[arg]
+    return " ".join(words)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,16 +163,25 @@ def main(argv: list[str] | None = None) -> int:
         from gyre_app.warmstart.cli import main as warm_start
 
         return warm_start(argv[1:])
+    if argv[:2] == ["tasks", "generate"]:  # the evaluator's task-set generator has its own parser
+        return _run_module("services.evaluator.generate.cli", argv[1:])
     if argv and argv[0] in SERVICE_COMMANDS:
         return _run_service_command(argv[0], argv[1:])
-    ns = build_parser().parse_args(argv)
-    from gyre.errors import GyreError
-
+    command = command_path(argv)
     try:
-        return int(ns.func(ns, KernelSettings()))
-    except (GyreError, RuntimeError) as exc:
-        print(f"gyre {ns.command}: {exc}", file=sys.stderr)
+        result = app(argv, prog_name="gyre", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        print(f"gyre {command}: aborted", file=sys.stderr)
         return 1
+    except TyperException as exc:  # usage errors: typer prints them with the command's usage line
+        exc.show()  # type: ignore[attr-defined]
+        return int(getattr(exc, "exit_code", 2))
+    except (GyreError, RuntimeError) as exc:
+        print(f"gyre {command}: {exc}".replace("\n", " "), file=sys.stderr)
+        return 1
+    return int(result) if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ from typing import Any
 import grpc
 import pytest
 import structlog
-from trainer_stack import connect_bus, events_on_bus, eventually, fresh_kernel, submit_group
+from trainer_stack import connect_bus, events_on_bus, eventually, fresh_kernel, start_trainer, submit_group
 
 from gyre.bus import Bus
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2, trainer_pb2, trainer_pb2_grpc
-from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import path_from_uri
-from services.trainer.main import build as build_trainer
 from services.trainer.weights import WEIGHTS_FILE, file_sha256
 from services.trajectory.config import TrajectorySettings
 from services.trajectory.main import build as build_trajectory
@@ -48,18 +46,7 @@ async def trainer_and_trajectory(
     async with fresh_kernel(*server_urls) as kernel:
         trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
         await trajectory.start()
-        trainer = await build_trainer(
-            TrainerSettings(
-                port=0,
-                state_dir=tmp_path / "trainer",
-                trajectory_address=trajectory.address,
-                groups_per_step=1,
-                max_staleness_steps=100,
-                **settings,
-            ),
-            kernel,
-        )
-        await trainer.start()
+        trainer = await start_trainer(kernel, trajectory.address, tmp_path / "trainer", **settings)
         bus = await connect_bus(kernel)
         try:
             yield kernel, trajectory, trainer, bus

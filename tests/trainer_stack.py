@@ -12,7 +12,8 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 import nats
@@ -26,6 +27,7 @@ from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event, stream_name
 from gyre.proxy.v1 import events_pb2 as proxy_events
 from gyre.proxy.v1 import proxy_pb2
+from gyre.runtime import ServiceHost
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings
@@ -45,11 +47,21 @@ async def connect_bus(kernel: KernelSettings) -> Bus:
 
 
 async def submit_group(
-    bus: Bus, trajectory_address: str, *, index: int, num_calling: int = 2, token_offset: int = 0
+    bus: Bus,
+    trajectory_address: str,
+    *,
+    index: int,
+    num_calling: int = 2,
+    task: scheduler_pb2.Task | None = None,
+    policy_version: int = 0,
+    token_offset: int = 0,
 ) -> str:
     """A ready group of two executions (rewards 1 and 0), one model call each; returns its task id.
 
     Only the first `num_calling` executions record their call (the others failed before calling).
+    With `task` (a group of two the real scheduler accepted, which published `TaskSubmitted`),
+    its ids are used; otherwise the task is made up here. Calls carry `policy_version`.
+
     Each reward carries the number of calls the proxy recorded, as the evaluator passes it on
     from the runner's end event, so the rewards may go out before the calls: the trajectory
     service marks the group ready only once they are stored. Returns once that service knows
@@ -58,21 +70,26 @@ async def submit_group(
     Token ids stay below 100 (the tiny model's vocabulary) unless `token_offset` moves the
     outputs past it (a group no step can train); `index` varies the prompt.
     """
-    task_id = str(uuid.uuid4())
-    executions = [str(uuid.uuid4()) for _ in range(2)]
-    task = scheduler_pb2.Task(
-        task_id=task_id,
-        spec=scheduler_pb2.TaskSpec(family="arith", group_size=2),
-        executions=[
-            ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
-            for i, e in enumerate(executions)
-        ],
-    )
+    scheduled = task is not None
+    if task is None:
+        made_up = str(uuid.uuid4())
+        task = scheduler_pb2.Task(
+            task_id=made_up,
+            spec=scheduler_pb2.TaskSpec(family="arith", group_size=2),
+            executions=[
+                ids_pb2.ExecutionRef(task_id=made_up, execution_id=str(uuid.uuid4()), index_in_group=i)
+                for i in range(2)
+            ],
+        )
+    task_id = task.task_id
+    executions = [e.execution_id for e in task.executions]
+    assert len(executions) == 2, "a group of two"
 
     async def publish(payload: message.Message, producer: str) -> None:
         await bus.publish(new_event(payload, producer=producer, correlation_id=task_id))
 
-    await publish(scheduler_events.TaskSubmitted(task=task), "scheduler")
+    if not scheduled:
+        await publish(scheduler_events.TaskSubmitted(task=task), "scheduler")
     for k, execution_id in enumerate(executions):
         grade = evaluator_pb2.Grade(
             execution_id=execution_id, task_id=task_id, score=1.0 - k, assessable=True
@@ -88,6 +105,7 @@ async def submit_group(
             output_ids=[token_offset + 20 + k, token_offset + 30 + k, token_offset + 40 + k],
             output_logprobs=[-1.0, -1.5, -2.0],
             engine_id="cell-1",
+            policy_version=ids_pb2.PolicyVersion(steps=policy_version),
         )
         call.full_prompt.prompt_ids.extend([1, 2, 3 + index % 50])
         await publish(proxy_events.LlmCallRecorded(call=call), "proxy")
@@ -137,3 +155,21 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float, 
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s} s")
         await asyncio.sleep(0.2)
+
+
+async def start_trainer(
+    kernel: KernelSettings, trajectory_address: str, state_dir: Path, **settings: Any
+) -> ServiceHost:
+    """A started trainer taking one group per step, with a staleness bound no test reaches."""
+    from services.trainer.config import TrainerSettings
+    from services.trainer.main import build as build_trainer
+
+    defaults: dict[str, Any] = {"groups_per_step": 1, "max_staleness_steps": 100}
+    trainer = await build_trainer(
+        TrainerSettings(
+            port=0, state_dir=state_dir, trajectory_address=trajectory_address, **{**defaults, **settings}
+        ),
+        kernel,
+    )
+    await trainer.start()
+    return trainer

@@ -12,8 +12,10 @@ import asyncio
 import dataclasses
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
+from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1 import envelope_pb2, ids_pb2
@@ -21,12 +23,14 @@ from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import InvalidArgument, Unavailable
 from gyre.events import new_event
 from gyre.trainer.v1 import events_pb2
+from gyre.trajectory.v1 import trajectory_pb2
 from services.trainer import repo
 from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, save_checkpoint
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import CoreCell
 from services.trainer.dp import StepFailed
 from services.trainer.source import TrajectorySamples
+from services.trainer.steps import OptimConfig
 from services.trainer.weights import PublishedWeights, publish
 
 log = structlog.get_logger(__name__)
@@ -64,6 +68,21 @@ async def announce_initial_weights(
         if not await repo.outbox_has(session, event_id):
             await enqueue(session, repo.outbox, weights_published(weights, event_id=event_id))
     relay.poke()
+
+
+def batch_recipe(
+    request: trajectory_pb2.StreamSamplesRequest, *, trainer_version: int, config: OptimConfig
+) -> dict[str, Any]:
+    """What `gyre replay step N` needs to re-derive the batch: the samples request, sent again,
+    and the staleness rule that chose which fetched samples were trained."""
+    return {
+        "samples_request": json_format.MessageToDict(request),
+        "staleness": {
+            "trainer_version": trainer_version,
+            "max_staleness_steps": config.max_staleness_steps,
+            "action": str(config.staleness_action),
+        },
+    }
 
 
 class StepLoop:
@@ -173,6 +192,7 @@ class StepLoop:
         self.groups_in_step = len(groups)
         self.step_started_at = datetime.now(UTC)
         samples = await self.source.fetch(task_ids)
+        request = self.source.request_for(task_ids)
         if not samples:
             await self._consume_without_step(task_ids)
             return
@@ -228,6 +248,8 @@ class StepLoop:
                 checkpoint_uri=saved.uri,
                 weights_uri=weights.source_uri,
                 report=dataclasses.asdict(report),
+                batch_sha256=report.batch_sha256,
+                batch_recipe=batch_recipe(request, trainer_version=version - 1, config=trainer.config),
             )
             await enqueue(session, repo.outbox, *events)
         self.relay.poke()

@@ -46,6 +46,11 @@ steps = sa.Table(
     sa.Column("weights_uri", sa.Text, nullable=False),
     sa.Column("report", JSONB, nullable=False),
     sa.Column("completed_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    # `batch_digest.batch_sha256` of the samples trained on, and what re-derives them:
+    # `samples_request` (the StreamSamplesRequest as JSON) and `staleness` (the rule applied).
+    # Null for steps recorded before revision 0002.
+    sa.Column("batch_sha256", sa.Text),
+    sa.Column("batch_recipe", JSONB),
 )
 
 checkpoints = sa.Table(
@@ -150,6 +155,8 @@ async def record_step(
     checkpoint_uri: str,
     weights_uri: str,
     report: dict[str, Any],
+    batch_sha256: str,
+    batch_recipe: dict[str, Any],
 ) -> None:
     consumed = await consume_groups(session, task_ids=task_ids, version=version)
     assert consumed == len(task_ids), "a group of the step was consumed elsewhere"
@@ -160,8 +167,14 @@ async def record_step(
             checkpoint_uri=checkpoint_uri,
             weights_uri=weights_uri,
             report=report,
+            batch_sha256=batch_sha256,
+            batch_recipe=batch_recipe,
         )
     )
+
+
+async def load_step(session: AsyncSession, version: int) -> Any | None:
+    return (await session.execute(sa.select(steps).where(steps.c.version == version))).first()
 
 
 async def last_step(session: AsyncSession) -> LastStep | None:

@@ -6,9 +6,10 @@ import asyncio
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
-from google.protobuf import message
+from google.protobuf import json_format, message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
@@ -213,6 +214,42 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             events_pb2.CheckpointSaved(checkpoint=checkpoint, request_id=request.request_id),
         )
         return response
+
+    async def GetStep(
+        self, request: trainer_pb2.GetStepRequest, context: Context
+    ) -> trainer_pb2.GetStepResponse:
+        version = request.version.steps
+        if version < 1:
+            raise InvalidArgument("version.steps", f"must name a completed step, >= 1, got {version}")
+        async with self.sessions() as session:
+            row = await repo.load_step(session, version)
+        if row is None:
+            latest = self.cell.trainer.version
+            raise NotFound(f"step {version} was never trained: the latest step is {latest}")
+        return trainer_pb2.GetStepResponse(step=_step_proto(row))
+
+
+def _step_proto(row: Any) -> trainer_pb2.Step:
+    report, recipe = row.report, row.batch_recipe or {}
+    step = trainer_pb2.Step(
+        version=version_proto(row.version),
+        task_ids=row.task_ids,
+        batch_sha256=row.batch_sha256 or "",
+        num_samples=report["num_samples"],
+        num_samples_dropped_stale=report["num_dropped_stale"],
+        staleness_mean_steps=report["staleness_mean_steps"],
+        staleness_max_steps=report["staleness_max_steps"],
+        loss=report["loss"],
+    )
+    step.completed_at.FromDatetime(row.completed_at)
+    if "samples_request" in recipe:
+        json_format.ParseDict(recipe["samples_request"], step.samples_request)
+    if "staleness" in recipe:
+        rule = recipe["staleness"]
+        step.staleness.trainer_version.steps = rule["trainer_version"]
+        step.staleness.max_staleness_steps = rule["max_staleness_steps"]
+        step.staleness.action = rule["action"]
+    return step
 
 
 def _copy_tree(source: Path, target: Path) -> None:

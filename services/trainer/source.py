@@ -59,11 +59,15 @@ class TrajectorySamples:
         self.j_max = j_max
         self.timeout_s = timeout_s
 
-    async def fetch(self, task_ids: Sequence[str]) -> list[Sample]:
-        """Every sample of the groups; their executions without calls made none and yield nothing."""
-        request = trajectory_pb2.StreamSamplesRequest(
+    def request_for(self, task_ids: Sequence[str]) -> trajectory_pb2.StreamSamplesRequest:
+        """The exact request `fetch` sends; the step records it so its batch can be re-derived."""
+        return trajectory_pb2.StreamSamplesRequest(
             task_ids=list(task_ids), j_max=self.j_max, encoding=trajectory_pb2.SAMPLE_ENCODING_PACKED
         )
+
+    async def fetch(self, task_ids: Sequence[str]) -> list[Sample]:
+        """Every sample of the groups; their executions without calls made none and yield nothing."""
+        request = self.request_for(task_ids)
         samples: list[Sample] = []
         try:
             async for r in self.stub.StreamSamples(request, timeout=self.timeout_s):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from services.trainer.batch_digest import batch_sha256
 from services.trainer.dp import DataParallelCore
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
@@ -47,6 +48,8 @@ class StepReport:
     attempts: int = 1
     """More than 1: a satellite died mid-step and the step was computed again without it."""
     lost_cells: tuple[str, ...] = ()
+    batch_sha256: str = ""
+    """`batch_digest.batch_sha256` of the samples trained on (after staleness admission)."""
 
 
 def make_optimizer(model: PreTrainedModel, config: OptimConfig) -> torch.optim.Optimizer:
@@ -117,4 +120,5 @@ class PolicyTrainer:
             duration_s=time.perf_counter() - started,
             attempts=gradient.attempts,
             lost_cells=gradient.lost_cells,
+            batch_sha256=batch_sha256(admission.kept),
         )

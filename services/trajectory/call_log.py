@@ -48,6 +48,15 @@ CALL_COLUMNS = (
     "started_at",
     "finished_at",
 )
+TRAJECTORY_COLUMNS = (
+    "execution_id",
+    "chain_index",
+    "agent_role",
+    "agent_id",
+    "first_seq",
+    "last_seq",
+    "num_calls",
+)
 SHAPE_COLUMNS = (
     "execution_id",
     "seq",
@@ -285,16 +294,21 @@ async def upsert_trajectories(pg: Any, tree: ExecutionTree, chain_indices: Seque
     """Refresh the trajectories projection rows of the given chains."""
     if not chain_indices:
         return
-    chains = [tree.chains[i] for i in chain_indices]
     await pg.executemany(
-        f"INSERT INTO {S}.trajectories (execution_id, chain_index, agent_role, agent_id, first_seq, "
-        "last_seq, num_calls) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (execution_id, chain_index) "
+        f"INSERT INTO {S}.trajectories ({', '.join(TRAJECTORY_COLUMNS)}) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+        "ON CONFLICT (execution_id, chain_index) "
         "DO UPDATE SET last_seq = excluded.last_seq, num_calls = excluded.num_calls",
-        [
-            (tree.execution_id, c.index, c.agent_role, c.agent_id, c.first_seq, c.last_seq, len(c.call_seqs))
-            for c in chains
-        ],
+        trajectory_rows(tree, chain_indices),
     )
+
+
+def trajectory_rows(tree: ExecutionTree, chain_indices: Sequence[int]) -> list[tuple[Any, ...]]:
+    """Rows of the trajectories projection (TRAJECTORY_COLUMNS) for the given chains."""
+    chains = [tree.chains[i] for i in chain_indices]
+    return [
+        (tree.execution_id, c.index, c.agent_role, c.agent_id, c.first_seq, c.last_seq, len(c.call_seqs))
+        for c in chains
+    ]
 
 
 async def rebuild_projection(pg: Any, execution_id: str) -> ExecutionTree:

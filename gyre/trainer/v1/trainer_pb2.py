@@ -24,39 +24,48 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
+from gyre.trajectory.v1 import trajectory_pb2 as gyre_dot_trajectory_dot_v1_dot_trajectory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgyre/trainer/v1/trainer.proto\x12\x0fgyre.trainer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"\x84\x01\n\x06Member\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12)\n\x04role\x18\x02 \x01(\x0e\x32\x1b.gyre.trainer.v1.MemberRole\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\r\x12-\n\tjoined_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcd\x01\n\x0cStepProgress\x12\x35\n\x0etarget_version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1b\n\x13num_groups_consumed\x18\x02 \x01(\r\x12\x19\n\x11num_groups_target\x18\x03 \x01(\r\x12\x1e\n\x16num_micro_batches_done\x18\x04 \x01(\r\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa2\x01\n\nCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12,\n\x08saved_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x12\n\x10GetStatusRequest\"\x9d\x02\n\x11GetStatusResponse\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12+\n\x04step\x18\x02 \x01(\x0b\x32\x1d.gyre.trainer.v1.StepProgress\x12(\n\x07members\x18\x03 \x03(\x0b\x32\x17.gyre.trainer.v1.Member\x12\x19\n\x11num_groups_queued\x18\x04 \x01(\r\x12\x1b\n\x13max_staleness_steps\x18\x05 \x01(\r\x12\x13\n\x0bweights_uri\x18\x06 \x01(\t\x12\x34\n\x0flast_checkpoint\x18\x07 \x01(\x0b\x32\x1b.gyre.trainer.v1.Checkpoint\"N\n\x0fJoinStepRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\"\xd1\x01\n\x10JoinStepResponse\x12\x10\n\x08\x61\x64mitted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x35\n\x0etarget_version\x18\x03 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\r\x12\x15\n\rdp_world_size\x18\x05 \x01(\r\x12\x16\n\x0erendezvous_uri\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x13\n\x0bweights_uri\x18\x08 \x01(\t\"J\n\x10LeaveStepRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x11\n\timmediate\x18\x03 \x01(\x08\"^\n\x11LeaveStepResponse\x12#\n\x1bnum_micro_batches_completed\x18\x01 \x01(\r\x12$\n\x1cnum_micro_batches_reassigned\x18\x02 \x01(\r\"8\n\x15SaveCheckpointRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03uri\x18\x02 \x01(\t\"I\n\x16SaveCheckpointResponse\x12/\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1b.gyre.trainer.v1.Checkpoint*Z\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMBER_ROLE_CORE\x10\x01\x12\x19\n\x15MEMBER_ROLE_SATELLITE\x10\x02\x32\xec\x02\n\x0eTrainerService\x12R\n\tGetStatus\x12!.gyre.trainer.v1.GetStatusRequest\x1a\".gyre.trainer.v1.GetStatusResponse\x12O\n\x08JoinStep\x12 .gyre.trainer.v1.JoinStepRequest\x1a!.gyre.trainer.v1.JoinStepResponse\x12R\n\tLeaveStep\x12!.gyre.trainer.v1.LeaveStepRequest\x1a\".gyre.trainer.v1.LeaveStepResponse\x12\x61\n\x0eSaveCheckpoint\x12&.gyre.trainer.v1.SaveCheckpointRequest\x1a\'.gyre.trainer.v1.SaveCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgyre/trainer/v1/trainer.proto\x12\x0fgyre.trainer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\x1a#gyre/trajectory/v1/trajectory.proto\"\x84\x01\n\x06Member\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12)\n\x04role\x18\x02 \x01(\x0e\x32\x1b.gyre.trainer.v1.MemberRole\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\r\x12-\n\tjoined_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcd\x01\n\x0cStepProgress\x12\x35\n\x0etarget_version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1b\n\x13num_groups_consumed\x18\x02 \x01(\r\x12\x19\n\x11num_groups_target\x18\x03 \x01(\r\x12\x1e\n\x16num_micro_batches_done\x18\x04 \x01(\r\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa2\x01\n\nCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12.\n\x07version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x0b\n\x03uri\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12,\n\x08saved_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x12\n\x10GetStatusRequest\"\x9d\x02\n\x11GetStatusResponse\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12+\n\x04step\x18\x02 \x01(\x0b\x32\x1d.gyre.trainer.v1.StepProgress\x12(\n\x07members\x18\x03 \x03(\x0b\x32\x17.gyre.trainer.v1.Member\x12\x19\n\x11num_groups_queued\x18\x04 \x01(\r\x12\x1b\n\x13max_staleness_steps\x18\x05 \x01(\r\x12\x13\n\x0bweights_uri\x18\x06 \x01(\t\x12\x34\n\x0flast_checkpoint\x18\x07 \x01(\x0b\x32\x1b.gyre.trainer.v1.Checkpoint\"N\n\x0fJoinStepRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\"\xd1\x01\n\x10JoinStepResponse\x12\x10\n\x08\x61\x64mitted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x35\n\x0etarget_version\x18\x03 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\r\x12\x15\n\rdp_world_size\x18\x05 \x01(\r\x12\x16\n\x0erendezvous_uri\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x13\n\x0bweights_uri\x18\x08 \x01(\t\"J\n\x10LeaveStepRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x11\n\timmediate\x18\x03 \x01(\x08\"^\n\x11LeaveStepResponse\x12#\n\x1bnum_micro_batches_completed\x18\x01 \x01(\r\x12$\n\x1cnum_micro_batches_reassigned\x18\x02 \x01(\r\"8\n\x15SaveCheckpointRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03uri\x18\x02 \x01(\t\"I\n\x16SaveCheckpointResponse\x12/\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1b.gyre.trainer.v1.Checkpoint\"@\n\x0eGetStepRequest\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\"t\n\rStalenessRule\x12\x36\n\x0ftrainer_version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1b\n\x13max_staleness_steps\x18\x02 \x01(\r\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\"\x87\x03\n\x04Step\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\x41\n\x0fsamples_request\x18\x03 \x01(\x0b\x32(.gyre.trajectory.v1.StreamSamplesRequest\x12\x31\n\tstaleness\x18\x04 \x01(\x0b\x32\x1e.gyre.trainer.v1.StalenessRule\x12\x14\n\x0c\x62\x61tch_sha256\x18\x05 \x01(\t\x12\x13\n\x0bnum_samples\x18\x06 \x01(\r\x12!\n\x19num_samples_dropped_stale\x18\x07 \x01(\r\x12\x1c\n\x14staleness_mean_steps\x18\x08 \x01(\x01\x12\x1b\n\x13staleness_max_steps\x18\t \x01(\r\x12\x0c\n\x04loss\x18\n \x01(\x01\x12\x30\n\x0c\x63ompleted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"6\n\x0fGetStepResponse\x12#\n\x04step\x18\x01 \x01(\x0b\x32\x15.gyre.trainer.v1.Step*Z\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMBER_ROLE_CORE\x10\x01\x12\x19\n\x15MEMBER_ROLE_SATELLITE\x10\x02\x32\xba\x03\n\x0eTrainerService\x12R\n\tGetStatus\x12!.gyre.trainer.v1.GetStatusRequest\x1a\".gyre.trainer.v1.GetStatusResponse\x12O\n\x08JoinStep\x12 .gyre.trainer.v1.JoinStepRequest\x1a!.gyre.trainer.v1.JoinStepResponse\x12R\n\tLeaveStep\x12!.gyre.trainer.v1.LeaveStepRequest\x1a\".gyre.trainer.v1.LeaveStepResponse\x12\x61\n\x0eSaveCheckpoint\x12&.gyre.trainer.v1.SaveCheckpointRequest\x1a\'.gyre.trainer.v1.SaveCheckpointResponse\x12L\n\x07GetStep\x12\x1f.gyre.trainer.v1.GetStepRequest\x1a .gyre.trainer.v1.GetStepResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.trainer.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERROLE']._serialized_start=1522
-  _globals['_MEMBERROLE']._serialized_end=1612
-  _globals['_MEMBER']._serialized_start=110
-  _globals['_MEMBER']._serialized_end=242
-  _globals['_STEPPROGRESS']._serialized_start=245
-  _globals['_STEPPROGRESS']._serialized_end=450
-  _globals['_CHECKPOINT']._serialized_start=453
-  _globals['_CHECKPOINT']._serialized_end=615
-  _globals['_GETSTATUSREQUEST']._serialized_start=617
-  _globals['_GETSTATUSREQUEST']._serialized_end=635
-  _globals['_GETSTATUSRESPONSE']._serialized_start=638
-  _globals['_GETSTATUSRESPONSE']._serialized_end=923
-  _globals['_JOINSTEPREQUEST']._serialized_start=925
-  _globals['_JOINSTEPREQUEST']._serialized_end=1003
-  _globals['_JOINSTEPRESPONSE']._serialized_start=1006
-  _globals['_JOINSTEPRESPONSE']._serialized_end=1215
-  _globals['_LEAVESTEPREQUEST']._serialized_start=1217
-  _globals['_LEAVESTEPREQUEST']._serialized_end=1291
-  _globals['_LEAVESTEPRESPONSE']._serialized_start=1293
-  _globals['_LEAVESTEPRESPONSE']._serialized_end=1387
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1389
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1445
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1447
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1520
-  _globals['_TRAINERSERVICE']._serialized_start=1615
-  _globals['_TRAINERSERVICE']._serialized_end=1979
+  _globals['_MEMBERROLE']._serialized_start=2193
+  _globals['_MEMBERROLE']._serialized_end=2283
+  _globals['_MEMBER']._serialized_start=147
+  _globals['_MEMBER']._serialized_end=279
+  _globals['_STEPPROGRESS']._serialized_start=282
+  _globals['_STEPPROGRESS']._serialized_end=487
+  _globals['_CHECKPOINT']._serialized_start=490
+  _globals['_CHECKPOINT']._serialized_end=652
+  _globals['_GETSTATUSREQUEST']._serialized_start=654
+  _globals['_GETSTATUSREQUEST']._serialized_end=672
+  _globals['_GETSTATUSRESPONSE']._serialized_start=675
+  _globals['_GETSTATUSRESPONSE']._serialized_end=960
+  _globals['_JOINSTEPREQUEST']._serialized_start=962
+  _globals['_JOINSTEPREQUEST']._serialized_end=1040
+  _globals['_JOINSTEPRESPONSE']._serialized_start=1043
+  _globals['_JOINSTEPRESPONSE']._serialized_end=1252
+  _globals['_LEAVESTEPREQUEST']._serialized_start=1254
+  _globals['_LEAVESTEPREQUEST']._serialized_end=1328
+  _globals['_LEAVESTEPRESPONSE']._serialized_start=1330
+  _globals['_LEAVESTEPRESPONSE']._serialized_end=1424
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1426
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1482
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1484
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1557
+  _globals['_GETSTEPREQUEST']._serialized_start=1559
+  _globals['_GETSTEPREQUEST']._serialized_end=1623
+  _globals['_STALENESSRULE']._serialized_start=1625
+  _globals['_STALENESSRULE']._serialized_end=1741
+  _globals['_STEP']._serialized_start=1744
+  _globals['_STEP']._serialized_end=2135
+  _globals['_GETSTEPRESPONSE']._serialized_start=2137
+  _globals['_GETSTEPRESPONSE']._serialized_end=2191
+  _globals['_TRAINERSERVICE']._serialized_start=2286
+  _globals['_TRAINERSERVICE']._serialized_end=2728
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from gyre.common.v1 import ids_pb2 as _ids_pb2
+from gyre.trajectory.v1 import trajectory_pb2 as _trajectory_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -423,3 +424,159 @@ class SaveCheckpointResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SaveCheckpointResponse: _TypeAlias = SaveCheckpointResponse  # noqa: Y015
+
+@_typing.final
+class GetStepRequest(_message.Message):
+    """GetStepRequest names a completed step by the version it produced."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def version(self) -> _ids_pb2.PolicyVersion:
+        """The version the step produced, >= 1."""
+
+    def __init__(
+        self,
+        *,
+        version: _ids_pb2.PolicyVersion | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStepRequest: _TypeAlias = GetStepRequest  # noqa: Y015
+
+@_typing.final
+class StalenessRule(_message.Message):
+    """StalenessRule is how a step treated samples older than its bound."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRAINER_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_STALENESS_STEPS_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    max_staleness_steps: _builtins.int
+    """Most policy versions a sample could lag and still be trained."""
+    action: _builtins.str
+    """`drop` (left out and counted) or `fail` (the step refused)."""
+    @_builtins.property
+    def trainer_version(self) -> _ids_pb2.PolicyVersion:
+        """Policy version of the trainer when it consumed the samples (the step's version minus 1)."""
+
+    def __init__(
+        self,
+        *,
+        trainer_version: _ids_pb2.PolicyVersion | None = ...,
+        max_staleness_steps: _builtins.int = ...,
+        action: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["trainer_version", b"trainer_version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "max_staleness_steps", b"max_staleness_steps", "trainer_version", b"trainer_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StalenessRule: _TypeAlias = StalenessRule  # noqa: Y015
+
+@_typing.final
+class Step(_message.Message):
+    """Step is one completed optimizer step as recorded in the same transaction as its groups."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    SAMPLES_REQUEST_FIELD_NUMBER: _builtins.int
+    STALENESS_FIELD_NUMBER: _builtins.int
+    BATCH_SHA256_FIELD_NUMBER: _builtins.int
+    NUM_SAMPLES_FIELD_NUMBER: _builtins.int
+    NUM_SAMPLES_DROPPED_STALE_FIELD_NUMBER: _builtins.int
+    STALENESS_MEAN_STEPS_FIELD_NUMBER: _builtins.int
+    STALENESS_MAX_STEPS_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    batch_sha256: _builtins.str
+    """Hex SHA-256 of the samples trained on, in order (`services/trainer/batch_digest.py` defines
+    the encoding); empty for a step recorded before checksums were kept.
+    """
+    num_samples: _builtins.int
+    """Samples trained on."""
+    num_samples_dropped_stale: _builtins.int
+    """Samples left out as too stale."""
+    staleness_mean_steps: _builtins.float
+    """Mean staleness of the fetched samples, in policy versions."""
+    staleness_max_steps: _builtins.int
+    """Largest staleness of a fetched sample."""
+    loss: _builtins.float
+    """The batch loss."""
+    @_builtins.property
+    def version(self) -> _ids_pb2.PolicyVersion:
+        """The version it produced."""
+
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tasks whose groups it consumed, in consumption order."""
+
+    @_builtins.property
+    def samples_request(self) -> _trajectory_pb2.StreamSamplesRequest:
+        """The request the trainer sent to the trajectory service for the step's samples; sending it
+        again re-derives them. Empty for a step recorded before checksums were kept.
+        """
+
+    @_builtins.property
+    def staleness(self) -> Global___StalenessRule:
+        """The staleness rule that chose which fetched samples were trained."""
+
+    @_builtins.property
+    def completed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the step committed."""
+
+    def __init__(
+        self,
+        *,
+        version: _ids_pb2.PolicyVersion | None = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        samples_request: _trajectory_pb2.StreamSamplesRequest | None = ...,
+        staleness: Global___StalenessRule | None = ...,
+        batch_sha256: _builtins.str = ...,
+        num_samples: _builtins.int = ...,
+        num_samples_dropped_stale: _builtins.int = ...,
+        staleness_mean_steps: _builtins.float = ...,
+        staleness_max_steps: _builtins.int = ...,
+        loss: _builtins.float = ...,
+        completed_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "samples_request", b"samples_request", "staleness", b"staleness", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_sha256", b"batch_sha256", "completed_at", b"completed_at", "loss", b"loss", "num_samples", b"num_samples", "num_samples_dropped_stale", b"num_samples_dropped_stale", "samples_request", b"samples_request", "staleness", b"staleness", "staleness_max_steps", b"staleness_max_steps", "staleness_mean_steps", b"staleness_mean_steps", "task_ids", b"task_ids", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Step: _TypeAlias = Step  # noqa: Y015
+
+@_typing.final
+class GetStepResponse(_message.Message):
+    """GetStepResponse carries the step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def step(self) -> Global___Step:
+        """The step."""
+
+    def __init__(
+        self,
+        *,
+        step: Global___Step | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStepResponse: _TypeAlias = GetStepResponse  # noqa: Y015

@@ -57,6 +57,11 @@ class TrainerServiceStub:
                 request_serializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.GetStep = channel.unary_unary(
+                '/gyre.trainer.v1.TrainerService/GetStep',
+                request_serializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.GetStepRequest.SerializeToString,
+                response_deserializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.GetStepResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -94,6 +99,15 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStep(self, request, context):
+        """Return one completed step as the trainer recorded it: the groups it consumed, the exact
+        `StreamSamples` request that fetched its samples, the staleness rule applied to them and the
+        checksum of the samples it trained on, so the batch can be re-derived and audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +130,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'GetStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStep,
+                    request_deserializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.GetStepRequest.FromString,
+                    response_serializer=gyre_dot_trainer_dot_v1_dot_trainer__pb2.GetStepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -229,6 +248,33 @@ class TrainerService:
             '/gyre.trainer.v1.TrainerService/SaveCheckpoint',
             gyre_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointRequest.SerializeToString,
             gyre_dot_trainer_dot_v1_dot_trainer__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.trainer.v1.TrainerService/GetStep',
+            gyre_dot_trainer_dot_v1_dot_trainer__pb2.GetStepRequest.SerializeToString,
+            gyre_dot_trainer_dot_v1_dot_trainer__pb2.GetStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

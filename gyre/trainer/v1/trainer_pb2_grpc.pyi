@@ -46,6 +46,11 @@ class TrainerServiceStub:
     """Take a satellite cell out of training; its unfinished micro-batches go to the other members."""
     SaveCheckpoint: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.SaveCheckpointRequest, _trainer_pb2.SaveCheckpointResponse]
     """Write a checkpoint of the weights and optimizer state at a step boundary."""
+    GetStep: _grpc.UnaryUnaryMultiCallable[_trainer_pb2.GetStepRequest, _trainer_pb2.GetStepResponse]
+    """Return one completed step as the trainer recorded it: the groups it consumed, the exact
+    `StreamSamples` request that fetched its samples, the staleness rule applied to them and the
+    checksum of the samples it trained on, so the batch can be re-derived and audited.
+    """
 
 @_typing.type_check_only
 class TrainerServiceAsyncStub(TrainerServiceStub):
@@ -65,6 +70,11 @@ class TrainerServiceAsyncStub(TrainerServiceStub):
     """Take a satellite cell out of training; its unfinished micro-batches go to the other members."""
     SaveCheckpoint: _aio.UnaryUnaryMultiCallable[_trainer_pb2.SaveCheckpointRequest, _trainer_pb2.SaveCheckpointResponse]  # type: ignore[assignment]
     """Write a checkpoint of the weights and optimizer state at a step boundary."""
+    GetStep: _aio.UnaryUnaryMultiCallable[_trainer_pb2.GetStepRequest, _trainer_pb2.GetStepResponse]  # type: ignore[assignment]
+    """Return one completed step as the trainer recorded it: the groups it consumed, the exact
+    `StreamSamples` request that fetched its samples, the staleness rule applied to them and the
+    checksum of the samples it trained on, so the batch can be re-derived and audited.
+    """
 
 class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
     """TrainerService runs the optimizer on the core cell, admits satellite cells into the step in
@@ -105,5 +115,16 @@ class TrainerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_trainer_pb2.SaveCheckpointResponse, _abc.Awaitable[_trainer_pb2.SaveCheckpointResponse]]:
         """Write a checkpoint of the weights and optimizer state at a step boundary."""
+
+    @_abc_1.abstractmethod
+    def GetStep(
+        self,
+        request: _trainer_pb2.GetStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_trainer_pb2.GetStepResponse, _abc.Awaitable[_trainer_pb2.GetStepResponse]]:
+        """Return one completed step as the trainer recorded it: the groups it consumed, the exact
+        `StreamSamples` request that fetched its samples, the staleness rule applied to them and the
+        checksum of the samples it trained on, so the batch can be re-derived and audited.
+        """
 
 def add_TrainerServiceServicer_to_server(servicer: TrainerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

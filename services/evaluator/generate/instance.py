@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.evaluator.taskset import Check
+
 SOLUTION_FILE = "hidden/solution.json"
 
 
@@ -23,13 +25,6 @@ class Step:
 
     tool: str
     arguments: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Check:
-    name: str
-    tests: str
-    weight: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from services.evaluator.generate.instance import Check, Step, TaskInstance, rng_for
+from services.evaluator.generate.instance import Step, TaskInstance, rng_for
+from services.evaluator.taskset import Check
 
 FAMILY = "repo_repair"
 PACKAGES = ("calc", "mathkit", "numlib", "arith", "tally", "measure")
