@@ -194,12 +194,7 @@ def up(
         proxy_http_url=f"http://127.0.0.1:{proxy_http_port}" if "proxy" in services else "",
         model_dir=str(state_dir / "model"),
     )
-    env = {
-        **os.environ,
-        "GYRE_NATS_URL": nats_url,
-        "GYRE_DATABASE_URL": database_url,
-        "GYRE_BUS_PREFIX": kernel.bus_prefix,
-    }
+    env = kernel_env(nats_url, database_url, kernel.bus_prefix)
     (state_dir / "logs").mkdir(exist_ok=True)
     deadline = time.monotonic() + timeout_s
 
@@ -228,6 +223,16 @@ def up(
     if "proxy" in services and "engine" in services:
         register_engine(state)
     return state
+
+
+def kernel_env(nats_url: str, database_url: str, bus_prefix: str) -> dict[str, str]:
+    """This process's environment with the stack's servers and prefix, for every service."""
+    return {
+        **os.environ,
+        "GYRE_NATS_URL": nats_url,
+        "GYRE_DATABASE_URL": database_url,
+        "GYRE_BUS_PREFIX": bus_prefix,
+    }
 
 
 def spawn_service(
@@ -276,12 +281,7 @@ def restart(kernel: KernelSettings, name: str, *, timeout_s: float = 120.0) -> S
     terminate(old.pid, old.marker, timeout_s=15.0)
     ports = {s.name: int(s.address.rsplit(":", 1)[1]) for s in state.services}
     metrics_port = int(old.metrics_url.split(":")[2].split("/")[0]) if old.metrics_url else None
-    env = {
-        **os.environ,
-        "GYRE_NATS_URL": state.nats_url,
-        "GYRE_DATABASE_URL": state.database_url,
-        "GYRE_BUS_PREFIX": kernel.bus_prefix,
-    }
+    env = kernel_env(state.nats_url, state.database_url, kernel.bus_prefix)
     proxy_http_port = int(state.proxy_http_url.rsplit(":", 1)[1]) if state.proxy_http_url else 0
     service = spawn_service(
         name,
