@@ -48,7 +48,7 @@ def pct(values: list[float], q: float) -> float:
 
 def spec(group_size: int) -> scheduler_pb2.TaskSpec:
     return scheduler_pb2.TaskSpec(
-        name="bench", family="bench", prompt="p", group_size=group_size, timeout_s=60, harness="gyre-agent"
+        name="bench", family="terminal", prompt="p", group_size=group_size, timeout_s=60, harness="gyre-agent"
     )
 
 

@@ -81,6 +81,19 @@ def down(
 
 
 @app.command()
+def restart(
+    service: Annotated[
+        str, typer.Argument(help="engine, scheduler, trajectory, runner, evaluator, proxy or trainer")
+    ],
+) -> None:
+    """Restart one service of the running stack in place (its port and settings; nothing else touched)."""
+    from gyre_app.stack import restart as restart_service
+
+    started = restart_service(KernelSettings(), service)
+    print(json.dumps({"service": started.name, "pid": started.pid, "address": started.address}))
+
+
+@app.command()
 def migrate() -> None:
     """Bring every service's schema up to date."""
     from gyre.settings import resolve_urls

@@ -252,39 +252,20 @@ def up(
         model_dir=str(state_dir / "model"),
         mode=mode,
     )
-    env = {
-        **os.environ,
-        "GYRE_NATS_URL": nats_url,
-        "GYRE_DATABASE_URL": database_url,
-        "GYRE_BUS_PREFIX": kernel.bus_prefix,
-    }
+    env = kernel_env(nats_url, database_url, kernel.bus_prefix)
     (state_dir / "logs").mkdir(exist_ok=True)
     deadline = time.monotonic() + timeout_s
 
     def start(name: str) -> ServiceProcess:
-        log_path = state_dir / "logs" / f"{name}.log"
-        module = modules[name]
-        argv = [sys.executable, "-m", f"services.{module}", "--port", str(ports[name])]
-        metrics_env = {"GYRE_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
-        pid = spawn_detached(
-            argv,
-            log_path=log_path,
-            cwd=REPO_ROOT,
-            env={
-                **env,
-                **service_env(
-                    name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode
-                ),
-                **metrics_env,
-            },
-        )
-        service = ServiceProcess(
-            name=name,
-            pid=pid,
-            address=f"127.0.0.1:{ports[name]}",
-            log_path=str(log_path),
-            module="" if module == name else module,
-            metrics_url=f"http://127.0.0.1:{metrics_ports[name]}/metrics" if name in metrics_ports else "",
+        service = spawn_service(
+            name,
+            module=modules[name],
+            state_dir=state_dir,
+            env=env,
+            ports=ports,
+            proxy_http_port=proxy_http_port,
+            metrics_port=metrics_ports.get(name),
+            mode=mode,
         )
         state.services.append(service)
         # Recorded at once, so `gyre down` can stop what started even if a later one fails.
@@ -303,6 +284,84 @@ def up(
     if agents:
         wait_cells_registered(state, cells, deadline)
     return state
+
+
+def kernel_env(nats_url: str, database_url: str, bus_prefix: str) -> dict[str, str]:
+    """This process's environment with the stack's servers and prefix, for every service."""
+    return {
+        **os.environ,
+        "GYRE_NATS_URL": nats_url,
+        "GYRE_DATABASE_URL": database_url,
+        "GYRE_BUS_PREFIX": bus_prefix,
+    }
+
+
+def spawn_service(
+    name: str,
+    *,
+    state_dir: Path,
+    env: dict[str, str],
+    ports: dict[str, int],
+    proxy_http_port: int,
+    metrics_port: int | None,
+    module: str,
+    mode: str,
+) -> ServiceProcess:
+    """Start one service (or a cell agent: `module` names its package), detached, on its port,
+    told where the others are."""
+    log_path = state_dir / "logs" / f"{name}.log"
+    argv = [sys.executable, "-m", f"services.{module}", "--port", str(ports[name])]
+    metrics_env = {"GYRE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {}
+    pid = spawn_detached(
+        argv,
+        log_path=log_path,
+        cwd=REPO_ROOT,
+        env={
+            **env,
+            **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode),
+            **metrics_env,
+        },
+    )
+    return ServiceProcess(
+        name=name,
+        pid=pid,
+        address=f"127.0.0.1:{ports[name]}",
+        log_path=str(log_path),
+        module="" if module == name else module,
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port is not None else "",
+    )
+
+
+def restart(kernel: KernelSettings, name: str, *, timeout_s: float = 120.0) -> ServiceProcess:
+    """Restart one service of a running stack in place: the same port and settings, nothing else
+    touched (NATS, Postgres and the other services keep running, so executions carry on). A
+    service that died is started again; one that runs is stopped first."""
+    state_dir = kernel.state_dir.resolve()
+    state = load_state(state_dir)
+    if state is None:
+        raise RuntimeError(f"no stack runs from {state_dir} (gyre up starts one)")
+    old = next((s for s in state.services if s.name == name), None)
+    if old is None:
+        raise RuntimeError(f"the stack runs no {name!r}; it runs {', '.join(s.name for s in state.services)}")
+    terminate(old.pid, old.marker, timeout_s=15.0)
+    ports = {s.name: int(s.address.rsplit(":", 1)[1]) for s in state.services}
+    metrics_port = int(old.metrics_url.split(":")[2].split("/")[0]) if old.metrics_url else None
+    env = kernel_env(state.nats_url, state.database_url, kernel.bus_prefix)
+    proxy_http_port = int(state.proxy_http_url.rsplit(":", 1)[1]) if state.proxy_http_url else 0
+    service = spawn_service(
+        name,
+        state_dir=state_dir,
+        env=env,
+        ports=ports,
+        proxy_http_port=proxy_http_port,
+        metrics_port=metrics_port,
+        module=old.module or name,
+        mode=state.mode or "gyre",
+    )
+    state.services[state.services.index(old)] = service
+    write_json(stack_state_path(state_dir), asdict(state))
+    wait_serving(service, time.monotonic() + timeout_s)
+    return service
 
 
 def wait_cells_registered(state: StackState, cells: int, deadline: float) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BUNDLED_TASKS = Path(__file__).resolve().parents[1] / "evaluator" / "tasks"
 
 
 class SchedulerSettings(BaseSettings):
@@ -40,3 +43,9 @@ class SchedulerSettings(BaseSettings):
     """Until the first step is observed: a group's target tokens and one cell's training rate."""
     tick_s: float = 0.5
     """The driver decides on every change and at least this often."""
+    harnesses: tuple[str, ...] = ("gyre-agent", "claude-code", "mini-swe-agent")
+    """Harnesses the runners can start; a task naming another is refused at submission."""
+    families: tuple[str, ...] = ("repo_generation", "repo_repair", "terminal")
+    """Task families the evaluator grades; a task of another family is refused at submission."""
+    tasks_dir: Path = BUNDLED_TASKS
+    """The task set (`task:<name>` templates): the same folder as the runner's and evaluator's."""

@@ -11,6 +11,7 @@ from gyre.runtime import ServiceHost, Worker, connect
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.scheduler import repo
+from services.scheduler.catalog import load_catalog
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.driver import LiveDriver
 from services.scheduler.lifecycle import LifecycleEvents
@@ -42,6 +43,7 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
         lost_after_s=settings.cell_lost_after_s,
         admission=settings.admission,
         runner_address=settings.runner_address,
+        catalog=load_catalog(settings),
     )
     driver = LiveDriver(conns.sessions, relay, servicer, settings)
     servicer.on_change = driver.poke

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 from google.protobuf.message import Message
@@ -19,6 +20,7 @@ from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
 from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
+from services.scheduler.runnable import Catalog, check_runnable
 from services.scheduler.task_control import cancel_task, list_executions
 from services.scheduler.tasks import execution_limit_s, plan_tasks, validate_deadlines, validate_specs
 
@@ -28,6 +30,11 @@ PRODUCER = "scheduler"
 
 class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer):
     """Tasks here; cells and modes in `CellControl`."""
+
+    def __init__(self, *args: Any, catalog: Catalog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.catalog = catalog
+        """What runners and evaluators can run: SubmitTasks refuses anything else up front."""
 
     async def SubmitTasks(
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
@@ -40,6 +47,7 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         specs = [spec_from_proto(t) for t in request.tasks]
         validate_specs(specs)
         validate_deadlines(specs, now=datetime.now(UTC))
+        check_runnable(specs, self.catalog)
         planned = plan_tasks(
             specs,
             task_ids=[new_uuid7() for _ in specs],

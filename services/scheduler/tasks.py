@@ -97,6 +97,8 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
         )
     if not spec.prompt.strip():
         raise InvalidArgument(f"{at}.prompt", "is required and must not be blank")
+    if "\x00" in spec.prompt:
+        raise InvalidArgument(f"{at}.prompt", "must not contain NUL characters (U+0000)")
     prompt_bytes = len(spec.prompt.encode())
     if prompt_bytes > MAX_PROMPT_BYTES:
         raise InvalidArgument(f"{at}.prompt", f"must be at most {MAX_PROMPT_BYTES} bytes, got {prompt_bytes}")
@@ -128,6 +130,8 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
     for key, value in spec.labels:
         if not LABEL_KEY_RE.fullmatch(key):
             raise InvalidArgument(f"{at}.labels[{key!r}]", "keys must be 1..63 of [A-Za-z0-9_.-]")
+        if "\x00" in value:
+            raise InvalidArgument(f"{at}.labels[{key!r}]", "values must not contain NUL characters (U+0000)")
         if len(value) > MAX_LABEL_VALUE_CHARS:
             raise InvalidArgument(
                 f"{at}.labels[{key!r}]", f"values must be at most {MAX_LABEL_VALUE_CHARS} characters"

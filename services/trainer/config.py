@@ -35,10 +35,6 @@ class TrainerSettings(BaseSettings):
     groups_per_step: int = 4
     """B: a step as soon as B groups are ready, in arrival order. Which groups are admitted, and
     when (streaming, bursts, batches), is the scheduler's policy, not the trainer's."""
-    missing_calls_grace_s: float = 60.0
-    """How long a step waits for the calls of an execution that has none recorded (they may still be
-    on the bus) before training its groups without it; an execution that failed before its first
-    model call never has any."""
     j_max: int = 5
     learning_rate: float = 1e-3
     max_grad_norm: float = 1.0
@@ -54,6 +50,9 @@ class TrainerSettings(BaseSettings):
     """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
     step_attempts: int = 3
     """Attempts of one step before it fails (each lost satellite costs one)."""
+    max_group_attempts: int = 3
+    """Steps tried with a group (that failed on an error of the step, or with the trainer dying)
+    before the group is set aside with the reason (`GroupSetAside`) instead of tried forever."""
     device: str = "cpu"
     """Torch device of the core cell: cpu, cuda, cuda:1 (CUDA: NCCL groups; not yet run on a GPU)."""
     autocast_bf16: bool = False
