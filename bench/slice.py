@@ -48,7 +48,7 @@ def pct(values: list[float], q: float) -> float:
 
 def spec(group_size: int) -> scheduler_pb2.TaskSpec:
     return scheduler_pb2.TaskSpec(
-        name="bench", family="bench", prompt="p", group_size=group_size, timeout_s=60, harness="gyre-agent"
+        name="bench", family="terminal", prompt="p", group_size=group_size, timeout_s=60, harness="gyre-agent"
     )
 
 
@@ -56,7 +56,7 @@ async def measure(
     kernel: KernelSettings, *, requests: int, group_size: int, publishes: int
 ) -> dict[str, float]:
     hosts = [
-        await build_scheduler(SchedulerSettings(port=0), kernel),
+        await build_scheduler(SchedulerSettings(port=0, admission="at_submit"), kernel),
         await build_trajectory(TrajectorySettings(port=0), kernel),
     ]
     for h in hosts:

@@ -4,6 +4,11 @@ One stream per producing service (`GYRE_SCHEDULER` holds `gyre.scheduler.*.*`), 
 stream for messages a consumer gave up on, and an object-store bucket for payloads too large
 for one message. Publishing sets `Nats-Msg-Id` to the event id, so a republished event (the
 outbox relay after a crash, say) is stored once within the stream's duplicate window.
+
+Every stream and the payload bucket have retention limits (`max_age_s`, and `max_bytes` per
+stream when set, oldest discarded first): Postgres is the durable record (each producer's outbox, the
+trajectory service's call log); the bus only carries events to their consumers. A consumer
+down for longer than `max_age_s` misses what expired meanwhile.
 """
 
 from __future__ import annotations
@@ -17,13 +22,21 @@ from google.protobuf import any_pb2
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import PubAck, StorageType, StreamConfig
+from nats.js.api import (
+    DiscardPolicy,
+    ObjectStoreConfig,
+    PubAck,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
 from gyre.common.v1 import envelope_pb2
 from gyre.events import UndecodableEvent, service_subjects, stream_name, subject_of
 from gyre.metrics import DEAD_LETTERS, EVENTS_PUBLISHED, observe_published
+from gyre.settings import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES
 
 DEAD_LETTER_SERVICE = "deadletter"
 DUPLICATE_WINDOW_S = 24 * 3600  # a relay republishing after a day-long outage is still deduplicated
@@ -37,6 +50,11 @@ class BusConfig:
     prefix: str = "gyre"
     inline_limit_bytes: int | None = None
     """Envelopes above this go through the object store; None: the server's max payload."""
+    max_age_s: float = DEFAULT_MAX_AGE_S
+    """How long a stream keeps a message (and the bucket a payload)."""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    """Most bytes one stream (or the payload bucket) holds, the oldest messages going first; 0:
+    no byte limit (JetStream reserves max_bytes against the server's storage up front)."""
 
 
 class Bus:
@@ -49,6 +67,8 @@ class Bus:
         server_limit = nc.max_payload - HEADER_MARGIN_BYTES
         self.inline_limit_bytes = min(config.inline_limit_bytes or server_limit, server_limit)
         self._ensured_streams: set[str] = set()
+        self.max_age_s = config.max_age_s
+        self.max_bytes = config.max_bytes
 
     @classmethod
     async def connect(cls, config: BusConfig, *, name: str = "gyre") -> Bus:
@@ -73,7 +93,11 @@ class Bus:
             name=name,
             subjects=[service_subjects(service, prefix=self.prefix)],
             storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S,
+            duplicate_window=min(DUPLICATE_WINDOW_S, self.max_age_s),
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.OLD,
+            max_age=self.max_age_s,
+            max_bytes=self.max_bytes or -1,
         )
         try:
             await self.js.add_stream(config)
@@ -115,7 +139,10 @@ class Bus:
         try:
             return await self.js.object_store(self.payload_bucket)
         except BucketNotFoundError:
-            return await self.js.create_object_store(self.payload_bucket)
+            return await self.js.create_object_store(
+                self.payload_bucket,
+                config=ObjectStoreConfig(ttl=self.max_age_s, max_bytes=self.max_bytes or -1),
+            )
 
     async def load_payload(self, envelope: envelope_pb2.Envelope) -> any_pb2.Any:
         """The envelope's payload, fetched from the object store when it was offloaded."""

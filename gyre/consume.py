@@ -56,6 +56,15 @@ class ConsumerSpec:
     fetch_timeout_s: float = 1.0
     retry_base_s: float = 1.0
     """First back-off after a handler failure; doubles per delivery, capped at 30 s."""
+    max_wait_deliver: int = 0
+    """Deliveries an event may spend waiting for an earlier one it depends on (a consumer that
+    naks it as not applicable yet) before it is dead-lettered; 0: as `max_deliver`. With the
+    30 s cap, 30 deliveries wait about 12 minutes."""
+
+    @property
+    def server_max_deliver(self) -> int:
+        # The server would stop redelivering past this; we dead-letter one delivery earlier.
+        return max(self.max_deliver, self.max_wait_deliver) + 1
 
     def retry_delay_s(self, num_delivered: int) -> float:
         return float(min(30.0, self.retry_base_s * 2.0 ** max(0, num_delivered - 1)))
@@ -79,8 +88,7 @@ class Consumer:
             durable_name=self.spec.durable,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            # The server would stop redelivering past this; we dead-letter one delivery earlier.
-            max_deliver=self.spec.max_deliver + 1,
+            max_deliver=self.spec.server_max_deliver,
             ack_wait=self.spec.ack_wait_s,
         )
         # A single filter_subject works on every JetStream server; filter_subjects needs 2.10+.

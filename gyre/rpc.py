@@ -3,7 +3,9 @@
 Handlers raise `gyre.errors` exceptions; `ErrorInterceptor` turns them into status codes with
 the message (and, for bad input, the offending field in the `gyre-error-field` trailer). It
 also parses unary requests itself, so a body that is not valid protobuf answers
-INVALID_ARGUMENT instead of grpc's generic INTERNAL.
+INVALID_ARGUMENT instead of grpc's generic INTERNAL. Any other exception is translated by
+`gyre.outages`: UNAVAILABLE when Postgres or NATS is away, else INTERNAL with an error id,
+never the exception's text (which may hold SQL and its parameters).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavailable
 from gyre.logs import bind_ids
+from gyre.outages import InternalError, translate
 from gyre.rpc_telemetry import TelemetryInterceptor
 
 log = structlog.get_logger(__name__)
@@ -30,6 +33,7 @@ STATUS_OF: dict[type[GyreError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     Conflict: grpc.StatusCode.FAILED_PRECONDITION,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    InternalError: grpc.StatusCode.INTERNAL,
 }
 # What servicers receive as `context`; grpc's stubs make it generic in request and response.
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -44,7 +48,11 @@ def status_of(exc: GyreError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-async def _abort(context: Context, exc: GyreError) -> None:
+async def _abort(context: Context, exc: Exception, method: str) -> None:
+    if isinstance(exc, grpc.aio.AbortError):  # the handler aborted on its own
+        raise exc
+    if not isinstance(exc, GyreError):
+        exc = translate(exc, where=method)
     if isinstance(exc, InvalidArgument):
         context.set_trailing_metadata(((ERROR_FIELD_TRAILER, exc.field),))
     await context.abort(status_of(exc), exc.message)
@@ -73,9 +81,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         handler = await continuation(details)
         if handler is None:
             return None
+        method = str(details.method)
         deserialize, serialize = handler.request_deserializer, handler.response_serializer
         if handler.request_streaming:
-            return _wrap_request_streaming(handler)
+            return _wrap_request_streaming(handler, method)
 
         if handler.unary_unary:
             inner = handler.unary_unary
@@ -83,8 +92,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             async def unary(raw: bytes, context: Context) -> Any:
                 try:
                     return await inner(_parse(deserialize, raw), context)
-                except GyreError as exc:
-                    await _abort(context, exc)
+                except Exception as exc:
+                    await _abort(context, exc, method)
 
             return grpc.unary_unary_rpc_method_handler(unary, response_serializer=serialize)
 
@@ -94,13 +103,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 async for item in inner_stream(_parse(deserialize, raw), context):
                     yield item
-            except GyreError as exc:
-                await _abort(context, exc)
+            except Exception as exc:
+                await _abort(context, exc, method)
 
         return grpc.unary_stream_rpc_method_handler(streaming, response_serializer=serialize)
 
 
-def _wrap_request_streaming(handler: Any) -> Any:
+def _wrap_request_streaming(handler: Any, method: str) -> Any:
     """Client-streaming methods: grpc parses each message itself; errors map as for the others."""
     deserialize, serialize = handler.request_deserializer, handler.response_serializer
     if handler.stream_unary:
@@ -109,8 +118,8 @@ def _wrap_request_streaming(handler: Any) -> Any:
         async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
             try:
                 return await inner(requests, context)
-            except GyreError as exc:
-                await _abort(context, exc)
+            except Exception as exc:
+                await _abort(context, exc, method)
 
         return grpc.stream_unary_rpc_method_handler(
             stream_unary, request_deserializer=deserialize, response_serializer=serialize
@@ -121,8 +130,8 @@ def _wrap_request_streaming(handler: Any) -> Any:
         try:
             async for item in inner_stream(requests, context):
                 yield item
-        except GyreError as exc:
-            await _abort(context, exc)
+        except Exception as exc:
+            await _abort(context, exc, method)
 
     return grpc.stream_stream_rpc_method_handler(
         stream_stream, request_deserializer=deserialize, response_serializer=serialize

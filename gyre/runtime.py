@@ -44,7 +44,13 @@ async def connect(kernel: KernelSettings, *, service: str, migrations: Path | No
     if migrations is not None:
         await asyncio.to_thread(upgrade, service, urls.database_url, script_location=migrations)
     engine = make_engine(urls.database_url)
-    bus = await Bus.connect(BusConfig(url=urls.nats_url, prefix=kernel.bus_prefix), name=f"gyre-{service}")
+    config = BusConfig(
+        url=urls.nats_url,
+        prefix=kernel.bus_prefix,
+        max_age_s=kernel.stream_max_age_s,
+        max_bytes=kernel.stream_max_bytes,
+    )
+    bus = await Bus.connect(config, name=f"gyre-{service}")
     return Connections(bus=bus, engine=engine, sessions=make_sessionmaker(engine))
 
 

@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gyre.errors import Unavailable
 
+DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
+DEFAULT_MAX_BYTES = 0
+
 
 class KernelSettings(BaseSettings):
     """Settings every process shares."""
@@ -28,6 +31,12 @@ class KernelSettings(BaseSettings):
     """SQLAlchemy URL, e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/gyre; unset: the local stack's."""
     bus_prefix: str = "gyre"
     """First token of every subject and stream name; tests use their own to run side by side."""
+    stream_max_age_s: float = DEFAULT_MAX_AGE_S
+    """How long JetStream keeps an event (Postgres keeps the durable record)."""
+    stream_max_bytes: int = DEFAULT_MAX_BYTES
+    """Most bytes one JetStream stream holds, the oldest events going first; 0: no byte limit
+    (the server reserves a stream's max_bytes against its storage, so a shared server fills up
+    with reservations of streams that hold little)."""
     state_dir: Path = Path(".gyre")
     """Where the local stack keeps its servers' data, logs and state file."""
     log_format: Literal["console", "json"] = "console"

@@ -33,11 +33,20 @@ def up(
     metrics: Annotated[
         bool, typer.Option(help="each service serves Prometheus metrics on 127.0.0.1")
     ] = False,
+    cells: Annotated[
+        int, typer.Option(min=2, help="cells, the core included (default 3: a core and 2 satellites)")
+    ] = 3,
+    mode: Annotated[
+        str, typer.Option(help="scheduling mode at start: colocate, async, gyre or burst")
+    ] = "gyre",
 ) -> None:
-    """Start NATS, Postgres (embedded unless configured) and every service."""
+    """Start NATS, Postgres (embedded unless configured), every service and the cells."""
+    from gyre_app.stack import MODES
     from gyre_app.stack import up as stack_up
 
-    state = stack_up(KernelSettings(), metrics=metrics)
+    if mode not in MODES:
+        raise typer.BadParameter(f"must be one of {', '.join(MODES)}, got {mode!r}", param_hint="--mode")
+    state = stack_up(KernelSettings(), metrics=metrics, cells=cells, mode=mode)
     print(
         json.dumps(
             {
@@ -46,6 +55,7 @@ def up(
                 "services": {s.name: s.address for s in state.services},
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
+                "mode": state.mode,
                 **({"metrics": {s.name: s.metrics_url for s in state.services}} if metrics else {}),
             },
             indent=2,
@@ -68,6 +78,19 @@ def down(
     if all_:
         stopped += stop_embedded_servers(kernel.state_dir)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@app.command()
+def restart(
+    service: Annotated[
+        str, typer.Argument(help="engine, scheduler, trajectory, runner, evaluator, proxy or trainer")
+    ],
+) -> None:
+    """Restart one service of the running stack in place (its port and settings; nothing else touched)."""
+    from gyre_app.stack import restart as restart_service
+
+    started = restart_service(KernelSettings(), service)
+    print(json.dumps({"service": started.name, "pid": started.pid, "address": started.address}))
 
 
 @app.command()

@@ -1,11 +1,13 @@
 """`gyre demo` (`make demo`): the whole loop of DESIGN section 3 on the local stack, narrated (shell).
 
 Starts the stack (embedded NATS and PostgreSQL unless GYRE_NATS_URL / GYRE_DATABASE_URL are
-set) and submits one task group over gRPC. Then it watches the bus while the services do the rest:
-the runner starts the built-in agent in its sandbox, the agent's model calls go through the proxy
-to the torch engine and are recorded, the evaluator grades each workspace, the trajectory service
-builds the trees and declares the group ready, the trainer takes a step and publishes the new
-weights, and the engine loads them. A second task then shows calls served by the new version.
+set) with a core cell and two satellites in Gyre mode, and submits one task group over gRPC. Then
+it watches the bus while the services do the rest: the scheduler admits the task, the runner
+starts the built-in agent in its sandbox, the agent's model calls go through the proxy to a
+satellite's torch engine and are recorded, the evaluator grades each workspace, the trajectory
+service declares the group ready, the scheduler moves idle satellites into the step, the trainer
+steps and publishes the new weights. A second task brings a satellite back to rollout with the
+new weights, and its calls are served by the new version.
 Finally it shows that bad input is refused naming the field, and stops what it started.
 """
 
@@ -267,7 +269,7 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
         async with (
             grpc.aio.insecure_channel(state.address_of("scheduler")) as sch,
             grpc.aio.insecure_channel(state.address_of("trajectory")) as trj,
-            grpc.aio.insecure_channel(state.address_of("engine")) as eng,
+            grpc.aio.insecure_channel(state.address_of("engine-cell-1")) as eng,
         ):
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(sch)
             trajectory = trajectory_pb2_grpc.TrajectoryServiceStub(trj)
@@ -275,37 +277,51 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
             before = (await engine.GetEngineStats(engine_pb2.GetEngineStatsRequest())).policy_version.steps
             tally.engine_version = int(before)
             say(
-                f"\n1. One task ({TASK}, group of {GROUP_SIZE}, harness gyre-agent); the engine serves "
-                f"policy v{before}; the trainer steps every {DEMO_GROUPS_PER_STEP} group."
+                f"\n1. One task ({TASK}, group of {GROUP_SIZE}, harness gyre-agent); the engines serve "
+                f"policy v{before}; the trainer steps every {DEMO_GROUPS_PER_STEP} group. The scheduler "
+                "admits it, and moves idle satellites into the step once its group is ready."
             )
             task = await submit(scheduler, "slugfix, first group")
             executions = {e.execution_id for e in task.executions}
             await tap.until(
-                lambda ev: tally.engine_version > before,
+                lambda ev: (
+                    isinstance(ev.payload, trainer_events.WeightsPublished)
+                    and ev.payload.version.steps > before
+                ),
                 lambda ev: narrate(ev, tally, executions),
                 deadline=deadline,
-                waiting_for=f"the engine to load policy v{before + 1}",
+                waiting_for=f"the trainer to publish policy v{before + 1}",
             )
             say("\n2. What the trajectory service built from the recorded calls:")
             await show_trees(trajectory, task)
-            stats = await engine.GetEngineStats(engine_pb2.GetEngineStatsRequest())
+            cells = await scheduler.GetCells(scheduler_pb2.GetCellsRequest())
             stage(
-                "engine",
-                "GetEngineStats",
-                f"policy v{stats.policy_version.steps}, {stats.num_output_tokens} tokens generated so far",
+                "scheduler",
+                "GetCells",
+                ", ".join(
+                    f"{c.cell_id} {scheduler_pb2.CellRole.Name(c.role)[10:].lower()}" for c in cells.cells
+                ),
             )
 
-            say("\n3. A second task: its calls are served by the new weights.")
+            say("\n3. A second task: a satellite returns to rollout with the new weights and serves it.")
             second = await submit(scheduler, "slugfix, second group")
             executions |= {e.execution_id for e in second.executions}
             await tap.until(
                 lambda ev: (
                     isinstance(ev.payload, proxy_events.LlmCallRecorded)
                     and ev.payload.call.execution_id in {e.execution_id for e in second.executions}
+                    and ev.payload.call.policy_version.steps > before
                 ),
                 lambda ev: narrate(ev, tally, executions),
                 deadline=deadline,
-                waiting_for="a call of the second task",
+                waiting_for=f"a call of the second task served by policy v{before + 1}",
+            )
+            stats = await engine.GetEngineStats(engine_pb2.GetEngineStatsRequest())
+            stage(
+                "engine",
+                "GetEngineStats",
+                f"{stats.engine_id}: policy v{stats.policy_version.steps}, "
+                f"{stats.num_output_tokens} tokens generated so far",
             )
 
             bad = scheduler_pb2.SubmitTasksRequest(

@@ -1,8 +1,8 @@
 """`python -m gyre_app.register`: route the proxy to one engine (shell).
 
-In a cluster the scheduler's cell control would register each engine as its cell turns to
-rollout; that part of the live scheduler is not built yet, so `gyre up` and the compose stack's
-`register-engine` job do it for their one engine. The request id names the address: a restarted
+The scheduler routes each satellite's engine itself as the cell's agent registers (`gyre up`
+runs it that way); the compose stack, whose cells are not wired yet, still routes its one
+engine with this command in its `register-engine` job. The request id names the address: a restarted
 engine (new address) registers anew, a repeat of the same registration is answered from the first.
 """
 

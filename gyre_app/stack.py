@@ -26,18 +26,21 @@ from gyre.db.engine import libpq_url, with_database
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
 from gyre.sandbox.host import SHARED_TEMP
+from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
 from gyre_app.migrations import upgrade_all
-from gyre_app.register import register_engine as register_engine_at
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Start order. The engine comes first: on a fresh clone it writes the tiny model the proxy and
-# the trainer load at start-up, so those two start once the engine serves.
-SERVICES = ("engine", "scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
+SERVICES = ("scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
 NEEDS_MODEL = ("proxy", "trainer")
 STACK_DATABASE = "gyre"
-ENGINE_ID = "engine-0"
-CELL_ID = "cell-0"
+CORE_CELL = "cell-0"
+"""The trainer's cell: it holds the weights and the optimizer and always trains."""
+DEFAULT_CELLS = 3
+"""A core and two satellites: what a 2-core machine holds (each satellite runs an engine and
+keeps a training worker warm)."""
+MODES = ("colocate", "async", "gyre", "burst")
+SATELLITE_SLOTS = 4
 DEMO_GROUPS_PER_STEP = 1
 """The local stack trains after every group, so one submitted task shows a whole step."""
 LOCAL_AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "128", "GYRE_AGENT_MAX_TURNS": "4"}
@@ -51,12 +54,14 @@ class ServiceProcess:
     pid: int
     address: str
     log_path: str
+    module: str = ""
+    """The service package it runs (`engine` for `engine-1`, `cell` for `cell-0`); empty: its name."""
     metrics_url: str = ""
     """Its Prometheus endpoint when `gyre up --metrics` (or GYRE_METRICS_PORT) asked for one."""
 
     @property
     def marker(self) -> str:
-        return f"services.{self.name}"
+        return f"services.{self.module or self.name}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +74,9 @@ class StackState:
     proxy_http_url: str = ""
     """Root of the proxy's OpenAI (`/v1`) and Anthropic (`/v1/messages`) APIs; empty without a proxy."""
     model_dir: str = ""
-    """The checkpoint folder the engine serves and the trainer starts from."""
+    """The checkpoint folder the engines serve and the trainer starts from."""
+    mode: str = ""
+    """The scheduling mode the scheduler started in."""
 
     def address_of(self, service: str) -> str:
         return next(s.address for s in self.services if s.name == service)
@@ -110,19 +117,55 @@ def sandboxes_dir(state_dir: Path) -> Path:
     return REPO_ROOT / ".gyre" / "sandboxes" / f"{state_dir.name}-{tag}"
 
 
-def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http_port: int) -> dict[str, str]:
-    """What each service is told about the others (its GYRE_<SERVICE>_* settings)."""
+def satellites(cells: int) -> list[str]:
+    return [f"cell-{i}" for i in range(1, cells)]
+
+
+def processes(cells: int) -> list[tuple[str, str]]:
+    """(name, service package) of every process, in start order: one engine per satellite first
+    (the first writes the tiny model on a fresh clone), the services, then one agent per cell."""
+    engines = [(f"engine-{c}", "engine") for c in satellites(cells)]
+    agents = [(c, "cell") for c in [CORE_CELL, *satellites(cells)]]
+    return [*engines, *((s, s) for s in SERVICES), *agents]
+
+
+def service_env(
+    name: str, *, state_dir: Path, ports: dict[str, int], proxy_http_port: int, mode: str = "gyre"
+) -> dict[str, str]:
+    """What each process is told about the others (its GYRE_<SERVICE>_* settings)."""
     model_dir = str(state_dir / "model")
     proxy_base_url = f"http://127.0.0.1:{proxy_http_port}"
-    per_service = {
-        "engine": {
+
+    def at(service: str) -> str:
+        return f"127.0.0.1:{ports[service]}" if service in ports else ""
+
+    if name.startswith("engine-"):
+        cell = name.removeprefix("engine-")
+        return {
             "GYRE_ENGINE_MODEL_DIR": model_dir,
-            "GYRE_ENGINE_ENGINE_ID": ENGINE_ID,
-            "GYRE_ENGINE_CELL_ID": CELL_ID,
+            "GYRE_ENGINE_ENGINE_ID": name,
+            "GYRE_ENGINE_CELL_ID": cell,
+            "GYRE_ENGINE_NUM_THREADS": "1",
+        }
+    if name.startswith("cell-"):
+        agent = {"GYRE_CELL_CELL_ID": name, "GYRE_CELL_SCHEDULER_ADDRESS": at("scheduler")}
+        if name == CORE_CELL:
+            return {**agent, "GYRE_CELL_CORE": "true", "GYRE_CELL_TRAINER_ADDRESS": at("trainer")}
+        return {
+            **agent,
+            "GYRE_CELL_ENGINE_ADDRESS": at(f"engine-{name}"),
+            "GYRE_CELL_SLOTS": str(SATELLITE_SLOTS),
+        }
+    per_service = {
+        "scheduler": {
+            "GYRE_SCHEDULER_PROXY_ADDRESS": at("proxy"),
+            "GYRE_SCHEDULER_RUNNER_ADDRESS": at("runner"),
+            "GYRE_SCHEDULER_MODE": mode,
+            "GYRE_SCHEDULER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
         },
         "proxy": {"GYRE_PROXY_MODEL_DIR": model_dir, "GYRE_PROXY_HTTP_PORT": str(proxy_http_port)},
         "runner": {
-            "GYRE_RUNNER_PROXY_ADDRESS": f"127.0.0.1:{ports['proxy']}" if "proxy" in ports else "",
+            "GYRE_RUNNER_PROXY_ADDRESS": at("proxy"),
             "GYRE_RUNNER_PROXY_BASE_URL": proxy_base_url,
             "GYRE_RUNNER_SANDBOX_ROOT": str(sandboxes_dir(state_dir) / "runner"),
             "GYRE_RUNNER_HARNESS_ENV": json.dumps(LOCAL_AGENT_ENV),
@@ -131,11 +174,10 @@ def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http
         "trainer": {
             "GYRE_TRAINER_MODEL_DIR": model_dir,
             "GYRE_TRAINER_STATE_DIR": str(state_dir / "trainer"),
-            "GYRE_TRAINER_CELL_ID": CELL_ID,
+            "GYRE_TRAINER_CELL_ID": CORE_CELL,
             "GYRE_TRAINER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
-            "GYRE_TRAINER_TRAJECTORY_ADDRESS": (
-                f"127.0.0.1:{ports['trajectory']}" if "trajectory" in ports else ""
-            ),
+            "GYRE_TRAINER_STEPS_FROM_SCHEDULER": "true",
+            "GYRE_TRAINER_TRAJECTORY_ADDRESS": at("trajectory"),
         },
     }
     return per_service.get(name, {})
@@ -144,21 +186,34 @@ def service_env(name: str, *, state_dir: Path, ports: dict[str, int], proxy_http
 def up(
     kernel: KernelSettings,
     *,
+    cells: int = DEFAULT_CELLS,
+    mode: str = "gyre",
     services: tuple[str, ...] = SERVICES,
-    timeout_s: float = 120.0,
+    timeout_s: float = 180.0,
     metrics: bool = False,
     agent_env: dict[str, str] | None = None,
 ) -> StackState:
-    """Start (or find running) servers and services; returns what runs. Idempotent.
+    """Start (or find running) servers, services and cells; returns what runs. Idempotent.
 
-    With `metrics` (or GYRE_METRICS_PORT set) every service also serves Prometheus metrics on a
-    port of its own, on 127.0.0.1, recorded as its `metrics_url`. `agent_env` adds to (or
-    overrides) the built-in agent's settings (`LOCAL_AGENT_ENV`)."""
+    `cells` counts the core cell; every other cell is a satellite with an engine and a warm
+    training worker. The scheduler routes each satellite's engine as its agent registers and
+    moves cells between rollout and training as `mode` decides. With `metrics` (or
+    GYRE_METRICS_PORT set) every process also serves Prometheus metrics on a port of its own, on
+    127.0.0.1, recorded as its `metrics_url`. `services` short of all of them starts those alone,
+    without cells (tests of the stack's plumbing). `agent_env` adds to (or overrides) the built-in
+    agent's settings (`LOCAL_AGENT_ENV`) for this start (a `restart` goes back to the defaults).
+    """
+    if cells < 2:
+        raise ValueError(f"cells: at least 2 (a core and one satellite), got {cells}")
+    if mode not in MODES:
+        raise ValueError(f"mode: one of {', '.join(MODES)}, got {mode!r}")
+    planned = processes(cells) if set(services) == set(SERVICES) else [(name, name) for name in services]
     state_dir = kernel.state_dir.resolve()
     current = load_state(state_dir)
     if (
         current is not None
-        and [s.name for s in current.services] == list(services)
+        and [s.name for s in current.services] == [name for name, _ in planned]
+        and current.mode == mode
         and all(is_our_process(s.pid, s.marker) for s in current.services)
     ):
         return current
@@ -185,75 +240,151 @@ def up(
     upgrade_all(database_url)
     # Every port first, so each service can be told where the others will be.
     metrics = metrics or kernel.metrics_port is not None
-    *service_ports, proxy_http_port = distinct_free_ports(len(services) * (2 if metrics else 1) + 1)
-    ports = dict(zip(services, service_ports[: len(services)], strict=True))
-    metrics_ports = dict(zip(services, service_ports[len(services) :], strict=False))
+    names = [name for name, _ in planned]
+    *service_ports, proxy_http_port = distinct_free_ports(len(names) * (2 if metrics else 1) + 1)
+    ports = dict(zip(names, service_ports[: len(names)], strict=True))
+    metrics_ports = dict(zip(names, service_ports[len(names) :], strict=False))
+    modules = dict(planned)
     state = StackState(
         nats_url=nats_url,
         database_url=database_url,
         embedded_nats=kernel.nats_url is None,
         embedded_postgres=kernel.database_url is None,
-        proxy_http_url=f"http://127.0.0.1:{proxy_http_port}" if "proxy" in services else "",
+        proxy_http_url=f"http://127.0.0.1:{proxy_http_port}",
         model_dir=str(state_dir / "model"),
+        mode=mode,
     )
-    env = {
-        **os.environ,
-        "GYRE_NATS_URL": nats_url,
-        "GYRE_DATABASE_URL": database_url,
-        "GYRE_BUS_PREFIX": kernel.bus_prefix,
-    }
+    env = kernel_env(nats_url, database_url, kernel.bus_prefix)
     (state_dir / "logs").mkdir(exist_ok=True)
     deadline = time.monotonic() + timeout_s
 
     def start(name: str) -> ServiceProcess:
-        harness_env = (
-            {"GYRE_RUNNER_HARNESS_ENV": json.dumps({**LOCAL_AGENT_ENV, **agent_env})}
-            if agent_env and name == "runner"
-            else {}
-        )
-        log_path = state_dir / "logs" / f"{name}.log"
-        argv = [sys.executable, "-m", f"services.{name}", "--port", str(ports[name])]
-        metrics_env = {"GYRE_METRICS_PORT": str(metrics_ports[name])} if name in metrics_ports else {}
-        pid = spawn_detached(
-            argv,
-            log_path=log_path,
-            cwd=REPO_ROOT,
-            env={
-                **env,
-                **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port),
-                **metrics_env,
-                **harness_env,
-            },
-        )
-        service = ServiceProcess(
-            name=name,
-            pid=pid,
-            address=f"127.0.0.1:{ports[name]}",
-            log_path=str(log_path),
-            metrics_url=f"http://127.0.0.1:{metrics_ports[name]}/metrics" if name in metrics_ports else "",
+        service = spawn_service(
+            name,
+            module=modules[name],
+            state_dir=state_dir,
+            env=env,
+            ports=ports,
+            proxy_http_port=proxy_http_port,
+            metrics_port=metrics_ports.get(name),
+            mode=mode,
+            extra_env=(
+                {"GYRE_RUNNER_HARNESS_ENV": json.dumps({**LOCAL_AGENT_ENV, **agent_env})}
+                if agent_env and name == "runner"
+                else None
+            ),
         )
         state.services.append(service)
         # Recorded at once, so `gyre down` can stop what started even if a later one fails.
         write_json(stack_state_path(state_dir), asdict(state))
         return service
 
-    first = [start(name) for name in services if name not in NEEDS_MODEL]
-    if "engine" in services:
-        wait_serving(next(s for s in first if s.name == "engine"), deadline)
-    for name in services:
-        if name in NEEDS_MODEL:
+    wait_serving(start(names[0]), deadline)  # the first engine writes the model the others load
+    for name in names[1:]:
+        if modules[name] != "cell":
             start(name)
     for service in state.services:
         wait_serving(service, deadline)
-    if "proxy" in services and "engine" in services:
-        register_engine(state)
+    agents = [start(name) for name in names if modules[name] == "cell"]
+    for agent in agents:  # a satellite's agent serves once its training worker has imported torch
+        wait_serving(agent, deadline)
+    if agents:
+        wait_cells_registered(state, cells, deadline)
     return state
 
 
-def register_engine(state: StackState) -> None:
-    """Route the proxy to the local engine (see `gyre_app.register` for why `gyre up` does it)."""
-    register_engine_at(
-        state.address_of("proxy"), cell_id=CELL_ID, engine_id=ENGINE_ID, address=state.address_of("engine")
+def kernel_env(nats_url: str, database_url: str, bus_prefix: str) -> dict[str, str]:
+    """This process's environment with the stack's servers and prefix, for every service."""
+    return {
+        **os.environ,
+        "GYRE_NATS_URL": nats_url,
+        "GYRE_DATABASE_URL": database_url,
+        "GYRE_BUS_PREFIX": bus_prefix,
+    }
+
+
+def spawn_service(
+    name: str,
+    *,
+    state_dir: Path,
+    env: dict[str, str],
+    ports: dict[str, int],
+    proxy_http_port: int,
+    metrics_port: int | None,
+    module: str,
+    mode: str,
+    extra_env: dict[str, str] | None = None,
+) -> ServiceProcess:
+    """Start one service (or a cell agent: `module` names its package), detached, on its port,
+    told where the others are."""
+    log_path = state_dir / "logs" / f"{name}.log"
+    argv = [sys.executable, "-m", f"services.{module}", "--port", str(ports[name])]
+    metrics_env = {"GYRE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {}
+    pid = spawn_detached(
+        argv,
+        log_path=log_path,
+        cwd=REPO_ROOT,
+        env={
+            **env,
+            **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode),
+            **metrics_env,
+            **(extra_env or {}),
+        },
+    )
+    return ServiceProcess(
+        name=name,
+        pid=pid,
+        address=f"127.0.0.1:{ports[name]}",
+        log_path=str(log_path),
+        module="" if module == name else module,
+        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port is not None else "",
+    )
+
+
+def restart(kernel: KernelSettings, name: str, *, timeout_s: float = 120.0) -> ServiceProcess:
+    """Restart one service of a running stack in place: the same port and settings, nothing else
+    touched (NATS, Postgres and the other services keep running, so executions carry on). A
+    service that died is started again; one that runs is stopped first."""
+    state_dir = kernel.state_dir.resolve()
+    state = load_state(state_dir)
+    if state is None:
+        raise RuntimeError(f"no stack runs from {state_dir} (gyre up starts one)")
+    old = next((s for s in state.services if s.name == name), None)
+    if old is None:
+        raise RuntimeError(f"the stack runs no {name!r}; it runs {', '.join(s.name for s in state.services)}")
+    terminate(old.pid, old.marker, timeout_s=15.0)
+    ports = {s.name: int(s.address.rsplit(":", 1)[1]) for s in state.services}
+    metrics_port = int(old.metrics_url.split(":")[2].split("/")[0]) if old.metrics_url else None
+    env = kernel_env(state.nats_url, state.database_url, kernel.bus_prefix)
+    proxy_http_port = int(state.proxy_http_url.rsplit(":", 1)[1]) if state.proxy_http_url else 0
+    service = spawn_service(
+        name,
+        state_dir=state_dir,
+        env=env,
+        ports=ports,
+        proxy_http_port=proxy_http_port,
+        metrics_port=metrics_port,
+        module=old.module or name,
+        mode=state.mode or "gyre",
+    )
+    state.services[state.services.index(old)] = service
+    write_json(stack_state_path(state_dir), asdict(state))
+    wait_serving(service, time.monotonic() + timeout_s)
+    return service
+
+
+def wait_cells_registered(state: StackState, cells: int, deadline: float) -> None:
+    """Until the scheduler knows every cell (each agent registers its own; the scheduler then
+    routes the satellites' engines itself)."""
+    with grpc.insecure_channel(state.address_of("scheduler")) as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        while time.monotonic() < deadline:
+            known = stub.GetCells(scheduler_pb2.GetCellsRequest(), timeout=5.0).cells
+            if sum(1 for c in known if c.role != scheduler_pb2.CELL_ROLE_LOST) == cells:
+                return
+            time.sleep(0.2)
+    raise failure(
+        f"the scheduler did not see all {cells} cells registered in time", Path(state.services[-1].log_path)
     )
 
 

@@ -66,15 +66,15 @@ def test_partial_credit_is_the_weighted_share_of_tests_and_finished_packages(
     assert result["details"]["partial"] is True
 
 
-def test_nothing_gradeable_is_not_assessable_rather_than_zero(
+def test_nothing_gradeable_is_a_policy_outcome_scored_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, empty = run_cli(capsys, "--task", "wordfreq", "--workspace", str(workspace(tmp_path, {})))
-    assert empty["assessable"] is False and "empty" in empty["details"]["reason"]
+    assert empty["assessable"] is True and empty["score"] == 0.0 and "empty" in empty["details"]["reason"]
     _, other = run_cli(
         capsys, "--task", "wordfreq", "--workspace", str(workspace(tmp_path, {"notes.txt": "x"}))
     )
-    assert other["assessable"] is False and "wordfreq" in other["details"]["reason"]
+    assert other["assessable"] is True and other["score"] == 0.0 and "wordfreq" in other["details"]["reason"]
     _, repair = run_cli(capsys, "--task", "slugfix", "--workspace", str(BUNDLED / "slugfix" / "workspace"))
     assert repair["assessable"] is True and repair["score"] == pytest.approx(0.3)  # pass-to-pass only
 

@@ -42,7 +42,7 @@ from services.trajectory.main import build as build_trajectory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 REPO = Path(__file__).resolve().parents[1]
-TASK = {"name": "add", "family": "arith", "prompt": "2+2?", "group_size": 2, "timeout_s": 60}
+TASK = {"name": "add", "family": "terminal", "prompt": "2+2?", "group_size": 2, "timeout_s": 60}
 SLEEPY = {**TASK, "name": "sleepy", "prompt": "[script: sleep] wait"}
 SCRIPTS = {"sleep": {"main": [{"tool": "shell", "args": {"command": "sleep 60"}}]}}
 ENDED = (

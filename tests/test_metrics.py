@@ -107,7 +107,7 @@ async def test_a_real_service_reports_rpc_latency_by_method_and_status(
 async def test_a_real_service_reports_what_its_outbox_published(scheduler_process: tuple[str, str]) -> None:
     address, url = scheduler_process
     spec = scheduler_pb2.TaskSpec(
-        name="metrics", family="math", prompt="p", group_size=2, timeout_s=60, harness="gyre-agent"
+        name="metrics", family="terminal", prompt="p", group_size=2, timeout_s=60, harness="gyre-agent"
     )
     async with grpc.aio.insecure_channel(address) as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)

@@ -261,6 +261,13 @@ async def test_missing_unknown_revoked_and_expired_tokens_get_401_in_each_dialec
         )
 
 
+def nested(depth: int) -> object:
+    value: object = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "needle"),
     [
@@ -328,6 +335,19 @@ async def test_missing_unknown_revoked_and_expired_tokens_get_401_in_each_dialec
             "over the limit",
         ),
         ("/v1/nope", {}, 404, "no such endpoint"),
+        ("/v1/chat/completions", b"[" * 50_000 + b"]" * 50_000, 400, "nested deeper than 64"),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": nested(100)},
+            400,
+            "nested deeper than 64",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "x" * (4 * 1024 * 1024)}]},
+            400,
+            "over the context window",
+        ),
     ],
 )
 async def test_bad_input_gets_the_apis_own_error_and_the_proxy_keeps_serving(

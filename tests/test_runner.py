@@ -93,7 +93,9 @@ async def runner(kernel: KernelSettings) -> AsyncIterator[Runner]:
         cpu_s=60,
     )
     host, supervisor = await build_with_supervisor(settings, kernel)
-    scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
+    scheduler = await build_scheduler(
+        SchedulerSettings(port=0, admission="at_submit", runner_address=host.address), kernel
+    )
     await host.start()
     await scheduler.start()
     channels = [grpc.aio.insecure_channel(host.address), grpc.aio.insecure_channel(scheduler.address)]
@@ -208,6 +210,37 @@ async def test_cancel_kills_the_harness_and_keeps_the_workspace(runner: Runner) 
     ex = (await runner.stub.CancelExecution(cancel)).execution
     assert ex.state == runner_pb2.EXECUTION_STATE_CANCELLED
     assert in_workspace(ex, "hello.py").exists()
+
+
+async def test_cancel_task_stops_its_running_harness_through_the_runner(runner: Runner) -> None:
+    spec = scheduler_pb2.TaskSpec(
+        name="sleepy", family="terminal", prompt="Sleep.", group_size=1, timeout_s=60, harness="gyre-agent"
+    )
+    task = (
+        await runner.scheduler.SubmitTasks(
+            scheduler_pb2.SubmitTasksRequest(request_id="sleepy-1", tasks=[spec])
+        )
+    ).tasks[0]
+    eid = task.executions[0].execution_id
+
+    async def state() -> int:
+        listed = await runner.scheduler.ListExecutions(
+            scheduler_pb2.ListExecutionsRequest(task_id=task.task_id)
+        )
+        return listed.executions[0].state
+
+    for _ in range(150):  # the scheduler sees the runner's ExecutionStarted (bounded: 30 s)
+        if await state() == scheduler_pb2.EXECUTION_STATE_RUNNING:
+            break
+        await asyncio.sleep(0.2)
+    assert await state() == scheduler_pb2.EXECUTION_STATE_RUNNING
+    answer = await runner.scheduler.CancelTask(
+        scheduler_pb2.CancelTaskRequest(request_id="cancel-sleepy", task_id=task.task_id, reason="test")
+    )
+    assert answer.previous_state == scheduler_pb2.TASK_STATE_RUNNING and answer.num_executions_stopped == 1
+    ended = await wait_ended(runner, eid)
+    assert ended.state == runner_pb2.EXECUTION_STATE_CANCELLED
+    assert await state() == scheduler_pb2.EXECUTION_STATE_CANCELLED
 
 
 async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_kept(runner: Runner) -> None:

@@ -25,6 +25,18 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = {"main": [{"tool": "shell", "args": {"command": "sleep 2"}}, {"final": "done"}]}
 
 
+def runner_settings(*, proxy_address: str, proxy_base_url: str) -> RunnerSettings:
+    """A runner talking to the given proxy, with small sandboxes in a folder of its own."""
+    return RunnerSettings(
+        sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
+        proxy_address=proxy_address,
+        proxy_base_url=proxy_base_url,
+        memory_mb=1024,
+        max_procs=64,
+        disk_mb=64,
+    )
+
+
 def status_for(url: str, token: str) -> int:
     request = urllib.request.Request(
         f"{url}/v1/chat/completions",
@@ -45,14 +57,7 @@ async def test_the_token_works_at_the_proxy_while_the_execution_runs_and_not_aft
     proxy = await build_proxy(ProxySettings(model_dir=tmp_path / "no-model"), kernel)
     await proxy.host.start()
     model = ScriptedModel(script=SCRIPT)  # the harness's model calls; the proxy only checks tokens
-    settings = RunnerSettings(
-        sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
-        proxy_address=proxy.host.address,
-        proxy_base_url=model.start(),
-        memory_mb=1024,
-        max_procs=64,
-        disk_mb=64,
-    )
+    settings = runner_settings(proxy_address=proxy.host.address, proxy_base_url=model.start())
     host, supervisor = await build_with_supervisor(settings, kernel)
     await host.start()
     channel = grpc.aio.insecure_channel(host.address)

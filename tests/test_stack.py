@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gyre.devstack.processes import pid_running
-from gyre_app.stack import SERVICES, load_state, sandboxes_dir
+from gyre_app.stack import DEFAULT_CELLS, load_state, processes, sandboxes_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,20 +48,23 @@ def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(state_root
         out = done.stdout
         assert done.returncode == 0, out + done.stderr
         assert "on embedded servers" in out
-        assert state is not None and [s.name for s in state.services] == list(SERVICES)
+        assert state is not None and [s.name for s in state.services] == [
+            n for n, _ in processes(DEFAULT_CELLS)
+        ]
+        assert state.mode == "gyre"
         assert state.proxy_http_url.startswith("http://127.0.0.1:") and state.proxy_http_url in out
         assert all(pid_running(s.pid) for s in state.services)
         # The loop of DESIGN section 3, stage by stage, for the first group.
         stages = [
             r"runner +ExecutionStarted",
-            r"proxy +LlmCallRecorded .* policy v0 on engine-0",  # recorded by the proxy, served by the engine
+            r"proxy +LlmCallRecorded .* policy v0 on engine-cell-\d",  # served by a satellite
             r"evaluator +RewardAssigned .* reward \d\.\d\d = fail_to_pass",
             r"trajectory +GroupReady +task",
             r"trainer +StepCompleted +v1: 1 group\(s\), [1-9]\d* samples",
             r"trainer +WeightsPublished +v1",
-            r"engine +EngineWeightsUpdated +engine-0: v0 -> v1",
+            r"engine +EngineWeightsUpdated +engine-cell-\d: v0 -> v1",
             r"GetExecutionTree +…\w+: [1-9]\d* calls, [1-9]\d* trajectories",
-            r"proxy +LlmCallRecorded .* policy v1 on engine-0",  # the next group's calls: the new version
+            r"proxy +LlmCallRecorded .* policy v1 on engine-cell-\d",  # the next group: new version
             r"engine now at policy v1",
         ]
         for stage in stages:
@@ -78,7 +81,8 @@ def test_the_demo_closes_the_loop_on_the_embedded_stack_and_cleans_up(state_root
             cwd=REPO_ROOT,
         )
     assert stop.returncode == 0, stop.stderr
-    assert stop.stdout.strip() == f"stopped: {', '.join([*reversed(SERVICES), 'nats', 'postgres'])}"
+    names = [n for n, _ in reversed(processes(DEFAULT_CELLS))]
+    assert stop.stdout.strip() == f"stopped: {', '.join([*names, 'nats', 'postgres'])}"
     assert state is not None and not any(pid_running(s.pid) for s in state.services)
     assert load_state(tmp_path / "state") is None
     assert not sandboxes_dir(tmp_path / "state").exists()

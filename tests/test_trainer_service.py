@@ -156,9 +156,9 @@ async def test_group_ready_to_step_events_and_the_grpc_methods(
 async def test_executions_without_calls_do_not_hold_back_training(
     server_urls: tuple[str, str], tmp_path: Path
 ) -> None:
-    """An execution that failed before its first model call has no calls, ever: after the grace
-    period its group trains without it, and a group with no calls at all leaves the queue."""
-    async with trainer_and_trajectory(server_urls, tmp_path, missing_calls_grace_s=1.0) as (
+    """An execution that failed before its first model call has no calls, ever (the proxy counted
+    none): its group trains without it, and a group with no calls at all leaves the queue."""
+    async with trainer_and_trajectory(server_urls, tmp_path) as (
         kernel,
         trajectory,
         _,

@@ -78,6 +78,18 @@ async def publish(bus: Bus, payload: message.Message, producer: str, correlation
     await bus.publish(new_event(payload, producer=producer, correlation_id=correlation_id))
 
 
+async def submit_group(bus: Bus, task_id: str, family: str, members: Sequence[str]) -> None:
+    task = scheduler_pb2.Task(
+        task_id=task_id,
+        spec=scheduler_pb2.TaskSpec(family=family, group_size=len(members)),
+        executions=[
+            ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
+            for i, e in enumerate(members)
+        ],
+    )
+    await publish(bus, scheduler_events.TaskSubmitted(task=task), "scheduler", task_id)
+
+
 async def eventually_tree(
     stub: trajectory_pb2_grpc.TrajectoryServiceStub, execution_id: str, num_calls: int
 ) -> trajectory_pb2.ExecutionTree:
@@ -113,21 +125,13 @@ async def test_calls_and_rewards_from_the_bus_make_a_ready_group_and_samples(
 ) -> None:
     stub, bus = service
     task_id, e1, e2 = (str(uuid.uuid4()) for _ in range(3))
-    task = scheduler_pb2.Task(
-        task_id=task_id,
-        spec=scheduler_pb2.TaskSpec(family="repo_generation", group_size=2),
-        executions=[
-            ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
-            for i, e in enumerate((e1, e2))
-        ],
-    )
-    await publish(bus, scheduler_events.TaskSubmitted(task=task), "scheduler", task_id)
+    await submit_group(bus, task_id, "repo_generation", (e1, e2))
     c0, c1, d0 = (str(uuid.uuid4()) for _ in range(3))
     for call in (
         record(e1, c0, [100, 101], prompt=[1, 2]),
         record(e1, c1, [102], prompt=[3], delta=(c0, 4)),
         record(e1, c1, [102], prompt=[3], delta=(c0, 4)),  # re-sent under a new event id: no change
-        record(e1, str(uuid.uuid4()), [103], prompt=[4], delta=("no-such-call", 1)),  # dead-lettered
+        record(e1, str(uuid.uuid4()), [103], prompt=[4], delta=(c0, 99)),  # dead-lettered: c0 has 4
         record(e2, d0, [110], prompt=[1, 2]),
     ):
         await publish(bus, proxy_events.LlmCallRecorded(call=call), "proxy", task_id)
@@ -146,7 +150,7 @@ async def test_calls_and_rewards_from_the_bus_make_a_ready_group_and_samples(
         bus, "deadletter", dead_letter_subject("trajectory-calls", prefix=bus.prefix)
     )
     reasons = [envelope_pb2.DeadLetter.FromString(d).reason for d in dead]
-    assert any("no call 'no-such-call' recorded earlier" in r for r in reasons), reasons
+    assert any("99 shared tokens, but call" in r for r in reasons), reasons
 
     for execution_id, score, assessable in ((e1, 1.0, True), (e2, 0.0, True)):
         grade = evaluator_pb2.Grade(
@@ -211,15 +215,7 @@ async def test_an_unassessable_execution_is_kept_out_of_the_baseline_and_the_los
     stub, bus = service
     task_id, good, partial, crashed = (str(uuid.uuid4()) for _ in range(4))
     members = (good, partial, crashed)
-    task = scheduler_pb2.Task(
-        task_id=task_id,
-        spec=scheduler_pb2.TaskSpec(family="repo_repair", group_size=3),
-        executions=[
-            ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
-            for i, e in enumerate(members)
-        ],
-    )
-    await publish(bus, scheduler_events.TaskSubmitted(task=task), "scheduler", task_id)
+    await submit_group(bus, task_id, "repo_repair", members)
     for e in members:
         await publish(
             bus,

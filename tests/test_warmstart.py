@@ -61,9 +61,7 @@ def test_chains_split_at_compaction_and_sub_agents_and_only_replies_are_targets(
     assert targets.count("<tool_call>") == 3 and targets.count("<|im_end|>") == 3 and "# Tools" not in targets
     samples = supervised_samples([rendered], names=["t0"], version=5)
     assert sum(sum(s.token_weight) for s in samples) == pytest.approx(1.0)
-    assert {s.execution_id for s in samples} == {"t0"} and all(
-        set(s.policy_versions) == {5} for s in samples
-    )
+    assert {s.execution_id for s in samples} == {"t0"} and all(set(s.policy_versions) == {5} for s in samples)
 
 
 def test_the_supervised_loss_is_the_weighted_nll_and_an_unknown_mode_is_refused() -> None:

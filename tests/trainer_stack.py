@@ -54,6 +54,7 @@ async def submit_group(
     num_calling: int = 2,
     task: scheduler_pb2.Task | None = None,
     policy_version: int = 0,
+    token_offset: int = 0,
     scores: tuple[float, float] = (1.0, 0.0),
     checks: tuple[tuple[evaluator_pb2.CheckResult, ...], ...] = ((), ()),
 ) -> str:
@@ -64,10 +65,13 @@ async def submit_group(
     With `task` (a group of two the real scheduler accepted, which published `TaskSubmitted`),
     its ids are used; otherwise the task is made up here. Calls carry `policy_version`.
 
-    Token ids stay below 100 (the tiny model's vocabulary); `index` varies the prompt. Rewards
-    are sent once the trajectory service knows the group and its calls: its task and reward
-    consumers can otherwise race (each commits without seeing the other's row, and the group is
-    never marked ready), and a group ready before its calls are stored cannot be replayed yet.
+    Each reward carries the number of calls the proxy recorded, as the evaluator passes it on
+    from the runner's end event, so the rewards may go out before the calls: the trajectory
+    service marks the group ready only once they are stored. Returns once that service knows
+    the group.
+
+    Token ids stay below 100 (the tiny model's vocabulary) unless `token_offset` moves the
+    outputs past it (a group no step can train); `index` varies the prompt.
     """
     scheduled = task is not None
     if task is None:
@@ -89,13 +93,19 @@ async def submit_group(
 
     if not scheduled:
         await publish(scheduler_events.TaskSubmitted(task=task), "scheduler")
+    for k, execution_id in enumerate(executions):
+        grade = evaluator_pb2.Grade(
+            execution_id=execution_id, task_id=task_id, score=scores[k], assessable=True, checks=checks[k]
+        )
+        num_calls = 1 if k < num_calling else 0
+        await publish(evaluator_events.RewardAssigned(grade=grade, num_calls_recorded=num_calls), "evaluator")
     for k, execution_id in enumerate(executions[:num_calling]):
         call = proxy_pb2.CallRecord(
             execution_id=execution_id,
             call_id=str(uuid.uuid4()),
             agent_role=proxy_pb2.AGENT_ROLE_MAIN,
             agent_id="main",
-            output_ids=[20 + k, 30 + k, 40 + k],
+            output_ids=[token_offset + 20 + k, token_offset + 30 + k, token_offset + 40 + k],
             output_logprobs=[-1.0, -1.5, -2.0],
             engine_id="cell-1",
             policy_version=ids_pb2.PolicyVersion(steps=policy_version),
@@ -108,19 +118,12 @@ async def submit_group(
         async def known() -> bool:
             try:
                 await stub.GetGroup(trajectory_pb2.GetGroupRequest(task_id=task_id))
-                for e in executions[:num_calling]:
-                    await stub.GetExecutionTree(trajectory_pb2.GetExecutionTreeRequest(execution_id=e))
             except grpc.aio.AioRpcError as err:
                 assert err.code() == grpc.StatusCode.NOT_FOUND, err
                 return False
             return True
 
-        await eventually(known, timeout_s=30, what=f"group {task_id} and its calls in the trajectory service")
-    for k, execution_id in enumerate(executions):
-        grade = evaluator_pb2.Grade(
-            execution_id=execution_id, task_id=task_id, score=scores[k], assessable=True, checks=checks[k]
-        )
-        await publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
+        await eventually(known, timeout_s=30, what=f"group {task_id} in the trajectory service")
     return task_id
 
 

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TypeVar
 
 import sqlalchemy as sa
 from google.protobuf.message import Message
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from gyre.errors import Conflict
+
+M = TypeVar("M", bound=Message)
 
 
 def request_fingerprint(request: Message) -> bytes:
@@ -53,6 +58,19 @@ class RequestLog:
             .returning(self.table.c.request_id)
         )
         return (await session.execute(stmt)).first() is not None
+
+    async def first_answer(
+        self, session: AsyncSession, *, method: str, request: Message, cls: type[M]
+    ) -> M | None:
+        """The answer recorded for `request.request_id`, or None; Conflict when that id was used
+        for another method or another body."""
+        request_id: str = getattr(request, "request_id")  # noqa: B009
+        row = await self.load(session, request_id)
+        if row is None:
+            return None
+        if row[0] != method or row[1] != request_fingerprint(request):
+            raise Conflict(f"request_id {request_id!r} was already used for a different request")
+        return cls.FromString(row[2])
 
     async def load(self, session: AsyncSession, request_id: str) -> tuple[str, bytes, bytes] | None:
         """(method, fingerprint, response) recorded for a request id, or None."""

@@ -145,6 +145,7 @@ def stats_to_proto(s: EngineStats) -> engine_pb2.GetEngineStatsResponse:
         num_prefill_tokens=s.num_prefill_tokens,
         num_prefix_cache_hit_tokens=s.num_prefix_cache_hit_tokens,
         num_output_tokens=s.num_output_tokens,
+        model_fingerprint=s.model_fingerprint,
     )
     out.observed_at.GetCurrentTime()
     return out

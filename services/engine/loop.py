@@ -337,4 +337,5 @@ class EngineLoop:
             num_prefill_tokens=self.core.num_prefill_tokens,
             num_prefix_cache_hit_tokens=self.core.num_prefix_hit_tokens,
             num_output_tokens=self.core.num_output_tokens,
+            model_fingerprint=self.core.layout.model_id,
         )

@@ -57,7 +57,13 @@ async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost
     bus = None
     if settings.publish_events or settings.follow_weights:
         nats_url = kernel.nats_url or resolve_urls(kernel).nats_url
-        bus = await Bus.connect(BusConfig(url=nats_url, prefix=kernel.bus_prefix), name="gyre-engine")
+        config = BusConfig(
+            url=nats_url,
+            prefix=kernel.bus_prefix,
+            max_age_s=kernel.stream_max_age_s,
+            max_bytes=kernel.stream_max_bytes,
+        )
+        bus = await Bus.connect(config, name="gyre-engine")
     publisher = EnginePublisher(
         bus if settings.publish_events else None, engine_id=settings.engine_id, cell_id=settings.cell_id
     )
@@ -72,7 +78,9 @@ async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost
 
     followers = []
     if settings.follow_weights and bus is not None:
-        followers.append(Consumer(bus, WeightsEvents(backend, engine_id=settings.engine_id).spec()))
+        weights = WeightsEvents(backend, engine_id=settings.engine_id)
+        await weights.catch_up(bus)  # before serving: a restarted engine must not serve old weights
+        followers.append(Consumer(bus, weights.spec()))
 
     async def run_engine(stop: asyncio.Event) -> None:
         # One worker, so the bus closes only after the decode loop and the consumer are both done.

@@ -68,6 +68,7 @@ class EngineStats:
     num_prefill_tokens: int
     num_prefix_cache_hit_tokens: int
     num_output_tokens: int
+    model_fingerprint: str = ""
 
 
 class GenerationStream(Protocol):

@@ -87,7 +87,13 @@ class RunnerEvents:
                 duration_s=0.0,
             )
         await publish_reward(
-            self.sessions, grade, request_id="", causation_id=event.event_id, inbox_event=event.event_id
+            self.sessions,
+            grade,
+            request_id="",
+            causation_id=event.event_id,
+            inbox_event=event.event_id,
+            # Passed on so the trajectory service waits for exactly these calls (DESIGN section 3).
+            num_calls_recorded=p.num_calls_recorded if p.HasField("num_calls_recorded") else None,
         )
         self.relay.poke()
         log.info("reward_assigned", execution_id=execution_id, score=grade.score, assessable=grade.assessable)
@@ -100,10 +106,11 @@ async def publish_reward(
     request_id: str,
     causation_id: str,
     inbox_event: str = "",
+    num_calls_recorded: int | None = None,
 ) -> bool:
     """Store the reward and enqueue RewardAssigned in one transaction; False if it was rewarded before."""
     envelope = new_event(
-        events_pb2.RewardAssigned(grade=grade, request_id=request_id),
+        events_pb2.RewardAssigned(grade=grade, request_id=request_id, num_calls_recorded=num_calls_recorded),
         producer=PRODUCER,
         correlation_id=grade.task_id,
         causation_id=causation_id,

@@ -38,7 +38,7 @@ from services.evaluator.integrity import judge_records, with_canary
 from services.evaluator.scoring import (
     GraderRun,
     Scored,
-    not_assessable,
+    earned_zero,
     parse_verdicts,
     score_task,
 )
@@ -271,15 +271,15 @@ class _PipeReader:
 
 
 def _precheck(task: TaskDef, workspace: Path) -> Scored | None:
-    """Bad input raises; a workspace with nothing to grade is `not assessable`; None: grade it."""
+    """Bad input raises; a workspace the policy left with nothing to grade earns 0; None: grade it."""
     if not workspace.exists():
         raise InvalidArgument("workspace", f"{str(workspace)!r} does not exist")
     if not workspace.is_dir():
         raise InvalidArgument("workspace", f"{str(workspace)!r} is not a folder")
     if not any(workspace.iterdir()):
-        return not_assessable("the workspace is empty")
+        return earned_zero("the workspace is empty")
     if not any((workspace / r).exists() for r in task.requires):
-        return not_assessable(
+        return earned_zero(
             f"nothing gradeable was left: none of {', '.join(task.requires)} exists in the workspace"
         )
     return None

@@ -49,16 +49,24 @@ class GraderRun:
 
 
 def not_assessable(reason: str) -> Scored:
+    """A failure of the grading machinery: kept out of the group's baseline, never a silent 0."""
     return Scored(score=0.0, assessable=False, reason=reason)
+
+
+def earned_zero(reason: str) -> Scored:
+    """A policy outcome worth nothing (what the workspace holds or does): scored 0, assessable.
+
+    Anything the policy can cause must score at least as badly as failing outright; were it
+    `not assessable`, it would leave the group's baseline and a policy would learn to prefer it.
+    """
+    return Scored(score=0.0, assessable=True, reason=reason)
 
 
 def score_task(task: TaskDef, run: GraderRun) -> Scored:
     if run.tampered:
-        return Scored(score=0.0, assessable=True, reason=f"grader integrity check failed: {run.tampered}")
+        return earned_zero(f"grader integrity check failed: {run.tampered}")
     if run.workspace_fault:
-        return Scored(
-            score=0.0, assessable=True, reason=f"the workspace cannot be graded: {run.workspace_fault}"
-        )
+        return earned_zero(f"the workspace cannot be graded: {run.workspace_fault}")
     if run.error:
         return not_assessable(f"grader gave no verdict: {run.error}")
     if task.family == "terminal":

@@ -2,32 +2,36 @@
 
 `Calls.start` turns a parsed request into a `CallRun`; the HTTP handler iterates its text deltas
 and then reads its `outcome`. Whatever way the call ends (finished, harness gone, token revoked,
-engine failure) the tokens generated so far are recorded once, as `LlmCallRecorded`.
+engine failure) the tokens generated so far are recorded once, as `LlmCallRecorded`. The last
+text delta is yielded only once that record is committed, so the harness never holds an answer
+the proxy could still lose; `close` ends an execution and returns once every record of it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import structlog
 
 from gyre.engine.v1 import engine_pb2
-from gyre.errors import Unavailable
+from gyre.errors import InvalidArgument, Unavailable
 from gyre.ids import new_uuid7
 from gyre.proxy.v1 import proxy_pb2
 from services.proxy.agents import Agent, detect
-from services.proxy.chat import ChatMessage, ChatRequest
+from services.proxy.auth import Unauthenticated
+from services.proxy.chat import ChatMessage, ChatRequest, request_chars
 from services.proxy.delta import CallHistory
 from services.proxy.detok import IncrementalText
 from services.proxy.generation import FR, Generation
 from services.proxy.model import ServedModel
 from services.proxy.outcome import CallOutcome, Finish, Usage
 from services.proxy.recorder import Recorder
-from services.proxy.render import OutputMemory, ReusableOutput, render_prompt, reusable_output
+from services.proxy.render import OutputMemory, RenderedPrompt, ReusableOutput, render_prompt, reusable_output
 from services.proxy.router import Router
 from services.proxy.toolcalls import parse_output, visible_prefix
 
@@ -38,6 +42,7 @@ FINISH_TO_RECORD: dict[int, proxy_pb2.CallFinishReason.ValueType] = {
     FR.FINISH_REASON_LENGTH: proxy_pb2.CALL_FINISH_REASON_LENGTH,
     FR.FINISH_REASON_CONTEXT_LENGTH: proxy_pb2.CALL_FINISH_REASON_CONTEXT_LENGTH,
 }
+CLOSED_KEPT = 100_000
 ROLE_TO_RECORD = {
     "main": proxy_pb2.AGENT_ROLE_MAIN,
     "sub": proxy_pb2.AGENT_ROLE_SUB,
@@ -52,6 +57,8 @@ class ExecutionState:
     memory: OutputMemory = field(default_factory=OutputMemory)
     history: CallHistory = field(default_factory=CallHistory)
     runs: set[CallRun] = field(default_factory=set)
+    unrecorded: set[asyncio.Future[bool]] = field(default_factory=set)
+    """Records of finished calls not yet committed."""
 
 
 class CallRun:
@@ -76,6 +83,8 @@ class CallRun:
         self.started_at = datetime.now(UTC)
         self.outcome: CallOutcome | None = None
         self.cancelled = False
+        self.ended = asyncio.Event()
+        self.durable: asyncio.Future[bool] | None = None
         self._recorded = False
 
     @property
@@ -106,7 +115,9 @@ class CallRun:
                 self.cancelled = True
                 await self.generation.cancel()
             self._finish()
-        assert self.outcome is not None
+        assert self.outcome is not None and self.durable is not None
+        if not await self.durable:
+            raise Unavailable("the call could not be recorded (the proxy's database is away): retry it")
         if len(self.outcome.text) > sent and not self.outcome.tool_calls:
             yield self.outcome.text[sent:]
 
@@ -146,7 +157,8 @@ class CallRun:
                 cached_prompt_tokens=gen.num_cached_prompt_tokens,
             ),
         )
-        self.calls.finished(self)
+        self.durable = self.calls.finished(self)
+        self.ended.set()
 
 
 class Calls:
@@ -169,6 +181,8 @@ class Calls:
         self.recorder = recorder
         self.executions: dict[str, ExecutionState] = {}
         self.in_flight: dict[str, CallRun] = {}
+        self.closed: OrderedDict[str, None] = OrderedDict()
+        """Executions whose token was revoked through this process (the newest CLOSED_KEPT)."""
 
     @property
     def model(self) -> ServedModel:
@@ -197,7 +211,26 @@ class Calls:
             state = self.executions.setdefault(execution_id, state)
         return state
 
+    async def render(self, execution_id: str, request: ChatRequest) -> RenderedPrompt:
+        """The prompt's ids, tokenised off the event loop (a long prompt takes seconds, and every
+        other harness's stream would stall meanwhile). A prompt whose text alone needs more tokens
+        than the context window can hold is refused before any tokenising."""
+        model = self.model
+        num_chars = request_chars(request)
+        if model.max_token_chars and num_chars > model.context_window_tokens * model.max_token_chars:
+            raise InvalidArgument(
+                "messages",
+                f"the prompt is over the context window of {model.context_window_tokens} tokens "
+                f"({num_chars} characters; a token covers at most {model.max_token_chars})",
+            )
+        memory = (await self.load_state(execution_id)).memory.snapshot()
+        return await asyncio.to_thread(
+            render_prompt, model.tokenizer, request, memory, context_window_tokens=model.context_window_tokens
+        )
+
     async def start(self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]) -> CallRun:
+        if execution_id in self.closed:  # revoked while this request was being authenticated
+            raise Unauthenticated("revoked credential: the execution's token was revoked")
         agent = detect(
             system=request.system_text,
             first_user=request.first_user_text,
@@ -205,12 +238,7 @@ class Calls:
             headers=headers,
         )
         state = await self.load_state(execution_id)
-        prompt = render_prompt(
-            self.model.tokenizer,
-            request,
-            state.memory,
-            context_window_tokens=self.model.context_window_tokens,
-        )
+        prompt = await self.render(execution_id, request)
         state.memory.remember_prompt(prompt)
         room = self.model.context_window_tokens - len(prompt.ids)
         max_tokens = min(request.sampling.max_tokens or room, room)
@@ -246,11 +274,12 @@ class Calls:
         self.router.call_started(route.engine_id)
         return run
 
-    def finished(self, run: CallRun) -> None:
+    def finished(self, run: CallRun) -> asyncio.Future[bool]:
         """Remember the output for later prompts, encode the prompt as a delta, queue the record."""
         self.in_flight.pop(run.call_id, None)
         self.router.call_finished(run.generation.route.engine_id)
-        state = self.state(run.execution_id)
+        # A closed execution's state is gone: its last records need no memory kept for later calls.
+        state = self.executions.get(run.execution_id) or ExecutionState()
         state.runs.discard(run)
         gen = run.generation
         assert run.outcome is not None
@@ -303,15 +332,39 @@ class Calls:
             record.output_policy_versions.extend(versions)
         record.started_at.FromDatetime(run.started_at)
         record.finished_at.FromDatetime(datetime.now(UTC))
-        self.recorder.record(record, item)
+        durable = self.recorder.record(record, item)
+        state.unrecorded.add(durable)
+        durable.add_done_callback(state.unrecorded.discard)
+        return durable
 
-    def revoke(self, execution_id: str, *, cancel_in_flight: bool) -> int:
-        """Forget an execution; with `cancel_in_flight`, cut its running calls short."""
+    def forget_lost(self, records: Sequence[proxy_pb2.CallRecord]) -> None:
+        """Records that never became durable must not be named as delta parents later."""
+        for record in records:
+            state = self.executions.get(record.execution_id)
+            if state is not None:
+                state.history.contexts.pop(record.call_id, None)
+
+    async def close(self, execution_id: str, *, cancel_in_flight: bool, wait_s: float = 10.0) -> int:
+        """End an execution: refuse its new calls, let its running ones end (cut them short with
+        `cancel_in_flight`, or after `wait_s`), and return once every record of it is committed
+        or lost. Returns the number of calls cut short."""
+        self.closed[execution_id] = None
+        while len(self.closed) > CLOSED_KEPT:
+            self.closed.popitem(last=False)
         state = self.executions.pop(execution_id, None)
         self.router.forget(execution_id)
-        if state is None or not cancel_in_flight:
+        if state is None:
             return 0
-        for run in state.runs:
+        runs = list(state.runs)
+        if runs and not cancel_in_flight:
+            await asyncio.wait([asyncio.ensure_future(r.ended.wait()) for r in runs], timeout=wait_s)
+        cut = [r for r in runs if not r.ended.is_set()]
+        for run in cut:
             run.cancel()
-            asyncio.get_running_loop().create_task(run.generation.cancel())
-        return len(state.runs)
+            await run.generation.cancel()
+        if cut:
+            await asyncio.wait([asyncio.ensure_future(r.ended.wait()) for r in cut], timeout=wait_s)
+        pending = [r.durable for r in runs if r.durable is not None] + list(state.unrecorded)
+        if pending:
+            await asyncio.wait(set(pending), timeout=self.recorder.give_up_after_s + wait_s)
+        return len(cut)

@@ -102,3 +102,11 @@ class ChatRequest:
     @property
     def last_user_text(self) -> str:
         return next((m.content for m in reversed(self.messages) if m.role == "user"), "")
+
+
+def request_chars(request: ChatRequest) -> int:
+    """Characters of message text and tool-call arguments: a lower bound on the rendered prompt's.
+
+    Example: messages "hi" (user) and "ok" (assistant) -> 4
+    """
+    return sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)

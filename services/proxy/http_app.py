@@ -17,17 +17,20 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind
 
 from gyre.errors import GyreError, InvalidArgument, NotFound, Unavailable
+from gyre.outages import translate
 from gyre.tracing import continued_from
 from services.proxy import anthropic_api, openai_api
 from services.proxy.auth import TokenBook, Unauthenticated, bearer_token
 from services.proxy.calls import CallRun, Calls
 from services.proxy.chat import ChatRequest
-from services.proxy.render import render_prompt
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CALLS_KEY = web.AppKey("calls", Calls)
 TOKENS_KEY = web.AppKey("tokens", TokenBook)
+MAX_JSON_DEPTH = 64
+"""Deeper request bodies are refused: nothing either API sends nests this far, and templates and
+serialisers downstream would recurse through it."""
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 
 
@@ -80,9 +83,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(request, NotFound(f"{request.method} is not served on {request.path}"))
     except web.HTTPException:
         raise
-    except Exception as exc:
-        log.exception("request_failed", path=request.path)
-        return error_response(request, exc)
+    except Exception as exc:  # logged with its traceback; the harness sees no internals
+        return error_response(request, translate(exc, where=request.path))
 
 
 async def _authenticate(request: web.Request) -> str:
@@ -93,9 +95,31 @@ async def _authenticate(request: web.Request) -> str:
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidArgument("body", f"is nested deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:
         raise InvalidArgument("body", f"is not valid JSON: {exc}") from exc
+    if json_depth(body, limit=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise InvalidArgument("body", f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def json_depth(value: Any, *, limit: int) -> int:
+    """Nesting depth of parsed JSON, without recursion; stops counting past `limit`.
+
+    Example: json_depth({"a": [1, {"b": 2}]}, limit=64) -> 3
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list)):
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 async def _start(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, CallRun]:
@@ -221,14 +245,9 @@ async def _stream(
 
 async def count_tokens(request: web.Request) -> web.Response:
     execution_id = await _authenticate(request)
-    chat = anthropic_api.parse_request({"max_tokens": 1, **await _json_body(request)})
-    calls = request.app[CALLS_KEY]
-    prompt = render_prompt(
-        calls.model.tokenizer,
-        chat,
-        (await calls.load_state(execution_id)).memory,
-        context_window_tokens=calls.model.context_window_tokens,
-    )
+    body = await _json_body(request)
+    chat = anthropic_api.parse_request({"max_tokens": 1, **body} if isinstance(body, dict) else body)
+    prompt = await request.app[CALLS_KEY].render(execution_id, chat)
     return web.json_response({"input_tokens": len(prompt.ids)})
 
 

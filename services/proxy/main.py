@@ -61,6 +61,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         load_outputs=load_outputs,
         load_model=lambda: _load_or_none(settings),
     )
+    recorder.on_lost = calls.forget_lost
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
     server = GrpcServer(
         service_names=[proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name],

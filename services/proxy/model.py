@@ -24,6 +24,9 @@ class ServedModel:
     context_window_tokens: int
     tool_format: ToolCallFormat | None
     stop_texts: tuple[str, ...]
+    max_token_chars: int = 0
+    """Longest vocabulary entry in characters: a text of n characters needs at least
+    n / max_token_chars tokens (0: unknown, no early size check)."""
 
     def visible_text(self, output_ids: list[int]) -> str:
         """Output text with end-of-turn markers removed (tool-call tags stay, for the parser)."""
@@ -86,6 +89,7 @@ def load_model(model_dir: Path, *, name: str = "", context_window_tokens: int = 
         context_window_tokens=window,
         tool_format=ToolCallFormat.from_template(template),
         stop_texts=stops,
+        max_token_chars=max((len(t) for t in vocab), default=0),
     )
 
 

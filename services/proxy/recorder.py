@@ -2,12 +2,21 @@
 
 Records are queued synchronously when a call finishes, before the harness gets its last byte,
 so a call's record is always queued before any call whose prompt contains its output: the
-delta's parent reaches the outbox (and JetStream) first.
+delta's parent reaches the outbox (and JetStream) first. `record` returns a future that is true
+once the record is committed: the HTTP layer holds the final chunk until then, so an answered
+call is never lost to a proxy crash. The same transaction counts the call for its execution
+(`proxy.recorded_calls`, what RevokeExecutionToken answers). While Postgres is away a batch is
+retried for `give_up_after_s`; past that it and everything queued behind it are lost (their
+futures false, their harnesses answered an error), since later records may name them as delta
+parents.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -21,7 +30,9 @@ from services.proxy.render import ReusableOutput
 
 log = structlog.get_logger(__name__)
 PRODUCER = "proxy"
-Queued = tuple[proxy_pb2.CallRecord, ReusableOutput | None, dict[str, str]]
+Item = tuple[proxy_pb2.CallRecord, ReusableOutput | None, dict[str, str], asyncio.Future[bool]]
+"""A call's record, its reusable output, its trace context (the batch is written by another
+task, outside the call's trace) and the future that says it is committed."""
 
 
 class Recorder:
@@ -31,18 +42,24 @@ class Recorder:
         relay: OutboxRelay,
         *,
         batch: int = 256,
-        linger_s: float = 0.05,
+        linger_s: float = 0.0,
+        give_up_after_s: float = 60.0,
     ) -> None:
         self.sessions = sessions
         self.relay = relay
         self.batch = batch
         self.linger_s = linger_s
-        self._queue: asyncio.Queue[Queued] = asyncio.Queue()
+        self.give_up_after_s = give_up_after_s
+        self.on_lost: Callable[[Sequence[proxy_pb2.CallRecord]], None] = lambda calls: None
+        self._queue: asyncio.Queue[Item] = asyncio.Queue()
 
-    def record(self, call: proxy_pb2.CallRecord, output: ReusableOutput | None = None) -> None:
-        """Queue a call's record, and the reusable form of its output when there is one, with the
-        call's trace context (the batch is written by another task, outside the call's trace)."""
-        self._queue.put_nowait((call, output, current_carrier()))
+    def record(
+        self, call: proxy_pb2.CallRecord, output: ReusableOutput | None = None
+    ) -> asyncio.Future[bool]:
+        """Queue a call's record (and the reusable form of its output); the future says it is durable."""
+        durable: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((call, output, current_carrier(), durable))
+        return durable
 
     async def run(self, stop: asyncio.Event) -> None:
         while not (stop.is_set() and self._queue.empty()):
@@ -50,7 +67,8 @@ class Recorder:
                 first = await asyncio.wait_for(self._queue.get(), timeout=0.5)
             except TimeoutError:
                 continue
-            # Linger briefly so a busy proxy writes one transaction per batch, not per call.
+            # Harnesses wait for their record's commit, so no lingering by default: records that
+            # finish while a batch commits form the next batch (group commit).
             if self.linger_s and not stop.is_set():
                 await asyncio.sleep(self.linger_s)
             calls = [first]
@@ -58,11 +76,12 @@ class Recorder:
                 calls.append(self._queue.get_nowait())
             await self._write(calls)
 
-    async def _write(self, items: list[Queued]) -> None:
-        calls = [call for call, _, _ in items]
-        outputs = [(call.execution_id, output) for call, output, _ in items if output is not None]
+    async def _write(self, items: list[Item]) -> None:
+        calls = [call for call, _, _, _ in items]
+        outputs = [(call.execution_id, output) for call, output, _, _ in items if output is not None]
+        counts = Counter(call.execution_id for call in calls)
         events = []
-        for call, _, trace_context in items:
+        for call, _, trace_context, _ in items:
             event = new_event(
                 events_pb2.LlmCallRecorded(call=call),
                 producer=PRODUCER,
@@ -71,16 +90,31 @@ class Recorder:
             )
             event.trace_context.update(trace_context)
             events.append(event)
-        for attempt in range(10):
+        deadline = time.monotonic() + self.give_up_after_s
+        for attempt in range(10_000):  # bounded by the deadline below
             try:
                 async with self.sessions() as session, session.begin():
                     await enqueue(session, repo.outbox, *events)
                     await repo.save_outputs(session, outputs)
+                    await repo.count_calls(session, counts)
                 break
             except Exception as exc:  # Postgres away: keep the records, retry with backoff
                 log.warning("record_write_failed", error=repr(exc), attempt=attempt)
-                await asyncio.sleep(min(0.1 * 2**attempt, 5))
-        else:
-            log.error("records_lost", num_calls=len(calls))
-            return
+                if time.monotonic() > deadline:
+                    self._lose(items)
+                    return
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        for *_, durable in items:
+            if not durable.done():
+                durable.set_result(True)
         self.relay.poke()
+
+    def _lose(self, items: list[Item]) -> None:
+        """Give up on a batch and on everything queued behind it (they may be its delta children)."""
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        log.error("records_lost", num_calls=len(items), call_ids=[item[0].call_id for item in items][:20])
+        for *_, durable in items:
+            if not durable.done():
+                durable.set_result(False)
+        self.on_lost([item[0] for item in items])

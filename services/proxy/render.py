@@ -62,6 +62,10 @@ class OutputMemory:
     def remember(self, item: ReusableOutput) -> None:
         self.by_segment[item.segment] = item
 
+    def snapshot(self) -> OutputMemory:
+        """A copy to render from in another thread while this one keeps changing."""
+        return OutputMemory(by_segment=dict(self.by_segment), prompts=deque(self.prompts, maxlen=16))
+
     def remember_prompt(self, prompt: RenderedPrompt) -> None:
         self.prompts.append((prompt.text, prompt.ids))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -49,6 +49,14 @@ reusable_outputs = sa.Table(
     sa.Column("gen_prefix", sa.Text, nullable=False),
     sa.Column("ids", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
+recorded_calls = sa.Table(
+    "recorded_calls",
+    metadata,
+    sa.Column("execution_id", sa.Text, primary_key=True),
+    sa.Column("num_calls", sa.Integer, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
 requests = RequestLog(requests_table(metadata))
@@ -155,3 +163,31 @@ async def load_outputs(session: AsyncSession, execution_id: str) -> list[Reusabl
 
 async def forget_outputs(session: AsyncSession, execution_id: str) -> None:
     await session.execute(sa.delete(reusable_outputs).where(reusable_outputs.c.execution_id == execution_id))
+
+
+async def count_calls(session: AsyncSession, counts: Mapping[str, int]) -> None:
+    """Add newly recorded calls to their executions' counts (in the transaction of the records)."""
+    if not counts:
+        return
+    stmt = insert(recorded_calls).values(
+        [{"execution_id": e, "num_calls": n} for e, n in sorted(counts.items())]
+    )
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[recorded_calls.c.execution_id],
+            set_={
+                "num_calls": recorded_calls.c.num_calls + stmt.excluded.num_calls,
+                "updated_at": sa.func.now(),
+            },
+        )
+    )
+
+
+async def recorded_call_count(session: AsyncSession, execution_id: str) -> int:
+    """How many calls of an execution have a durable record (0 when none)."""
+    row = (
+        await session.execute(
+            sa.select(recorded_calls.c.num_calls).where(recorded_calls.c.execution_id == execution_id)
+        )
+    ).first()
+    return 0 if row is None else int(row.num_calls)

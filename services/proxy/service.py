@@ -127,20 +127,29 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     ) -> proxy_pb2.RevokeExecutionTokenResponse:
         validate_request_id(request.request_id)
         require_uuid("execution_id", request.execution_id, what="an execution")
+        # Stop the execution's calls here first: the count below must be final, so no call may
+        # start after it and every running one must have a durable record by then.
+        self.tokens.forget_execution(request.execution_id)
+        cancelled = await self.calls.close(request.execution_id, cancel_in_flight=request.cancel_in_flight)
 
         async def act(session: AsyncSession) -> tuple[proxy_pb2.RevokeExecutionTokenResponse, list[Message]]:
             revoked = await repo.revoke_tokens(session, request.execution_id, now=datetime.now(UTC))
             await repo.forget_outputs(session, request.execution_id)
-            return proxy_pb2.RevokeExecutionTokenResponse(num_tokens_revoked=revoked), []
+            recorded = await repo.recorded_call_count(session, request.execution_id)
+            answer = proxy_pb2.RevokeExecutionTokenResponse(
+                num_tokens_revoked=revoked, num_calls_cancelled=cancelled, num_calls_recorded=recorded
+            )
+            return answer, []
 
         answer = await self._idempotent(
             "RevokeExecutionToken", request, proxy_pb2.RevokeExecutionTokenResponse, act
         )
-        self.tokens.forget_execution(request.execution_id)
-        cancelled = self.calls.revoke(request.execution_id, cancel_in_flight=request.cancel_in_flight)
-        if cancelled and not answer.num_calls_cancelled:
-            answer.num_calls_cancelled = cancelled
-        log.info("execution_token_revoked", execution_id=request.execution_id, cancelled=cancelled)
+        log.info(
+            "execution_token_revoked",
+            execution_id=request.execution_id,
+            cancelled=cancelled,
+            recorded=answer.num_calls_recorded,
+        )
         return answer
 
     async def RegisterEngine(

@@ -56,6 +56,9 @@ class RunnerSettings(BaseSettings):
     released when the runner stops, and leftovers of a crashed runner when it starts."""
     token_grace_s: float = 600.0
     """How long after the deadline a token still works (calls in flight)."""
+    revoke_retry_s: float = 300.0
+    """How long an execution's end waits for the proxy to revoke its token and count its calls;
+    past it the end event goes out without the count (the group then waits for no calls)."""
     start_wait_s: float = 60.0
     """How long StartExecution waits for the harness process before answering `starting`."""
     cpu_s: int = 3600

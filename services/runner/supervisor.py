@@ -42,7 +42,9 @@ from services.runner.workspace import WorkspaceError, fill
 log = structlog.get_logger(__name__)
 PRODUCER = "runner"
 REAP_EVERY_S = 5.0
+RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 FILL_TIMEOUT_S = 300.0
+RECOVER_REVOKE_RETRY_S = 10.0
 
 
 class LaunchFailed(Exception):
@@ -60,6 +62,12 @@ class Running:
     box: Sandbox | None = None
     cancel: tuple[str, str] | None = None
     """(reason, request_id) once CancelExecution asked."""
+    registered: bool = False
+    """The execution's token was (or may have been) registered with the proxy."""
+    num_calls: int | None = None
+    """Calls the proxy recorded for the execution, once its token is revoked."""
+    revoke_retry_s: float | None = None
+    """How long to retry the revocation while the proxy is away (None: the settings')."""
 
 
 class Supervisor:
@@ -134,6 +142,7 @@ class Supervisor:
         token = secrets.token_urlsafe(32)
         now = datetime.now(UTC)
         deadline = now + timedelta(seconds=launch.timeout_s)
+        run.registered = True
         await self._register(
             launch, token, expires_at=deadline + timedelta(seconds=self.settings.token_grace_s)
         )
@@ -152,7 +161,7 @@ class Supervisor:
         try:
             await box.launch(plan.argv, env=plan.env, forward=self.forward)
         except OSError as exc:
-            await self._revoke(launch, cancel_in_flight=True)
+            await self._revoke(run, cancel_in_flight=True)
             raise LaunchFailed("harness_launch", f"harness process could not start: {exc}") from exc
         started = events_pb2.ExecutionStarted(
             execution=execution_ref(launch),
@@ -173,7 +182,7 @@ class Supervisor:
         run.started.set_result(None)
         log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
         outcome = await box.wait(timeout_s=launch.timeout_s)
-        await self._revoke(launch, cancel_in_flight=bool(outcome.killed))
+        await self._revoke(run, cancel_in_flight=bool(outcome.killed))
         await self._finish(run, box, outcome)
 
     @property
@@ -219,6 +228,7 @@ class Supervisor:
             )
 
     async def _end(self, run: Running, state: str, event: Any, **values: Any) -> None:
+        await self._count_calls(run, event)
         await self._commit(run.launch, event, state=state, ended_at=datetime.now(UTC), **values)
         log.info("execution_ended", state=state)
 
@@ -235,6 +245,7 @@ class Supervisor:
             task=launch.task,
             exit_code=exit_code,
         )
+        await self._count_calls(run, event)
         await self._commit(
             launch,
             event,
@@ -270,18 +281,38 @@ class Supervisor:
                 "proxy", f"proxy refused the execution token: {exc.code().name}: {exc.details()}"
             ) from exc
 
-    async def _revoke(self, launch: Launch, *, cancel_in_flight: bool) -> None:
+    async def _revoke(self, run: Running, *, cancel_in_flight: bool) -> None:
+        """Revoke the token and learn how many calls the proxy recorded (retried while it is away)."""
         if self.proxy is None:
             return
+        eid = run.launch.execution_id
         request = proxy_pb2.RevokeExecutionTokenRequest(
-            request_id=f"revoke:{launch.execution_id}",
-            execution_id=launch.execution_id,
-            cancel_in_flight=cancel_in_flight,
+            request_id=f"revoke:{eid}", execution_id=eid, cancel_in_flight=cancel_in_flight
         )
-        try:
-            await self.proxy.RevokeExecutionToken(request, timeout=30)
-        except grpc.aio.AioRpcError as exc:  # the token expires on its own; say so and go on
-            log.warning("token_revoke_failed", code=exc.code().name, details=exc.details())
+        retry_s = self.settings.revoke_retry_s if run.revoke_retry_s is None else run.revoke_retry_s
+        deadline = time.monotonic() + retry_s
+        for attempt in range(10_000):  # bounded by the deadline
+            try:
+                answer = await self.proxy.RevokeExecutionToken(request, timeout=60)
+                run.num_calls = answer.num_calls_recorded
+                return
+            except grpc.aio.AioRpcError as exc:
+                retry = exc.code() in RETRIED_CODES and time.monotonic() < deadline
+                log.warning(
+                    "token_revoke_failed", code=exc.code().name, details=exc.details(), retrying=retry
+                )
+                if not retry:  # the token expires on its own; the end event goes without a count
+                    return
+                await asyncio.sleep(min(0.5 * 2**attempt, 10.0))
+
+    async def _count_calls(self, run: Running, event: Any) -> None:
+        """Put the proxy's count of recorded calls on an end event, when it can be known."""
+        if run.num_calls is None and run.registered:
+            await self._revoke(run, cancel_in_flight=True)
+        if run.num_calls is None and not run.registered and self.proxy is not None:
+            run.num_calls = 0  # no token, no call
+        if run.num_calls is not None:
+            event.num_calls_recorded = run.num_calls
 
     async def cancel(self, execution_id: str, *, reason: str, request_id: str) -> None:
         """Kill a running execution; it ends as cancelled with its workspace kept."""
@@ -316,6 +347,8 @@ class Supervisor:
                 task=row.task,
             )
             run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
+            run.registered = True  # it may have been: revoking answers the count either way
+            run.revoke_retry_s = min(RECOVER_REVOKE_RETRY_S, self.settings.revoke_retry_s)  # start-up waits
             await self._end_failed(run, "runner_lost", "the runner restarted while the execution ran")
         return len(rows)
 

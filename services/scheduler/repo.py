@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
+from services.scheduler.cells import CellRecord
 from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedExecution, PlannedTask, spec_from_record
 
 SCHEMA = "scheduler"
@@ -31,6 +35,11 @@ tasks = sa.Table(
     sa.Column("labels", JSONB, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("seq", sa.BigInteger, sa.Identity(), nullable=False),
+    sa.Column("admitted_version", sa.Integer, nullable=True),
+    sa.Column("assigned_step", sa.Integer, nullable=True),
+    sa.Column("trained_version", sa.Integer, nullable=True),
+    sa.Column("deadline", sa.DateTime(timezone=True), nullable=True),
 )
 
 executions = sa.Table(
@@ -40,6 +49,7 @@ executions = sa.Table(
     sa.Column("task_id", sa.Uuid, sa.ForeignKey(tasks.c.task_id), nullable=False),
     sa.Column("index_in_group", sa.Integer, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
+    sa.Column("duration_s", sa.Float, nullable=True),
     sa.UniqueConstraint("task_id", "index_in_group"),
 )
 
@@ -58,6 +68,7 @@ async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *,
                 "request_id": request_id,
                 **{name: getattr(t.spec, name) for name in SCALAR_SPEC_FIELDS},
                 "labels": dict(t.spec.labels),
+                "deadline": t.spec.deadline,
                 "state": "pending",
                 "submitted_at": t.submitted_at,
             }
@@ -91,7 +102,7 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
             .order_by(executions.c.index_in_group)
         )
     ).all()
-    spec = spec_from_record(row, labels=row.labels)
+    spec = spec_from_record(row, labels=row.labels, deadline=row.deadline)
     planned = PlannedTask(
         task_id=str(row.task_id),
         spec=spec,
@@ -99,3 +110,139 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
         submitted_at=row.submitted_at,
     )
     return planned, row.state
+
+
+cells = sa.Table(
+    "cells",
+    metadata,
+    sa.Column("cell_id", sa.Text, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("target_role", sa.Text, nullable=False),
+    sa.Column("core", sa.Boolean, nullable=False),
+    sa.Column("slots", sa.Integer, nullable=False),
+    sa.Column("model_fingerprint", sa.Text, nullable=False),
+    sa.Column("engine_id", sa.Text, nullable=False),
+    sa.Column("engine_address", sa.Text, nullable=False),
+    sa.Column("agent_address", sa.Text, nullable=False),
+    sa.Column("last_heartbeat_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+cluster = sa.Table(
+    "cluster",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("mode", sa.Text, nullable=False),
+    sa.Column("model_fingerprint", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("version_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("trained_groups", sa.Integer, nullable=False),
+    sa.Column("trained_tokens", sa.BigInteger, nullable=False),
+    sa.Column("training_cell_s", sa.Float, nullable=False),
+)
+
+CELL_FIELDS = tuple(f.name for f in dataclasses.fields(CellRecord))
+
+
+def _cell(row: sa.Row[Any]) -> CellRecord:
+    return CellRecord(**{name: getattr(row, name) for name in CELL_FIELDS})
+
+
+async def load_cells(session: AsyncSession, *, for_update: bool = False) -> list[tuple[CellRecord, datetime]]:
+    """Every cell with its last heartbeat, core first, then by id."""
+    stmt = sa.select(cells).order_by(cells.c.core.desc(), cells.c.cell_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return [(_cell(row), row.last_heartbeat_at) for row in (await session.execute(stmt)).all()]
+
+
+async def save_cell(
+    session: AsyncSession, cell: CellRecord, *, now: datetime, registered: bool = False
+) -> None:
+    values = {name: getattr(cell, name) for name in CELL_FIELDS}
+    stmt = insert(cells).values(**values, last_heartbeat_at=now, registered_at=now)
+    update = {**values, "last_heartbeat_at": now, **({"registered_at": now} if registered else {})}
+    await session.execute(stmt.on_conflict_do_update(index_elements=[cells.c.cell_id], set_=update))
+
+
+async def set_role(session: AsyncSession, cell_id: str, *, role: str, target_role: str = "") -> None:
+    await session.execute(
+        sa.update(cells).where(cells.c.cell_id == cell_id).values(role=role, target_role=target_role)
+    )
+
+
+async def touch_cell(session: AsyncSession, cell_id: str, *, now: datetime) -> str | None:
+    """Record a heartbeat; the cell's role, or None for an unknown cell."""
+    stmt = (
+        sa.update(cells)
+        .where(cells.c.cell_id == cell_id)
+        .values(last_heartbeat_at=now)
+        .returning(cells.c.role)
+    )
+    row = (await session.execute(stmt)).first()
+    return None if row is None else str(row.role)
+
+
+async def load_cluster(
+    session: AsyncSession, *, default_mode: str, for_update: bool = False
+) -> tuple[str, str]:
+    """(mode, model fingerprint); the row is created with `default_mode` on first use."""
+    await session.execute(
+        insert(cluster).values(id=1, mode=default_mode, model_fingerprint="").on_conflict_do_nothing()
+    )
+    stmt = sa.select(cluster.c.mode, cluster.c.model_fingerprint).where(cluster.c.id == 1)
+    if for_update:
+        stmt = stmt.with_for_update()
+    row = (await session.execute(stmt)).one()
+    return str(row.mode), str(row.model_fingerprint)
+
+
+async def save_cluster(
+    session: AsyncSession, *, mode: str | None = None, fingerprint: str | None = None
+) -> None:
+    values = {k: v for k, v in (("mode", mode), ("model_fingerprint", fingerprint)) if v is not None}
+    await session.execute(sa.update(cluster).where(cluster.c.id == 1).values(**values))
+
+
+async def admit_task(session: AsyncSession, task_id: uuid.UUID, *, version: int) -> None:
+    """The task and its executions are admitted at `version` (only from pending)."""
+    await session.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id == task_id, tasks.c.state == "pending")
+        .values(state="admitted", admitted_version=version)
+    )
+    await session.execute(
+        sa.update(executions)
+        .where(executions.c.task_id == task_id, executions.c.state == "pending")
+        .values(state="admitted")
+    )
+
+
+async def assign_step(session: AsyncSession, *, seqs: Sequence[int], step: int) -> list[str]:
+    """Record the tasks (by `seq`) as assigned to `step`; their ids, in the given order."""
+    rows = await session.execute(
+        sa.update(tasks)
+        .where(tasks.c.seq.in_(seqs))
+        .values(assigned_step=step)
+        .returning(tasks.c.seq, tasks.c.task_id)
+    )
+    by_seq = {seq: str(task_id) for seq, task_id in rows.all()}
+    return [by_seq[s] for s in seqs if s in by_seq]
+
+
+async def current_version(session: AsyncSession) -> int:
+    return int(await session.scalar(sa.select(sa.func.coalesce(sa.func.max(cluster.c.version), 0))) or 0)
+
+
+async def cancel_queued(session: AsyncSession, task_id: uuid.UUID) -> None:
+    """A task not admitted yet will never be: it and its executions are cancelled."""
+    await session.execute(
+        sa.update(tasks)
+        .where(tasks.c.task_id == task_id, tasks.c.state == "pending")
+        .values(state="cancelled")
+    )
+    await session.execute(
+        sa.update(executions)
+        .where(executions.c.task_id == task_id, executions.c.state == "pending")
+        .values(state="cancelled")
+    )

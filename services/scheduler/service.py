@@ -2,49 +2,64 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from google.protobuf.message import Message
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from gyre.db.outbox import OutboxRelay, enqueue
+from gyre.db.outbox import enqueue
 from gyre.db.requests import request_fingerprint
-from gyre.errors import Conflict, NotFound
+from gyre.errors import NotFound
 from gyre.events import new_event
 from gyre.ids import new_uuid7, require_uuid, validate_request_id
 from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
+from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
-from services.scheduler.tasks import plan_tasks, validate_specs
+from services.scheduler.runnable import Catalog, check_runnable
+from services.scheduler.task_control import cancel_task, list_executions
+from services.scheduler.tasks import execution_limit_s, plan_tasks, validate_deadlines, validate_specs
 
 log = structlog.get_logger(__name__)
 PRODUCER = "scheduler"
 
 
-class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], relay: OutboxRelay) -> None:
-        self.sessions = sessions
-        self.relay = relay
+class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer):
+    """Tasks here; cells and modes in `CellControl`."""
+
+    def __init__(self, *args: Any, catalog: Catalog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.catalog = catalog
+        """What runners and evaluators can run: SubmitTasks refuses anything else up front."""
 
     async def SubmitTasks(
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
         validate_request_id(request.request_id)
         fingerprint = request_fingerprint(request)
-        async with self.sessions() as session:
-            first = await self._first_answer(session, request.request_id, fingerprint)
+        first = await self._answered("SubmitTasks", request, scheduler_pb2.SubmitTasksResponse)
         if first is not None:
             return first
         specs = [spec_from_proto(t) for t in request.tasks]
         validate_specs(specs)
+        validate_deadlines(specs, now=datetime.now(UTC))
+        check_runnable(specs, self.catalog)
         planned = plan_tasks(
             specs,
             task_ids=[new_uuid7() for _ in specs],
             execution_ids=[[new_uuid7() for _ in range(s.group_size)] for s in specs],
             now=datetime.now(UTC),
         )
-        response = scheduler_pb2.SubmitTasksResponse(tasks=[task_to_proto(t) for t in planned])
+        state = (
+            scheduler_pb2.TASK_STATE_ADMITTED
+            if self.admission == "at_submit"
+            else scheduler_pb2.TASK_STATE_PENDING
+        )
+        response = scheduler_pb2.SubmitTasksResponse(tasks=[task_to_proto(t, state=state) for t in planned])
         events = [
             new_event(
                 events_pb2.TaskSubmitted(task=task, request_id=request.request_id),
@@ -54,17 +69,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             )
             for task in response.tasks
         ]
-        # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
-        events += [
-            new_event(
-                execution_scheduled(task, execution),
-                producer=PRODUCER,
-                correlation_id=task.task_id,
-                causation_id=request.request_id,
-            )
-            for task in response.tasks
-            for execution in task.executions
-        ]
+        if self.admission == "at_submit":
+            # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
+            # Paced (the default), the driver schedules them as the policy admits each task.
+            now = datetime.now(UTC)
+            events += [
+                new_event(
+                    execution_scheduled(task, execution, timeout_s=execution_limit_s(spec, now=now)),
+                    producer=PRODUCER,
+                    correlation_id=task.task_id,
+                    causation_id=request.request_id,
+                )
+                for task, spec in zip(response.tasks, specs, strict=True)
+                for execution in task.executions
+            ]
         async with self.sessions() as session, session.begin():
             claimed = await repo.requests.claim(
                 session,
@@ -75,26 +93,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             )
             if claimed:
                 await repo.insert_tasks(session, planned, request_id=request.request_id)
+                if self.admission == "at_submit":
+                    version = await repo.current_version(session)
+                    for t in planned:
+                        await repo.admit_task(session, uuid.UUID(t.task_id), version=version)
                 await enqueue(session, repo.outbox, *events)
         if not claimed:  # a concurrent call with the same request id won the race
-            async with self.sessions() as session:
-                first = await self._first_answer(session, request.request_id, fingerprint)
+            first = await self._answered("SubmitTasks", request, scheduler_pb2.SubmitTasksResponse)
             assert first is not None
             return first
         self.relay.poke()
+        self.on_change()
         log.info("tasks_submitted", request_id=request.request_id, tasks=len(planned))
         return response
-
-    async def _first_answer(
-        self, session: AsyncSession, request_id: str, fingerprint: bytes
-    ) -> scheduler_pb2.SubmitTasksResponse | None:
-        row = await repo.requests.load(session, request_id)
-        if row is None:
-            return None
-        method, stored_fingerprint, stored_response = row
-        if method != "SubmitTasks" or stored_fingerprint != fingerprint:
-            raise Conflict(f"request_id {request_id!r} was already used for a different request")
-        return scheduler_pb2.SubmitTasksResponse.FromString(stored_response)
 
     async def GetTask(
         self, request: scheduler_pb2.GetTaskRequest, context: Context
@@ -107,3 +118,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         planned, state = found
         state_value = scheduler_pb2.TaskState.Value(f"TASK_STATE_{state.upper()}")
         return scheduler_pb2.GetTaskResponse(task=task_to_proto(planned, state=state_value))
+
+    async def ListExecutions(
+        self, request: scheduler_pb2.ListExecutionsRequest, context: Context
+    ) -> scheduler_pb2.ListExecutionsResponse:
+        return await list_executions(self.sessions, request)
+
+    async def CancelTask(
+        self, request: scheduler_pb2.CancelTaskRequest, context: Context
+    ) -> scheduler_pb2.CancelTaskResponse:
+        async def act(session: AsyncSession) -> tuple[scheduler_pb2.CancelTaskResponse, list[Message]]:
+            return await cancel_task(session, request, runner_address=self.runner_address), []
+
+        answer = await self._idempotent("CancelTask", request, scheduler_pb2.CancelTaskResponse, act)
+        log.info("task_cancelled", task_id=request.task_id, stopped=answer.num_executions_stopped)
+        return answer

@@ -41,15 +41,18 @@ class TaskSpec:
     harness: str
     workspace_template: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    deadline: datetime | None = None
 
 
 SCALAR_SPEC_FIELDS = ("name", "family", "prompt", "group_size", "timeout_s", "harness", "workspace_template")
 
 
-def spec_from_record(record: object, *, labels: Mapping[str, str]) -> TaskSpec:
+def spec_from_record(
+    record: object, *, labels: Mapping[str, str], deadline: datetime | None = None
+) -> TaskSpec:
     """Build a TaskSpec from anything with its field names (a protobuf message, a table row)."""
     fields = {name: getattr(record, name) for name in SCALAR_SPEC_FIELDS}
-    return TaskSpec(**fields, labels=tuple(sorted(labels.items())))
+    return TaskSpec(**fields, labels=tuple(sorted(labels.items())), deadline=deadline)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +97,8 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
         )
     if not spec.prompt.strip():
         raise InvalidArgument(f"{at}.prompt", "is required and must not be blank")
+    if "\x00" in spec.prompt:
+        raise InvalidArgument(f"{at}.prompt", "must not contain NUL characters (U+0000)")
     prompt_bytes = len(spec.prompt.encode())
     if prompt_bytes > MAX_PROMPT_BYTES:
         raise InvalidArgument(f"{at}.prompt", f"must be at most {MAX_PROMPT_BYTES} bytes, got {prompt_bytes}")
@@ -125,10 +130,36 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
     for key, value in spec.labels:
         if not LABEL_KEY_RE.fullmatch(key):
             raise InvalidArgument(f"{at}.labels[{key!r}]", "keys must be 1..63 of [A-Za-z0-9_.-]")
+        if "\x00" in value:
+            raise InvalidArgument(f"{at}.labels[{key!r}]", "values must not contain NUL characters (U+0000)")
         if len(value) > MAX_LABEL_VALUE_CHARS:
             raise InvalidArgument(
                 f"{at}.labels[{key!r}]", f"values must be at most {MAX_LABEL_VALUE_CHARS} characters"
             )
+
+
+def validate_deadlines(specs: Sequence[TaskSpec], *, now: datetime) -> None:
+    """A deadline already past can never be met: refuse it, naming the task.
+
+    Example: tasks[1] with a deadline one second ago -> InvalidArgument("tasks[1].deadline: ...")
+    """
+    for i, spec in enumerate(specs):
+        if spec.deadline is not None and spec.deadline <= now:
+            raise InvalidArgument(
+                f"tasks[{i}].deadline",
+                f"is in the past ({spec.deadline.isoformat()}, now {now.isoformat()})",
+            )
+
+
+def execution_limit_s(spec: TaskSpec, *, now: datetime) -> float:
+    """The time an execution admitted `now` may run: its timeout, cut to the task's deadline
+    (0 when the deadline has passed).
+
+    Example: timeout 600 s, deadline in 120 s -> 120.0
+    """
+    if spec.deadline is None:
+        return spec.timeout_s
+    return max(0.0, min(spec.timeout_s, (spec.deadline - now).total_seconds()))
 
 
 def plan_tasks(

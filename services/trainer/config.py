@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -30,16 +29,12 @@ class TrainerSettings(BaseSettings):
     """Initial weights (`gyre model init DIR`); unset: a tiny Qwen2 model from `seed`."""
     seed: int = 0
     trajectory_address: str = "127.0.0.1:50055"
-    mode: Literal["streaming", "burst"] = "streaming"
-    """streaming: a step as soon as `groups_per_step` groups are ready; burst: one step per burst."""
+    steps_from_scheduler: bool = False
+    """Take each step's groups as the scheduler assigned them (`StepAssigned`, earliest deadline
+    first) instead of in arrival order; the live stack sets it."""
     groups_per_step: int = 4
-    """B: groups per step (in burst mode, the least a burst may have)."""
-    burst_quiet_s: float = 2.0
-    """Burst mode: a burst is over when no group arrived for this long."""
-    missing_calls_grace_s: float = 60.0
-    """How long a step waits for the calls of an execution that has none recorded (they may still be
-    on the bus) before training its groups without it; an execution that failed before its first
-    model call never has any."""
+    """B: a step as soon as B groups are ready, in arrival order. Which groups are admitted, and
+    when (streaming, bursts, batches), is the scheduler's policy, not the trainer's."""
     j_max: int = 5
     learning_rate: float = 1e-3
     max_grad_norm: float = 1.0
@@ -55,6 +50,9 @@ class TrainerSettings(BaseSettings):
     """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
     step_attempts: int = 3
     """Attempts of one step before it fails (each lost satellite costs one)."""
+    max_group_attempts: int = 3
+    """Steps tried with a group (that failed on an error of the step, or with the trainer dying)
+    before the group is set aside with the reason (`GroupSetAside`) instead of tried forever."""
     device: str = "cpu"
     """Torch device of the core cell: cpu, cuda, cuda:1 (CUDA: NCCL groups; not yet run on a GPU)."""
     autocast_bf16: bool = False

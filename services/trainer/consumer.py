@@ -1,4 +1,5 @@
-"""`GroupReady` from the trajectory service: queue the group for a step (shell).
+"""`GroupReady` from the trajectory service: queue the group for a step; `StepAssigned` from the
+scheduler: which queued groups form which step (shell).
 
 Decode, queue in one transaction with the inbox claim, ack after commit; then wake the step loop.
 """
@@ -14,6 +15,7 @@ from gyre.consume import ConsumerSpec
 from gyre.db.inbox import claim_event
 from gyre.events import DecodedEvent
 from gyre.ids import require_uuid
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.trainer import repo
 
@@ -44,3 +46,36 @@ class GroupEvents:
             await repo.enqueue_group(session, task_id=ready.task_id, execution_ids=list(ready.execution_ids))
         log.info("group_queued", task_id=ready.task_id, group_size=len(ready.execution_ids))
         self.on_queued()
+
+
+ASSIGNMENTS_CONSUMER = "trainer-assignments"
+
+
+class AssignmentEvents:
+    """`StepAssigned` from the scheduler: which groups form which step (the policy's order)."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], *, on_assigned: Callable[[], None]
+    ) -> None:
+        self.sessions = sessions
+        self.on_assigned = on_assigned
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=ASSIGNMENTS_CONSUMER,
+            producer="scheduler",
+            handlers={scheduler_events.StepAssigned: self.on_step_assigned},
+        )
+
+    async def on_step_assigned(self, event: DecodedEvent) -> None:
+        assigned = event.payload
+        for i, task_id in enumerate(assigned.task_ids):
+            require_uuid(f"task_ids[{i}]", task_id, what="a task")
+        async with self.sessions() as session, session.begin():
+            if not await claim_event(
+                session, repo.processed_messages, consumer=ASSIGNMENTS_CONSUMER, event_id=event.event_id
+            ):
+                return
+            await repo.record_assignment(session, step=int(assigned.step), task_ids=list(assigned.task_ids))
+        log.info("step_assigned", step=assigned.step, task_ids=list(assigned.task_ids))
+        self.on_assigned()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -30,8 +29,7 @@ from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, sa
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import CoreCell
 from services.trainer.dp import StepFailed
-from services.trainer.samples import Sample
-from services.trainer.source import CallsNotRecorded, TrajectorySamples
+from services.trainer.source import TrajectorySamples
 from services.trainer.steps import OptimConfig
 from services.trainer.weights import PublishedWeights, publish
 
@@ -106,23 +104,22 @@ class StepLoop:
         self.groups_in_step = 0
         self.step_started_at: datetime | None = None
         self.num_queued = 0
-        self.calls_missing_since: dict[tuple[str, ...], float] = {}
 
     def poke(self) -> None:
         self.wake.set()
 
     async def _take_groups(self) -> list[repo.QueuedGroup]:
+        b = self.settings.groups_per_step
         async with self.sessions() as session:
             queued = await repo.queued_groups(session)
+            if self.settings.steps_from_scheduler:
+                # The scheduler's policy says which groups form this step (earliest deadline
+                # first); an assignment to an earlier step that is still queued comes first.
+                assigned = await repo.assigned_groups(session, up_to_step=self.cell.trainer.version)
+                self.num_queued = len(queued)
+                return assigned[:b] if len(assigned) >= b else []
         self.num_queued = len(queued)
-        b = self.settings.groups_per_step
-        if self.settings.mode == "streaming":
-            return queued[:b] if len(queued) >= b else []
-        # burst: everything that arrived in the burst, once it has been quiet for burst_quiet_s
-        if len(queued) < b:
-            return []
-        quiet_s = (datetime.now(UTC) - max(g.received_at for g in queued)).total_seconds()
-        return queued if quiet_s >= self.settings.burst_quiet_s else []
+        return queued[:b] if len(queued) >= b else []
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff_s = 0.5
@@ -135,35 +132,52 @@ class StepLoop:
                 except TimeoutError:
                     pass
                 continue
+            if await self._set_aside_exhausted(groups):
+                continue
+            task_ids = [g.task_id for g in groups]
+            async with self.sessions() as session, session.begin():
+                await repo.count_attempt(session, task_ids)  # before the step: a crash in it counts
             try:
                 await self.train(groups)
                 backoff_s = 0.5
-            except (
-                Unavailable,
-                StepFailed,
-                InvalidArgument,
-            ) as exc:  # trajectory service away, members dying, a batch refused: groups stay queued
+            except (Unavailable, StepFailed, InvalidArgument) as exc:
+                # Trajectory service away, members dying, a batch this configuration refuses: not
+                # an error of the groups' own, so the attempt is taken back and they stay queued.
+                async with self.sessions() as session, session.begin():
+                    await repo.count_attempt(session, task_ids, delta=-1)
                 log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
+            except Exception as exc:  # an error of the step itself: counted against its groups
+                error = f"{type(exc).__name__}: {exc}"
+                async with self.sessions() as session, session.begin():
+                    await repo.record_error(session, task_ids, error)
+                log.exception("step_failed", task_ids=task_ids, error=error, retry_s=backoff_s)
+                self.groups_in_step, self.step_started_at = 0, None
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(30.0, backoff_s * 2)
 
-    async def _fetch(self, task_ids: list[str]) -> tuple[list[Sample], trajectory_pb2.StreamSamplesRequest]:
-        """The groups' samples and the request that fetched them; past the grace period, without
-        executions that recorded no call."""
-        key = tuple(task_ids)
-        try:
-            samples = await self.source.fetch(task_ids)
-            request = self.source.request_for(task_ids)
-        except CallsNotRecorded:
-            since = self.calls_missing_since.setdefault(key, time.monotonic())
-            waited_s = time.monotonic() - since
-            if waited_s < self.settings.missing_calls_grace_s:
-                raise
-            samples = await self.source.fetch(task_ids, skip_without_calls=True)
-            request = self.source.request_for(task_ids, skip_without_calls=True)
-            log.warning("executions_without_calls_skipped", task_ids=task_ids, waited_s=round(waited_s, 1))
-        self.calls_missing_since.pop(key, None)
-        return samples, request
+    async def _set_aside_exhausted(self, groups: list[repo.QueuedGroup]) -> bool:
+        """Set aside the groups tried `max_group_attempts` times, with the reason; whether any was.
+
+        A step holds B groups and one of them may be what fails it: each group counts every step
+        tried with it, so with B > 1 a group that shared steps with a failing one can be set
+        aside with it."""
+        exhausted = [g for g in groups if g.attempts >= self.settings.max_group_attempts]
+        for group in exhausted:
+            reason = group.last_error or "the trainer process died while training it"
+            event = new_event(
+                events_pb2.GroupSetAside(task_id=group.task_id, reason=reason, attempts=group.attempts),
+                producer=PRODUCER,
+                correlation_id=group.task_id,
+            )
+            async with self.sessions() as session, session.begin():
+                await repo.set_aside(session, group.task_id)
+                await enqueue(session, repo.outbox, event)
+            log.error("group_set_aside", task_id=group.task_id, attempts=group.attempts, reason=reason)
+        if exhausted:
+            self.relay.poke()
+        return bool(exhausted)
 
     async def _consume_without_step(self, task_ids: list[str]) -> None:
         """Groups with nothing to train on (no execution made a model call) leave the queue, said aloud:
@@ -177,7 +191,8 @@ class StepLoop:
         task_ids = [g.task_id for g in groups]
         self.groups_in_step = len(groups)
         self.step_started_at = datetime.now(UTC)
-        samples, request = await self._fetch(task_ids)
+        samples = await self.source.fetch(task_ids)
+        request = self.source.request_for(task_ids)
         if not samples:
             await self._consume_without_step(task_ids)
             return

@@ -15,7 +15,7 @@ from gyre.settings import KernelSettings
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from services.trainer import metrics, repo
 from services.trainer.config import TrainerSettings
-from services.trainer.consumer import GroupEvents
+from services.trainer.consumer import AssignmentEvents, GroupEvents
 from services.trainer.core_cell import open_core_cell
 from services.trainer.loop import StepLoop, announce_initial_weights
 from services.trainer.service import TrainerServicer
@@ -43,6 +43,9 @@ async def build(settings: TrainerSettings, kernel: KernelSettings) -> ServiceHos
     source = TrajectorySamples(settings.trajectory_address, j_max=settings.j_max)
     loop = StepLoop(settings=settings, sessions=conns.sessions, relay=relay, cell=cell, source=source)
     groups = Consumer(conns.bus, GroupEvents(conns.sessions, on_queued=loop.poke).spec())
+    consumers = [groups]
+    if settings.steps_from_scheduler:
+        consumers.append(Consumer(conns.bus, AssignmentEvents(conns.sessions, on_assigned=loop.poke).spec()))
     server = GrpcServer(
         service_names=[trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name],
         host=settings.host,
@@ -51,4 +54,9 @@ async def build(settings: TrainerSettings, kernel: KernelSettings) -> ServiceHos
     trainer_pb2_grpc.add_TrainerServiceServicer_to_server(
         TrainerServicer(conns.sessions, relay, cell, loop), server.server
     )
-    return ServiceHost(name=NAME, server=server, connections=conns, workers=[relay.run, groups.run, loop.run])
+    return ServiceHost(
+        name=NAME,
+        server=server,
+        connections=conns,
+        workers=[relay.run, *(c.run for c in consumers), loop.run],
+    )

@@ -2,7 +2,9 @@
 
 `ready_groups` is the queue of groups announced by `GroupReady`; a group's `consumed_version`
 is set in the same transaction as the row of the step that trained it, so after a crash every
-group is either in a committed step or still queued: never trained twice, never skipped.
+group is either in a committed step or still queued: never trained twice, never skipped. Each
+step tried with a group counts in its `attempts` before it runs (so a process that dies in the
+step still counts it); a group past the limit is set aside (`set_aside_at`, with the reason).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ ready_groups = sa.Table(
     sa.Column("execution_ids", JSONB, nullable=False),
     sa.Column("received_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     sa.Column("consumed_version", sa.Integer),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text),
+    sa.Column("set_aside_at", sa.DateTime(timezone=True)),
 )
 
 steps = sa.Table(
@@ -69,6 +74,9 @@ class QueuedGroup:
     task_id: str
     execution_ids: tuple[str, ...]
     received_at: datetime
+    attempts: int = 0
+    """Steps already tried with it that did not complete."""
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +84,40 @@ class LastStep:
     version: int
     checkpoint_uri: str
     weights_uri: str
+
+
+step_assignments = sa.Table(
+    "step_assignments",
+    metadata,
+    sa.Column("task_id", sa.Uuid, primary_key=True),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("seq", sa.BigInteger, sa.Identity(), nullable=False, unique=True),
+)
+
+
+async def record_assignment(session: AsyncSession, *, step: int, task_ids: list[str]) -> None:
+    """The scheduler's assignment of groups to `step` (a repeat changes nothing)."""
+    for task_id in task_ids:
+        await session.execute(
+            insert(step_assignments)
+            .values(task_id=uuid.UUID(task_id), step=step)
+            .on_conflict_do_nothing(index_elements=[step_assignments.c.task_id])
+        )
+
+
+async def assigned_groups(session: AsyncSession, *, up_to_step: int) -> list[QueuedGroup]:
+    """Queued groups assigned to a step up to `up_to_step`, oldest step first, in assignment order."""
+    g, a = ready_groups.c, step_assignments.c
+    stmt = (
+        sa.select(g.task_id, g.execution_ids, g.received_at)
+        .join(step_assignments, a.task_id == g.task_id)
+        .where(g.consumed_version.is_(None), a.step <= up_to_step)
+        .order_by(a.step, a.seq)
+    )
+    return [
+        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r)
+        for t, e, r in (await session.execute(stmt)).all()
+    ]
 
 
 async def enqueue_group(session: AsyncSession, *, task_id: str, execution_ids: list[str]) -> None:
@@ -89,16 +131,43 @@ async def enqueue_group(session: AsyncSession, *, task_id: str, execution_ids: l
 
 async def queued_groups(session: AsyncSession, *, limit: int | None = None) -> list[QueuedGroup]:
     """Unconsumed groups in arrival order: a step redone after a crash takes the same ones."""
+    c = ready_groups.c
     stmt = (
-        sa.select(ready_groups.c.task_id, ready_groups.c.execution_ids, ready_groups.c.received_at)
-        .where(ready_groups.c.consumed_version.is_(None))
-        .order_by(ready_groups.c.seq)
+        sa.select(c.task_id, c.execution_ids, c.received_at, c.attempts, c.last_error)
+        .where(c.consumed_version.is_(None), c.set_aside_at.is_(None))
+        .order_by(c.seq)
         .limit(limit)
     )
     return [
-        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r)
-        for t, e, r in (await session.execute(stmt)).all()
+        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r, attempts=a, last_error=why)
+        for t, e, r, a, why in (await session.execute(stmt)).all()
     ]
+
+
+async def count_attempt(session: AsyncSession, task_ids: list[str], *, delta: int = 1) -> None:
+    """Count a step tried with these groups (delta -1 takes back one that failed for another
+    reason than the groups: a dependency away, satellites lost)."""
+    await session.execute(
+        sa.update(ready_groups)
+        .where(ready_groups.c.task_id.in_([uuid.UUID(t) for t in task_ids]))
+        .values(attempts=ready_groups.c.attempts + delta)
+    )
+
+
+async def record_error(session: AsyncSession, task_ids: list[str], error: str) -> None:
+    await session.execute(
+        sa.update(ready_groups)
+        .where(ready_groups.c.task_id.in_([uuid.UUID(t) for t in task_ids]))
+        .values(last_error=error[:4000])
+    )
+
+
+async def set_aside(session: AsyncSession, task_id: str) -> None:
+    await session.execute(
+        sa.update(ready_groups)
+        .where(ready_groups.c.task_id == uuid.UUID(task_id))
+        .values(set_aside_at=sa.func.now())
+    )
 
 
 async def consume_groups(session: AsyncSession, *, task_ids: list[str], version: int) -> int:

@@ -102,6 +102,7 @@ class Admission:
 
     kept: tuple[Sample, ...]
     num_dropped: int
+    dropped: tuple[Sample, ...] = ()
     staleness_mean_steps: float
     """Mean over every sample with a target, dropped ones included: the lag the data arrived with."""
     staleness_max_steps: int
@@ -128,9 +129,12 @@ def admit(
     """
     lags = [staleness_steps(s, trainer_version=trainer_version) for s in samples]
     kept: list[Sample] = []
+    dropped: list[Sample] = []
     for sample, lag in zip(samples, lags, strict=True):
         if lag <= max_staleness_steps:
             kept.append(sample)
+        elif action is StalenessAction.DROP:
+            dropped.append(sample)
         elif action is StalenessAction.FAIL:
             raise StalenessExceeded(
                 f"trajectory {sample.trajectory_id} of execution {sample.execution_id} is {lag} versions "
@@ -138,7 +142,8 @@ def admit(
             )
     return Admission(
         kept=tuple(kept),
-        num_dropped=len(samples) - len(kept),
+        num_dropped=len(dropped),
+        dropped=tuple(dropped),
         staleness_mean_steps=sum(lags) / len(lags) if lags else 0.0,
         staleness_max_steps=max(lags, default=0),
     )

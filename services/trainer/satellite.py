@@ -2,7 +2,10 @@
 
 It asks the trainer to join (`JoinStep`), connects to the rendezvous it is given, computes the
 microbatches it takes and joins each reduction until the trainer releases it (`LeaveStep`).
-`--rendezvous` skips the RPC, for a core running in-process (tests, benchmarks).
+`--rendezvous` skips the RPC, for a core running in-process (tests, benchmarks). `--standby`
+keeps a warm worker for a cell's agent: it reads one rendezvous URI per line on stdin (the
+scheduler has already called `JoinStep`), answers `accepted <uri>`, trains until released and
+answers `released <microbatches>`; it prints `ready` once its imports are done and ends at EOF.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--trainer", help="trainer gRPC address host:port (asks JoinStep)")
     where.add_argument("--rendezvous", help="tcp://host:port of the core's store (already admitted)")
+    where.add_argument("--standby", action="store_true", help="read rendezvous URIs from stdin, one a line")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--timeout-s", type=float, default=120.0)
     parser.add_argument(
@@ -31,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = parser.parse_args(argv)
     torch.set_num_threads(ns.threads)
+    if ns.standby:
+        return _standby(ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
     rendezvous = ns.rendezvous
     if ns.trainer:
         with grpc.insecure_channel(ns.trainer) as channel:
@@ -43,6 +49,24 @@ def main(argv: list[str] | None = None) -> int:
         rendezvous = answer.rendezvous_uri
     computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
     print(f"satellite {ns.cell_id}: released after {computed} microbatches", file=sys.stderr)
+    return 0
+
+
+def _standby(cell_id: str, *, timeout_s: float, device: str) -> int:
+    print("ready", flush=True)
+    for line in sys.stdin:
+        rendezvous = line.strip()
+        if not rendezvous.startswith("tcp://"):
+            print(f"refused {rendezvous!r}: not a tcp:// rendezvous", flush=True)
+            continue
+        print(f"accepted {rendezvous}", flush=True)
+        try:
+            computed = run_satellite(rendezvous, cell_id=cell_id, timeout_s=timeout_s, device=device)
+        except Exception as exc:  # a session that failed (a group that could not form): the core
+            # counts this cell lost for that step; the worker stays warm for the next session
+            print(f"satellite {cell_id}: session failed: {exc}", file=sys.stderr, flush=True)
+            computed = 0
+        print(f"released {computed}", flush=True)
     return 0
 
 

@@ -44,10 +44,6 @@ def samples_from_response(r: trajectory_pb2.StreamSamplesResponse, *, index: int
     raise PackedSamplesInvalid(f"responses[samples {index}..]", "carries neither a sample nor packed samples")
 
 
-class CallsNotRecorded(Unavailable):
-    """An execution of the asked groups has no recorded call (yet, or ever)."""
-
-
 class TrajectorySamples:
     """Streams the samples of whole groups; weights are computed over exactly these groups."""
 
@@ -63,27 +59,21 @@ class TrajectorySamples:
         self.j_max = j_max
         self.timeout_s = timeout_s
 
-    def request_for(
-        self, task_ids: Sequence[str], *, skip_without_calls: bool = False
-    ) -> trajectory_pb2.StreamSamplesRequest:
+    def request_for(self, task_ids: Sequence[str]) -> trajectory_pb2.StreamSamplesRequest:
         """The exact request `fetch` sends; the step records it so its batch can be re-derived."""
         return trajectory_pb2.StreamSamplesRequest(
-            task_ids=list(task_ids),
-            j_max=self.j_max,
-            skip_executions_without_calls=skip_without_calls,
-            encoding=trajectory_pb2.SAMPLE_ENCODING_PACKED,
+            task_ids=list(task_ids), j_max=self.j_max, encoding=trajectory_pb2.SAMPLE_ENCODING_PACKED
         )
 
-    async def fetch(self, task_ids: Sequence[str], *, skip_without_calls: bool = False) -> list[Sample]:
-        request = self.request_for(task_ids, skip_without_calls=skip_without_calls)
+    async def fetch(self, task_ids: Sequence[str]) -> list[Sample]:
+        """Every sample of the groups; their executions without calls made none and yield nothing."""
+        request = self.request_for(task_ids)
         samples: list[Sample] = []
         try:
             async for r in self.stub.StreamSamples(request, timeout=self.timeout_s):
                 samples.extend(samples_from_response(r, index=len(samples)))
             return samples
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                raise CallsNotRecorded(f"trajectory StreamSamples: {exc.details()}") from exc
             raise Unavailable(f"trajectory StreamSamples failed: {exc.code().name}: {exc.details()}") from exc
 
     async def close(self) -> None:

@@ -18,6 +18,7 @@ from services.trainer.batch_digest import batch_sha256
 from services.trainer.dp import DataParallelCore
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
+from services.trainer.reweigh import reweigh
 from services.trainer.samples import Sample, StalenessAction, admit, check_context, validate_sample
 
 
@@ -90,7 +91,9 @@ class PolicyTrainer:
             max_staleness_steps=self.config.max_staleness_steps,
             action=self.config.staleness_action,
         )
-        microbatches = plan_microbatches(admission.kept, max_tokens=self.config.microbatch_max_tokens)
+        # A drop is the last resort (admission bounds staleness): what remains is weighed afresh.
+        kept = reweigh(admission.kept, admission.dropped) if admission.dropped else admission.kept
+        microbatches = plan_microbatches(kept, max_tokens=self.config.microbatch_max_tokens)
         self.model.train()
         gradient = self.core.compute_step_gradient(
             self.model, microbatches, version=self.version + 1, after_microbatch=after_microbatch
@@ -108,7 +111,7 @@ class PolicyTrainer:
         self.core.current_version = self.version
         return StepReport(
             version=self.version,
-            num_samples=len(admission.kept),
+            num_samples=len(kept),
             num_dropped_stale=admission.num_dropped,
             num_target_tokens=gradient.num_targets,
             num_microbatches=gradient.num_microbatches,

@@ -23,7 +23,7 @@ from services.trajectory.codec import Into, pack_arrays, unpack_arrays, unpack_i
 from services.trajectory.layout import CallShapes, ChainHead, TokenBuffers, TreeShape, call_shapes
 from services.trajectory.projection import StoredCall, build_tree, place_record
 from services.trajectory.records import CallMeta, CallRecord
-from services.trajectory.tree import ExecutionTree
+from services.trajectory.tree import ExecutionTree, ParentNotStored
 
 log = structlog.get_logger(__name__)
 S = "trajectory"
@@ -221,36 +221,49 @@ class CallLog:
         before = {e: (len(t.calls), t.n) for e, t in trees.items()}
         rows: list[tuple[Any, ...]] = []
         shapes: list[tuple[Any, ...]] = []
-        for i in wanted:
-            record = records[i]
-            tree = trees[record.execution_id]
-            if record.call_id in tree.call_seq:
-                result.duplicates += 1
-                continue
-            if record.call_id in elsewhere:
-                result.rejected[i] = InvalidArgument(
-                    "call_id",
-                    f"{record.call_id} is already recorded for execution {elsewhere[record.call_id]}",
+        # A delta may come before its parent in the same batch (redelivery reorders): passes
+        # repeat while they place something, so such a child is stored with its parent.
+        pending = wanted
+        while pending:
+            deferred: list[int] = []
+            for i in pending:
+                record = records[i]
+                tree = trees[record.execution_id]
+                if record.call_id in tree.call_seq:
+                    result.duplicates += 1
+                    continue
+                if record.call_id in elsewhere:
+                    result.rejected[i] = InvalidArgument(
+                        "call_id",
+                        f"{record.call_id} is already recorded for execution {elsewhere[record.call_id]}",
+                    )
+                    continue
+                try:
+                    stored = place_record(tree, record)
+                except ParentNotStored as exc:
+                    result.rejected[i] = exc
+                    deferred.append(i)
+                    continue
+                except InvalidArgument as exc:
+                    result.rejected[i] = exc
+                    continue
+                result.rejected.pop(i, None)
+                rows.append(to_row(stored))
+                placed = tree.calls[stored.seq]
+                shapes.append(
+                    (
+                        tree.execution_id,
+                        placed.seq,
+                        placed.chain,
+                        len(stored.new_prompt_ids),
+                        len(stored.new_output_ids),
+                        placed.prompt_attach,
+                        placed.output_attach,
+                    )
                 )
-                continue
-            try:
-                stored = place_record(tree, record)
-            except InvalidArgument as exc:
-                result.rejected[i] = exc
-                continue
-            rows.append(to_row(stored))
-            placed = tree.calls[stored.seq]
-            shapes.append(
-                (
-                    tree.execution_id,
-                    placed.seq,
-                    placed.chain,
-                    len(stored.new_prompt_ids),
-                    len(stored.new_output_ids),
-                    placed.prompt_attach,
-                    placed.output_attach,
-                )
-            )
+            if len(deferred) == len(pending):
+                break
+            pending = deferred
         if rows:
             await pg.copy_records_to_table("calls", schema_name=S, records=rows, columns=CALL_COLUMNS)
             await pg.copy_records_to_table("tree_calls", schema_name=S, records=shapes, columns=SHAPE_COLUMNS)

@@ -1,14 +1,16 @@
 """Events the trajectory service applies: decode, apply in one transaction, ack after commit (shell).
 
 - `TaskSubmitted` (scheduler): learn a task's group.
-- `RewardAssigned` (evaluator): store the execution's reward; when every execution of the group
-  has one, mark the group ready and publish `GroupReady` through the outbox. A grade with
-  `assessable = false` (an infrastructure failure: nothing could be judged, e.g. the sandbox or
-  grader crashed, the workspace is gone) completes its execution for readiness (a group that
-  waited for it would never train) but is no reward: it is listed in `GroupReady`'s
-  `unassessable_execution_ids`, and replay keeps it out of the group's advantage baseline and
-  out of the loss. An execution that never gets a reward holds its group back; the scheduler's
-  deadlines and the evaluator's timeout grading are what end that.
+- `RewardAssigned` (evaluator): store the execution's reward and the number of calls the proxy
+  recorded for it; when every execution of the group has its reward and that many calls stored,
+  mark the group ready and publish `GroupReady` through the outbox (the last call stored can be
+  what completes it: `CallEvents` runs the same check). A grade with `assessable = false` (an
+  infrastructure failure: nothing could be judged, e.g. the sandbox or grader crashed, the
+  workspace is gone) completes its execution for readiness (a group that waited for it would
+  never train) but is no reward: it is listed in `GroupReady`'s `unassessable_execution_ids`,
+  and replay keeps it out of the group's advantage baseline and out of the loss. An execution
+  that never gets a reward holds its group back; the scheduler's deadlines and the evaluator's
+  timeout grading are what end that.
 - `LlmCallRecorded` (proxy): see `CallEvents`, batched.
 """
 
@@ -68,6 +70,7 @@ class TaskEvents:
             durable=TASKS_CONSUMER,
             producer="scheduler",
             handlers={scheduler_events.TaskSubmitted: self.on_task_submitted},
+            ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
 
     async def on_task_submitted(self, event: DecodedEvent) -> None:
@@ -108,6 +111,7 @@ class RewardEvents:
             durable=REWARDS_CONSUMER,
             producer="evaluator",
             handlers={evaluator_events.RewardAssigned: self.on_reward_assigned},
+            ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
 
     async def on_reward_assigned(self, event: DecodedEvent) -> None:
@@ -127,6 +131,9 @@ class RewardEvents:
                 reward=grade.score if grade.assessable else 0.0,
                 assessable=grade.assessable,
                 partial=grade.partial,
+                num_calls_expected=(
+                    event.payload.num_calls_recorded if event.payload.HasField("num_calls_recorded") else None
+                ),
             )
             if not fresh:
                 log.warning("reward_already_assigned", execution_id=grade.execution_id)

@@ -59,7 +59,7 @@ async def resolve_executions(
             raise NotFound(f"no group for task {task_id}")
         ready, ids = members
         if not ready:
-            raise Conflict(f"group of task {task_id} is not ready: not every execution has a reward")
+            raise Conflict(f"group of task {task_id} is not ready: a reward or a recorded call is not in yet")
         ordered.extend(ids)
     return list(dict.fromkeys(ordered))
 
@@ -127,8 +127,12 @@ async def load_samples(
     ids = [e for e in ids if e not in excluded]
     if not ids:
         return []
-    if skip_without_calls:
-        ids = await executions_with_calls(session, ids)
+    if skip_without_calls or task_ids:
+        # A ready group has every call its executions recorded stored (the proxy's count), so a
+        # member without calls never made one: it yields no sample but counts in the baseline.
+        named = set() if skip_without_calls else set(execution_ids)
+        with_calls = set(await executions_with_calls(session, ids))
+        ids = [e for e in ids if e in with_calls or e in named]
         if not ids:
             return []
     replays = await load_replays(session, calls, ids, j_max=j_max, role_rank=role_rank)

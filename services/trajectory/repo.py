@@ -122,16 +122,35 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
 
 
 async def record_reward(
-    session: AsyncSession, *, execution_id: str, task_id: str, reward: float, assessable: bool, partial: bool
+    session: AsyncSession,
+    *,
+    execution_id: str,
+    task_id: str,
+    reward: float,
+    assessable: bool,
+    partial: bool,
+    num_calls_expected: int | None = None,
 ) -> bool:
-    """Store an execution's reward (the first one wins); False when it already had one."""
+    """Store an execution's reward (the first one wins); False when it already had one.
+
+    `num_calls_expected` is how many calls the proxy recorded for it (None: not known); the group
+    is not ready before that many are stored.
+    """
     inserted = (
         await session.execute(
             sa.text(
-                "INSERT INTO trajectory.rewards (execution_id, task_id, reward, assessable, partial) "
-                "VALUES (:e, :t, :r, :a, :p) ON CONFLICT DO NOTHING RETURNING execution_id"
+                "INSERT INTO trajectory.rewards (execution_id, task_id, reward, assessable, partial, "
+                "num_calls_expected) VALUES (:e, :t, :r, :a, :p, :n) ON CONFLICT DO NOTHING "
+                "RETURNING execution_id"
             ),
-            {"e": execution_id, "t": task_id, "r": reward, "a": assessable, "p": partial},
+            {
+                "e": execution_id,
+                "t": task_id,
+                "r": reward,
+                "a": assessable,
+                "p": partial,
+                "n": num_calls_expected,
+            },
         )
     ).first()
     if inserted is None:
@@ -145,27 +164,23 @@ async def record_reward(
 
 
 async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[str] | None:
-    """Mark the group ready when every execution has a reward; its execution ids, once, else None."""
+    """Mark the group ready when every execution has a reward and every call the proxy recorded
+    for it is stored; its execution ids, once, else None.
+
+    Calls and rewards come on streams that are not ordered with each other, so a reward can be
+    in while calls are still on the bus: the stored count must reach the expected one, whichever
+    of the two events comes last runs this check (both under the group's lock). A call refused
+    for good (dead-lettered, in `refused_calls`) counts as accounted for: the group trains
+    without it rather than waiting for it forever.
+    """
     # The group's registration and its last reward arrive on different streams and may commit at
     # the same moment; neither would see the other's rows and the group would never be ready.
     # Serialising the check per task means the later transaction sees the earlier one's commit.
     await session.execute(
         sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:t, 0))"), {"t": f"trajectory-group:{task_id}"}
     )
-    rows = (
-        await session.execute(
-            sa.text(
-                "SELECT ge.execution_id::text AS execution_id, r.reward IS NOT NULL AS rewarded "
-                "FROM trajectory.group_executions ge "
-                "LEFT JOIN trajectory.rewards r ON r.execution_id = ge.execution_id::text "
-                "WHERE ge.task_id = :t ORDER BY ge.index_in_group"
-            ),
-            {"t": uuid.UUID(task_id)},
-        )
-    ).all()
-    if not rows or not all(r.rewarded for r in rows):
-        return None
-    # Fill rewards that arrived before the group was known, so GetGroup shows them.
+    # Fill rewards that arrived before the group was known, so GetGroup shows them
+    # (also while the group still waits for calls).
     await session.execute(
         sa.text(
             "UPDATE trajectory.group_executions ge SET reward = r.reward FROM trajectory.rewards r "
@@ -173,6 +188,23 @@ async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[st
         ),
         {"t": uuid.UUID(task_id)},
     )
+    rows = (
+        await session.execute(
+            sa.text(
+                "SELECT ge.execution_id::text AS execution_id, r.reward IS NOT NULL AS rewarded, "
+                "r.num_calls_expected IS NULL OR COALESCE(x.num_calls, 0) + (SELECT count(*) FROM "
+                "trajectory.refused_calls rc WHERE rc.execution_id = ge.execution_id::text) "
+                ">= r.num_calls_expected "
+                "AS calls_stored FROM trajectory.group_executions ge "
+                "LEFT JOIN trajectory.rewards r ON r.execution_id = ge.execution_id::text "
+                "LEFT JOIN trajectory.executions x ON x.execution_id = ge.execution_id::text "
+                "WHERE ge.task_id = :t ORDER BY ge.index_in_group"
+            ),
+            {"t": uuid.UUID(task_id)},
+        )
+    ).all()
+    if not rows or not all(r.rewarded and r.calls_stored for r in rows):
+        return None
     marked = (
         await session.execute(
             sa.update(groups)
@@ -248,3 +280,30 @@ async def group_members(session: AsyncSession, task_id: str) -> tuple[bool, list
     if record is None:
         return None
     return record.ready_at is not None, [m.execution_id for m in record.members]
+
+
+async def waiting_groups_of(session: AsyncSession, execution_ids: list[str]) -> list[str]:
+    """Task ids of the groups, not yet ready, that the given executions belong to."""
+    rows = (
+        await session.execute(
+            sa.text(
+                "SELECT DISTINCT g.task_id::text AS task_id FROM trajectory.group_executions ge "
+                "JOIN trajectory.groups g ON g.task_id = ge.task_id "
+                "WHERE ge.execution_id::text = ANY(CAST(:ids AS text[])) AND g.ready_at IS NULL "
+                "ORDER BY 1"
+            ),
+            {"ids": execution_ids},
+        )
+    ).all()
+    return [r.task_id for r in rows]
+
+
+async def refuse_calls(session: AsyncSession, refused: list[tuple[str, str, str]]) -> None:
+    """Record (call_id, execution_id, reason) of calls dead-lettered for good."""
+    await session.execute(
+        sa.text(
+            "INSERT INTO trajectory.refused_calls (call_id, execution_id, reason) "
+            "VALUES (:c, :e, :r) ON CONFLICT DO NOTHING"
+        ),
+        [{"c": c, "e": e, "r": r[:2000]} for c, e, r in refused],
+    )

@@ -55,7 +55,7 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
                 )
                 for m in record.members
             ],
-            ready=all(m.reward is not None for m in record.members),
+            ready=record.ready_at is not None,
             num_unassessable=sum(1 for m in record.members if m.reward is not None and not m.assessable),
         )
         group.registered_at.FromDatetime(record.registered_at)

@@ -31,6 +31,10 @@ from services.trajectory.records import DEFAULT_ROLE_RANK, ROLES, Float32Array, 
 ROOT = -1
 
 
+class ParentNotStored(InvalidArgument):
+    """A delta names a call the tree does not hold (yet): its record may still be on the way."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacedCall:
     """A call as stored in the tree: where its prompt and output end, and how much was shared."""
@@ -225,7 +229,7 @@ class ExecutionTree:
     def call(self, call_id: str, *, field_name: str) -> PlacedCall:
         seq = self.call_seq.get(call_id)
         if seq is None:
-            raise InvalidArgument(
+            raise ParentNotStored(
                 field_name, f"no call {call_id!r} recorded earlier in execution {self.execution_id}"
             )
         return self.calls[seq]

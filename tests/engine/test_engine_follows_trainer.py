@@ -14,7 +14,7 @@ from gyre.engine.v1 import engine_pb2 as pb
 from gyre.events import new_event
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2 as trainer_events
-from services.trainer.weights import publish
+from services.trainer.weights import PublishedWeights, publish
 from tests.engine.conftest import engine_settings, start_engine
 from tests.engine.test_engine_grpc import PROMPT, greedy, read_all, stub
 
@@ -30,15 +30,19 @@ async def engine_version(api: object) -> int:
     return int(stats.policy_version.steps)
 
 
-async def test_published_weights_are_loaded_once_and_bad_ones_leave_it_serving(
-    model_dir: Path, tmp_path: Path, kernel: KernelSettings
-) -> None:
-    # Version 1 as the trainer writes it: a save_pretrained folder, its sha256 in the event.
+def published_v1(model_dir: Path, tmp_path: Path) -> PublishedWeights:
+    """Version 1 as the trainer writes it: a save_pretrained folder, its sha256 for the event."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    v1 = publish(model, tmp_path / "weights", version=1)
+    return publish(model, tmp_path / "weights", version=1)
+
+
+async def test_published_weights_are_loaded_once_and_bad_ones_leave_it_serving(
+    model_dir: Path, tmp_path: Path, kernel: KernelSettings
+) -> None:
+    v1 = published_v1(model_dir, tmp_path)
     own = KernelSettings(nats_url=kernel.nats_url, bus_prefix=f"{kernel.bus_prefix}-follow")
     bus = await Bus.connect(BusConfig(url=str(own.nats_url), prefix=own.bus_prefix))
     host = await start_engine(engine_settings(model_dir, "follower", follow_weights=True), own)

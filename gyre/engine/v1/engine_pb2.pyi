@@ -789,6 +789,7 @@ class GetEngineStatsResponse(_message.Message):
     NUM_PREFILL_TOKENS_FIELD_NUMBER: _builtins.int
     NUM_PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _builtins.int
     NUM_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
     engine_id: _builtins.str
     """Id of the engine, e.g. `cell-3`."""
     cell_id: _builtins.str
@@ -813,6 +814,10 @@ class GetEngineStatsResponse(_message.Message):
     """Prompt positions whose KV was reused from the prefix cache since start."""
     num_output_tokens: _builtins.int
     """Output tokens sampled since start."""
+    model_fingerprint: _builtins.str
+    """Names the loaded model (architecture and checkpoint), as KV headers carry it: cells of one
+    cluster must agree on it.
+    """
     @_builtins.property
     def policy_version(self) -> _ids_pb2.PolicyVersion:
         """Policy version of the loaded weights."""
@@ -838,10 +843,11 @@ class GetEngineStatsResponse(_message.Message):
         num_prefill_tokens: _builtins.int = ...,
         num_prefix_cache_hit_tokens: _builtins.int = ...,
         num_output_tokens: _builtins.int = ...,
+        model_fingerprint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at", "policy_version", b"policy_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "engine_id", b"engine_id", "num_kv_cache_tokens_total", b"num_kv_cache_tokens_total", "num_kv_cache_tokens_used", b"num_kv_cache_tokens_used", "num_output_tokens", b"num_output_tokens", "num_paused_generations", b"num_paused_generations", "num_prefill_tokens", b"num_prefill_tokens", "num_prefix_cache_hit_tokens", b"num_prefix_cache_hit_tokens", "num_running_generations", b"num_running_generations", "num_waiting_generations", b"num_waiting_generations", "observed_at", b"observed_at", "output_tokens_per_s", b"output_tokens_per_s", "policy_version", b"policy_version", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "engine_id", b"engine_id", "model_fingerprint", b"model_fingerprint", "num_kv_cache_tokens_total", b"num_kv_cache_tokens_total", "num_kv_cache_tokens_used", b"num_kv_cache_tokens_used", "num_output_tokens", b"num_output_tokens", "num_paused_generations", b"num_paused_generations", "num_prefill_tokens", b"num_prefill_tokens", "num_prefix_cache_hit_tokens", b"num_prefix_cache_hit_tokens", "num_running_generations", b"num_running_generations", "num_waiting_generations", b"num_waiting_generations", "observed_at", b"observed_at", "output_tokens_per_s", b"output_tokens_per_s", "policy_version", b"policy_version", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,13 +25,13 @@ _sym_db = _symbol_database.Default()
 from gyre.evaluator.v1 import evaluator_pb2 as gyre_dot_evaluator_dot_v1_dot_evaluator__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egyre/evaluator/v1/events.proto\x12\x11gyre.evaluator.v1\x1a!gyre/evaluator/v1/evaluator.proto\"M\n\x0eRewardAssigned\x12\'\n\x05grade\x18\x01 \x01(\x0b\x32\x18.gyre.evaluator.v1.Grade\x12\x12\n\nrequest_id\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egyre/evaluator/v1/events.proto\x12\x11gyre.evaluator.v1\x1a!gyre/evaluator/v1/evaluator.proto\"\x85\x01\n\x0eRewardAssigned\x12\'\n\x05grade\x18\x01 \x01(\x0b\x32\x18.gyre.evaluator.v1.Grade\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x1f\n\x12num_calls_recorded\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_num_calls_recordedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.evaluator.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REWARDASSIGNED']._serialized_start=88
-  _globals['_REWARDASSIGNED']._serialized_end=165
+  _globals['_REWARDASSIGNED']._serialized_start=89
+  _globals['_REWARDASSIGNED']._serialized_end=222
 # @@protoc_insertion_point(module_scope)

@@ -10,10 +10,10 @@ import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    from typing_extensions import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -29,9 +29,15 @@ class RewardAssigned(_message.Message):
 
     GRADE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """`request_id` of the GradeWorkspace call that published it; empty when grading followed a
     runner event.
+    """
+    num_calls_recorded: _builtins.int
+    """Calls the proxy recorded for the execution, copied from the runner's end event: the
+    trajectory service marks the group ready only once that many are stored. Unset when the
+    count is unknown (GradeWorkspace, or a runner that could not ask the proxy).
     """
     @_builtins.property
     def grade(self) -> _evaluator_pb2.Grade:
@@ -44,11 +50,14 @@ class RewardAssigned(_message.Message):
         *,
         grade: _evaluator_pb2.Grade | None = ...,
         request_id: _builtins.str = ...,
+        num_calls_recorded: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["grade", b"grade"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "grade", b"grade", "num_calls_recorded", b"num_calls_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grade", b"grade", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "grade", b"grade", "num_calls_recorded", b"num_calls_recorded", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__num_calls_recorded: _TypeAlias = _typing.Literal["num_calls_recorded"]  # noqa: Y015
+    _WhichOneofArgType__num_calls_recorded: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_calls_recorded) -> _WhichOneofReturnType__num_calls_recorded | None: ...
 
 Global___RewardAssigned: _TypeAlias = RewardAssigned  # noqa: Y015

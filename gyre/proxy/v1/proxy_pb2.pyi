@@ -384,19 +384,26 @@ class RevokeExecutionTokenResponse(_message.Message):
 
     NUM_TOKENS_REVOKED_FIELD_NUMBER: _builtins.int
     NUM_CALLS_CANCELLED_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
     num_tokens_revoked: _builtins.int
     """Number of tokens revoked (0 when they were already revoked or expired)."""
     num_calls_cancelled: _builtins.int
     """Number of in-flight calls cancelled."""
+    num_calls_recorded: _builtins.int
+    """Number of calls the proxy recorded for the execution, counted once every call of it had
+    ended and its record was durable (cancelled and cut calls included): the trajectory service
+    waits for exactly this many. A repeated revocation answers the first count.
+    """
     def __init__(
         self,
         *,
         num_tokens_revoked: _builtins.int = ...,
         num_calls_cancelled: _builtins.int = ...,
+        num_calls_recorded: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_calls_cancelled", b"num_calls_cancelled", "num_tokens_revoked", b"num_tokens_revoked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_calls_cancelled", b"num_calls_cancelled", "num_calls_recorded", b"num_calls_recorded", "num_tokens_revoked", b"num_tokens_revoked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,7 @@ from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 from gyre.runner.v1 import runner_pb2 as gyre_dot_runner_dot_v1_dot_runner__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgyre/runner/v1/events.proto\x12\x0egyre.runner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\x1a\x1bgyre/runner/v1/runner.proto\"\xdd\x01\n\x10\x45xecutionStarted\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0f\n\x07harness\x18\x02 \x01(\t\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xa0\x01\n\x11\x45xecutionFinished\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\x0e\n\x06\x66\x61mily\x18\x05 \x01(\t\x12\x0c\n\x04task\x18\x06 \x01(\t\"\x8c\x01\n\x11\x45xecutionTimedOut\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x15\n\rworkspace_uri\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\"\xd0\x01\n\x0f\x45xecutionFailed\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x31\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32 .gyre.runner.v1.ExecutionFailure\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\x12\x16\n\texit_code\x18\x06 \x01(\x05H\x00\x88\x01\x01\x42\x0c\n\n_exit_code\"\x9e\x01\n\x12\x45xecutionCancelled\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x05 \x01(\t\x12\x0c\n\x04task\x18\x06 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgyre/runner/v1/events.proto\x12\x0egyre.runner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\x1a\x1bgyre/runner/v1/runner.proto\"\xdd\x01\n\x10\x45xecutionStarted\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0f\n\x07harness\x18\x02 \x01(\t\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\xd8\x01\n\x11\x45xecutionFinished\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\x0e\n\x06\x66\x61mily\x18\x05 \x01(\t\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x1f\n\x12num_calls_recorded\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_num_calls_recorded\"\xc4\x01\n\x11\x45xecutionTimedOut\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x15\n\rworkspace_uri\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\x12\x1f\n\x12num_calls_recorded\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_num_calls_recorded\"\x88\x02\n\x0f\x45xecutionFailed\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x31\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32 .gyre.runner.v1.ExecutionFailure\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x0c\n\x04task\x18\x05 \x01(\t\x12\x16\n\texit_code\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x1f\n\x12num_calls_recorded\x18\x07 \x01(\rH\x01\x88\x01\x01\x42\x0c\n\n_exit_codeB\x15\n\x13_num_calls_recorded\"\xd6\x01\n\x12\x45xecutionCancelled\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rworkspace_uri\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x05 \x01(\t\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x1f\n\x12num_calls_recorded\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_num_calls_recordedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTIONSTARTED']._serialized_start=136
   _globals['_EXECUTIONSTARTED']._serialized_end=357
   _globals['_EXECUTIONFINISHED']._serialized_start=360
-  _globals['_EXECUTIONFINISHED']._serialized_end=520
-  _globals['_EXECUTIONTIMEDOUT']._serialized_start=523
-  _globals['_EXECUTIONTIMEDOUT']._serialized_end=663
-  _globals['_EXECUTIONFAILED']._serialized_start=666
-  _globals['_EXECUTIONFAILED']._serialized_end=874
-  _globals['_EXECUTIONCANCELLED']._serialized_start=877
-  _globals['_EXECUTIONCANCELLED']._serialized_end=1035
+  _globals['_EXECUTIONFINISHED']._serialized_end=576
+  _globals['_EXECUTIONTIMEDOUT']._serialized_start=579
+  _globals['_EXECUTIONTIMEDOUT']._serialized_end=775
+  _globals['_EXECUTIONFAILED']._serialized_start=778
+  _globals['_EXECUTIONFAILED']._serialized_end=1042
+  _globals['_EXECUTIONCANCELLED']._serialized_start=1045
+  _globals['_EXECUTIONCANCELLED']._serialized_end=1259
 # @@protoc_insertion_point(module_scope)

@@ -84,6 +84,7 @@ class ExecutionFinished(_message.Message):
     DURATION_S_FIELD_NUMBER: _builtins.int
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
     exit_code: _builtins.int
     """Exit code of the harness process: always 0 (any other end is ExecutionFailed,
     HARNESS_CRASHED); kept so consumers need not assume it.
@@ -96,6 +97,10 @@ class ExecutionFinished(_message.Message):
     """Task family, for the evaluator to pick the grader."""
     task: _builtins.str
     """Task definition the grader uses; empty when none was given."""
+    num_calls_recorded: _builtins.int
+    """Calls the proxy recorded for the execution (RevokeExecutionToken's count); unset when the
+    proxy could not be asked (none configured, or unreachable past the runner's retries).
+    """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -109,12 +114,15 @@ class ExecutionFinished(_message.Message):
         duration_s: _builtins.float = ...,
         family: _builtins.str = ...,
         task: _builtins.str = ...,
+        num_calls_recorded: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "num_calls_recorded", b"num_calls_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "execution", b"execution", "exit_code", b"exit_code", "family", b"family", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "duration_s", b"duration_s", "execution", b"execution", "exit_code", b"exit_code", "family", b"family", "num_calls_recorded", b"num_calls_recorded", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__num_calls_recorded: _TypeAlias = _typing.Literal["num_calls_recorded"]  # noqa: Y015
+    _WhichOneofArgType__num_calls_recorded: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_calls_recorded) -> _WhichOneofReturnType__num_calls_recorded | None: ...
 
 Global___ExecutionFinished: _TypeAlias = ExecutionFinished  # noqa: Y015
 
@@ -131,6 +139,7 @@ class ExecutionTimedOut(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
     workspace_uri: _builtins.str
     """Where the preserved workspace lives."""
     timeout_s: _builtins.float
@@ -139,6 +148,10 @@ class ExecutionTimedOut(_message.Message):
     """Task family, for the evaluator to pick the grader."""
     task: _builtins.str
     """Task definition the grader uses; empty when none was given."""
+    num_calls_recorded: _builtins.int
+    """Calls the proxy recorded for the execution (RevokeExecutionToken's count); unset when the
+    proxy could not be asked (none configured, or unreachable past the runner's retries).
+    """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -151,12 +164,15 @@ class ExecutionTimedOut(_message.Message):
         timeout_s: _builtins.float = ...,
         family: _builtins.str = ...,
         task: _builtins.str = ...,
+        num_calls_recorded: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "num_calls_recorded", b"num_calls_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "task", b"task", "timeout_s", b"timeout_s", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "family", b"family", "num_calls_recorded", b"num_calls_recorded", "task", b"task", "timeout_s", b"timeout_s", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__num_calls_recorded: _TypeAlias = _typing.Literal["num_calls_recorded"]  # noqa: Y015
+    _WhichOneofArgType__num_calls_recorded: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_calls_recorded) -> _WhichOneofReturnType__num_calls_recorded | None: ...
 
 Global___ExecutionTimedOut: _TypeAlias = ExecutionTimedOut  # noqa: Y015
 
@@ -176,6 +192,7 @@ class ExecutionFailed(_message.Message):
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
     workspace_uri: _builtins.str
     """Where the workspace lives, when one was created; empty otherwise."""
     family: _builtins.str
@@ -185,6 +202,10 @@ class ExecutionFailed(_message.Message):
     exit_code: _builtins.int
     """HARNESS_CRASHED: the harness's exit code (128+N for signal N); unset when the runner killed
     it (disk quota) or it never ran.
+    """
+    num_calls_recorded: _builtins.int
+    """Calls the proxy recorded for the execution (RevokeExecutionToken's count); unset when the
+    proxy could not be asked (none configured, or unreachable past the runner's retries).
     """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
@@ -203,14 +224,20 @@ class ExecutionFailed(_message.Message):
         family: _builtins.str = ...,
         task: _builtins.str = ...,
         exit_code: _builtins.int | None = ...,
+        num_calls_recorded: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "num_calls_recorded", b"num_calls_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "family", b"family", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "exit_code", b"exit_code", "failure", b"failure", "family", b"family", "num_calls_recorded", b"num_calls_recorded", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__num_calls_recorded: _TypeAlias = _typing.Literal["num_calls_recorded"]  # noqa: Y015
+    _WhichOneofArgType__num_calls_recorded: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_calls_recorded) -> _WhichOneofReturnType__num_calls_recorded | None: ...
 
 Global___ExecutionFailed: _TypeAlias = ExecutionFailed  # noqa: Y015
 
@@ -226,6 +253,7 @@ class ExecutionCancelled(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why it was cancelled, as given to CancelExecution."""
     workspace_uri: _builtins.str
@@ -236,6 +264,10 @@ class ExecutionCancelled(_message.Message):
     """Task family, for the evaluator to pick the grader."""
     task: _builtins.str
     """Task definition the grader uses; empty when none was given."""
+    num_calls_recorded: _builtins.int
+    """Calls the proxy recorded for the execution (RevokeExecutionToken's count); unset when the
+    proxy could not be asked (none configured, or unreachable past the runner's retries).
+    """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution."""
@@ -249,11 +281,14 @@ class ExecutionCancelled(_message.Message):
         request_id: _builtins.str = ...,
         family: _builtins.str = ...,
         task: _builtins.str = ...,
+        num_calls_recorded: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "num_calls_recorded", b"num_calls_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "family", b"family", "reason", b"reason", "request_id", b"request_id", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "family", b"family", "num_calls_recorded", b"num_calls_recorded", "reason", b"reason", "request_id", b"request_id", "task", b"task", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__num_calls_recorded: _TypeAlias = _typing.Literal["num_calls_recorded"]  # noqa: Y015
+    _WhichOneofArgType__num_calls_recorded: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_calls_recorded) -> _WhichOneofReturnType__num_calls_recorded | None: ...
 
 Global___ExecutionCancelled: _TypeAlias = ExecutionCancelled  # noqa: Y015

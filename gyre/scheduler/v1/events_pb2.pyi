@@ -127,3 +127,147 @@ class ExecutionScheduled(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecutionScheduled: _TypeAlias = ExecutionScheduled  # noqa: Y015
+
+@_typing.final
+class CellRegistered(_message.Message):
+    """CellRegistered: a cell joined the cluster (or registered again after a restart or loss)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def cell(self) -> _scheduler_pb2.Cell:
+        """The cell as stored, with its role."""
+
+    def __init__(
+        self,
+        *,
+        cell: _scheduler_pb2.Cell | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellRegistered: _TypeAlias = CellRegistered  # noqa: Y015
+
+@_typing.final
+class CellRoleChanged(_message.Message):
+    """CellRoleChanged: a cell switched role, or a switch failed and the cell fell back to a
+    consistent role. Carries the measured phases.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    cause: _builtins.str
+    """What caused it: `policy`, `request:<request_id>`, `register` or `mode`."""
+    @_builtins.property
+    def switch(self) -> _scheduler_pb2.CellSwitch:
+        """The switch."""
+
+    def __init__(
+        self,
+        *,
+        switch: _scheduler_pb2.CellSwitch | None = ...,
+        cause: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["switch", b"switch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "switch", b"switch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellRoleChanged: _TypeAlias = CellRoleChanged  # noqa: Y015
+
+@_typing.final
+class CellLost(_message.Message):
+    """CellLost: a cell's heartbeat stopped; it takes no work until it registers again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    LAST_ROLE_FIELD_NUMBER: _builtins.int
+    SILENT_S_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """The cell."""
+    last_role: _scheduler_pb2.CellRole.ValueType
+    """Its role when it went silent."""
+    silent_s: _builtins.float
+    """Seconds since its last heartbeat."""
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        last_role: _scheduler_pb2.CellRole.ValueType = ...,
+        silent_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "last_role", b"last_role", "silent_s", b"silent_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellLost: _TypeAlias = CellLost  # noqa: Y015
+
+@_typing.final
+class ModeChanged(_message.Message):
+    """ModeChanged: the scheduling mode changed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_MODE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    previous_mode: _scheduler_pb2.SchedulingMode.ValueType
+    """The mode before."""
+    mode: _scheduler_pb2.SchedulingMode.ValueType
+    """The mode now."""
+    request_id: _builtins.str
+    """`request_id` of the SetMode call."""
+    def __init__(
+        self,
+        *,
+        previous_mode: _scheduler_pb2.SchedulingMode.ValueType = ...,
+        mode: _scheduler_pb2.SchedulingMode.ValueType = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "previous_mode", b"previous_mode", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModeChanged: _TypeAlias = ModeChanged  # noqa: Y015
+
+@_typing.final
+class StepAssigned(_message.Message):
+    """StepAssigned: the policy assigned ready groups to a step, earliest deadline first; the trainer
+    trains exactly these groups in that step (in this order), so the staleness bound holds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """The step's index: the policy version it trains from (it produces `step + 1`)."""
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tasks whose groups join the step, in assignment order."""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepAssigned: _TypeAlias = StepAssigned  # noqa: Y015

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!gyre/scheduler/v1/scheduler.proto\x12\x11gyre.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"\xf4\x01\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x12\n\ngroup_size\x18\x04 \x01(\r\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x0f\n\x07harness\x18\x06 \x01(\t\x12\x1a\n\x12workspace_template\x18\x07 \x01(\t\x12\x37\n\x06labels\x18\x08 \x03(\x0b\x32\'.gyre.scheduler.v1.TaskSpec.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd3\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.gyre.scheduler.v1.TaskSpec\x12+\n\x05state\x18\x03 \x01(\x0e\x32\x1c.gyre.scheduler.v1.TaskState\x12\x30\n\nexecutions\x18\x04 \x03(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"T\n\x12SubmitTasksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x05tasks\x18\x02 \x03(\x0b\x32\x1b.gyre.scheduler.v1.TaskSpec\"=\n\x13SubmitTasksResponse\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.gyre.scheduler.v1.Task\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"8\n\x0fGetTaskResponse\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Task*l\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_PENDING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x13\n\x0fTASK_STATE_DONE\x10\x03\x32\xc2\x01\n\x10SchedulerService\x12\\\n\x0bSubmitTasks\x12%.gyre.scheduler.v1.SubmitTasksRequest\x1a&.gyre.scheduler.v1.SubmitTasksResponse\x12P\n\x07GetTask\x12!.gyre.scheduler.v1.GetTaskRequest\x1a\".gyre.scheduler.v1.GetTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!gyre/scheduler/v1/scheduler.proto\x12\x11gyre.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"i\n\x15ListExecutionsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.ExecutionState\x12\r\n\x05limit\x18\x03 \x01(\r\"J\n\x16ListExecutionsResponse\x12\x30\n\nexecutions\x18\x01 \x03(\x0b\x32\x1c.gyre.scheduler.v1.Execution\"H\n\x11\x43\x61ncelTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x8e\x01\n\x12\x43\x61ncelTaskResponse\x12\x34\n\x0eprevious_state\x18\x01 \x01(\x0e\x32\x1c.gyre.scheduler.v1.TaskState\x12\"\n\x1anum_executions_unscheduled\x18\x02 \x01(\r\x12\x1e\n\x16num_executions_stopped\x18\x03 \x01(\r\"\xa5\x02\n\x04\x43\x65ll\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12)\n\x04role\x18\x02 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\x12\x30\n\x0btarget_role\x18\x03 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\x12\x0c\n\x04\x63ore\x18\x04 \x01(\x08\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\x12\x11\n\tengine_id\x18\x07 \x01(\t\x12\x16\n\x0e\x65ngine_address\x18\x08 \x01(\t\x12\x15\n\ragent_address\x18\t \x01(\t\x12\x35\n\x11last_heartbeat_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb4\x01\n\x13RegisterCellRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ore\x18\x03 \x01(\x08\x12\r\n\x05slots\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x11\n\tengine_id\x18\x06 \x01(\t\x12\x16\n\x0e\x65ngine_address\x18\x07 \x01(\t\x12\x15\n\ragent_address\x18\x08 \x01(\t\"=\n\x14RegisterCellResponse\x12%\n\x04\x63\x65ll\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Cell\"\'\n\x14SendHeartbeatRequest\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\"B\n\x15SendHeartbeatResponse\x12)\n\x04role\x18\x01 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\"\x11\n\x0fGetCellsRequest\"k\n\x10GetCellsResponse\x12&\n\x05\x63\x65lls\x18\x01 \x03(\x0b\x32\x17.gyre.scheduler.v1.Cell\x12/\n\x04mode\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\"U\n\x0eSetModeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x04mode\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\"|\n\x0fSetModeResponse\x12\x38\n\rprevious_mode\x18\x01 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\x12/\n\x04mode\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\"c\n\x11SwitchCellRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12)\n\x04role\x18\x03 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\"C\n\x12SwitchCellResponse\x12-\n\x06switch\x18\x01 \x01(\x0b\x32\x1d.gyre.scheduler.v1.CellSwitch\"\xec\x02\n\nCellSwitch\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12.\n\tfrom_role\x18\x02 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\x12,\n\x07to_role\x18\x03 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07\x64rain_s\x18\x06 \x01(\x01\x12\x11\n\trelease_s\x18\x07 \x01(\x01\x12\x0e\n\x06join_s\x18\x08 \x01(\x01\x12\x0f\n\x07leave_s\x18\t \x01(\x01\x12\x15\n\rweight_load_s\x18\n \x01(\x01\x12\x0f\n\x07route_s\x18\x0b \x01(\x01\x12\x0f\n\x07total_s\x18\x0c \x01(\x01\x12\x1a\n\x12num_calls_migrated\x18\r \x01(\r\x12\x1c\n\x14kv_transferred_bytes\x18\x0e \x01(\x04\x12\x1c\n\x14num_calls_recomputed\x18\x0f \x01(\r\"\xa2\x02\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x12\n\ngroup_size\x18\x04 \x01(\r\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x0f\n\x07harness\x18\x06 \x01(\t\x12\x1a\n\x12workspace_template\x18\x07 \x01(\t\x12\x37\n\x06labels\x18\x08 \x03(\x0b\x32\'.gyre.scheduler.v1.TaskSpec.LabelsEntry\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xca\x01\n\tExecution\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.ExecutionState\x12\x1d\n\x10\x61\x64mitted_version\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nduration_s\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_admitted_versionB\r\n\x0b_duration_s\"\xd3\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12)\n\x04spec\x18\x02 \x01(\x0b\x32\x1b.gyre.scheduler.v1.TaskSpec\x12+\n\x05state\x18\x03 \x01(\x0e\x32\x1c.gyre.scheduler.v1.TaskState\x12\x30\n\nexecutions\x18\x04 \x03(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x30\n\x0csubmitted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"T\n\x12SubmitTasksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x05tasks\x18\x02 \x03(\x0b\x32\x1b.gyre.scheduler.v1.TaskSpec\"=\n\x13SubmitTasksResponse\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.gyre.scheduler.v1.Task\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"8\n\x0fGetTaskResponse\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Task*\x81\x01\n\x08\x43\x65llRole\x12\x19\n\x15\x43\x45LL_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43\x45LL_ROLE_ROLLOUT\x10\x01\x12\x16\n\x12\x43\x45LL_ROLE_TRAINING\x10\x02\x12\x17\n\x13\x43\x45LL_ROLE_SWITCHING\x10\x03\x12\x12\n\x0e\x43\x45LL_ROLE_LOST\x10\x04*\x9f\x01\n\x0eSchedulingMode\x12\x1f\n\x1bSCHEDULING_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18SCHEDULING_MODE_COLOCATE\x10\x01\x12\x19\n\x15SCHEDULING_MODE_ASYNC\x10\x02\x12\x18\n\x14SCHEDULING_MODE_GYRE\x10\x03\x12\x19\n\x15SCHEDULING_MODE_BURST\x10\x04*\xce\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_PENDING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x13\n\x0fTASK_STATE_DONE\x10\x03\x12\x17\n\x13TASK_STATE_ADMITTED\x10\x04\x12\x15\n\x11TASK_STATE_GRADED\x10\x05\x12\x16\n\x12TASK_STATE_TRAINED\x10\x06\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x07*\xba\x02\n\x0e\x45xecutionState\x12\x1f\n\x1b\x45XECUTION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45XECUTION_STATE_PENDING\x10\x01\x12\x1c\n\x18\x45XECUTION_STATE_ADMITTED\x10\x02\x12\x1b\n\x17\x45XECUTION_STATE_RUNNING\x10\x03\x12\x1c\n\x18\x45XECUTION_STATE_FINISHED\x10\x04\x12\x1d\n\x19\x45XECUTION_STATE_TIMED_OUT\x10\x05\x12\x1a\n\x16\x45XECUTION_STATE_FAILED\x10\x06\x12\x1a\n\x16\x45XECUTION_STATE_GRADED\x10\x07\x12\x1b\n\x17\x45XECUTION_STATE_TRAINED\x10\x08\x12\x1d\n\x19\x45XECUTION_STATE_CANCELLED\x10\t2\xcb\x06\n\x10SchedulerService\x12\\\n\x0bSubmitTasks\x12%.gyre.scheduler.v1.SubmitTasksRequest\x1a&.gyre.scheduler.v1.SubmitTasksResponse\x12P\n\x07GetTask\x12!.gyre.scheduler.v1.GetTaskRequest\x1a\".gyre.scheduler.v1.GetTaskResponse\x12_\n\x0cRegisterCell\x12&.gyre.scheduler.v1.RegisterCellRequest\x1a\'.gyre.scheduler.v1.RegisterCellResponse\x12\x62\n\rSendHeartbeat\x12\'.gyre.scheduler.v1.SendHeartbeatRequest\x1a(.gyre.scheduler.v1.SendHeartbeatResponse\x12S\n\x08GetCells\x12\".gyre.scheduler.v1.GetCellsRequest\x1a#.gyre.scheduler.v1.GetCellsResponse\x12P\n\x07SetMode\x12!.gyre.scheduler.v1.SetModeRequest\x1a\".gyre.scheduler.v1.SetModeResponse\x12Y\n\nSwitchCell\x12$.gyre.scheduler.v1.SwitchCellRequest\x1a%.gyre.scheduler.v1.SwitchCellResponse\x12\x65\n\x0eListExecutions\x12(.gyre.scheduler.v1.ListExecutionsRequest\x1a).gyre.scheduler.v1.ListExecutionsResponse\x12Y\n\nCancelTask\x12$.gyre.scheduler.v1.CancelTaskRequest\x1a%.gyre.scheduler.v1.CancelTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,22 +35,62 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASKSPEC_LABELSENTRY']._loaded_options = None
   _globals['_TASKSPEC_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKSTATE']._serialized_start=818
-  _globals['_TASKSTATE']._serialized_end=926
-  _globals['_TASKSPEC']._serialized_start=116
-  _globals['_TASKSPEC']._serialized_end=360
-  _globals['_TASKSPEC_LABELSENTRY']._serialized_start=315
-  _globals['_TASKSPEC_LABELSENTRY']._serialized_end=360
-  _globals['_TASK']._serialized_start=363
-  _globals['_TASK']._serialized_end=574
-  _globals['_SUBMITTASKSREQUEST']._serialized_start=576
-  _globals['_SUBMITTASKSREQUEST']._serialized_end=660
-  _globals['_SUBMITTASKSRESPONSE']._serialized_start=662
-  _globals['_SUBMITTASKSRESPONSE']._serialized_end=723
-  _globals['_GETTASKREQUEST']._serialized_start=725
-  _globals['_GETTASKREQUEST']._serialized_end=758
-  _globals['_GETTASKRESPONSE']._serialized_start=760
-  _globals['_GETTASKRESPONSE']._serialized_end=816
-  _globals['_SCHEDULERSERVICE']._serialized_start=929
-  _globals['_SCHEDULERSERVICE']._serialized_end=1123
+  _globals['_CELLROLE']._serialized_start=3001
+  _globals['_CELLROLE']._serialized_end=3130
+  _globals['_SCHEDULINGMODE']._serialized_start=3133
+  _globals['_SCHEDULINGMODE']._serialized_end=3292
+  _globals['_TASKSTATE']._serialized_start=3295
+  _globals['_TASKSTATE']._serialized_end=3501
+  _globals['_EXECUTIONSTATE']._serialized_start=3504
+  _globals['_EXECUTIONSTATE']._serialized_end=3818
+  _globals['_LISTEXECUTIONSREQUEST']._serialized_start=115
+  _globals['_LISTEXECUTIONSREQUEST']._serialized_end=220
+  _globals['_LISTEXECUTIONSRESPONSE']._serialized_start=222
+  _globals['_LISTEXECUTIONSRESPONSE']._serialized_end=296
+  _globals['_CANCELTASKREQUEST']._serialized_start=298
+  _globals['_CANCELTASKREQUEST']._serialized_end=370
+  _globals['_CANCELTASKRESPONSE']._serialized_start=373
+  _globals['_CANCELTASKRESPONSE']._serialized_end=515
+  _globals['_CELL']._serialized_start=518
+  _globals['_CELL']._serialized_end=811
+  _globals['_REGISTERCELLREQUEST']._serialized_start=814
+  _globals['_REGISTERCELLREQUEST']._serialized_end=994
+  _globals['_REGISTERCELLRESPONSE']._serialized_start=996
+  _globals['_REGISTERCELLRESPONSE']._serialized_end=1057
+  _globals['_SENDHEARTBEATREQUEST']._serialized_start=1059
+  _globals['_SENDHEARTBEATREQUEST']._serialized_end=1098
+  _globals['_SENDHEARTBEATRESPONSE']._serialized_start=1100
+  _globals['_SENDHEARTBEATRESPONSE']._serialized_end=1166
+  _globals['_GETCELLSREQUEST']._serialized_start=1168
+  _globals['_GETCELLSREQUEST']._serialized_end=1185
+  _globals['_GETCELLSRESPONSE']._serialized_start=1187
+  _globals['_GETCELLSRESPONSE']._serialized_end=1294
+  _globals['_SETMODEREQUEST']._serialized_start=1296
+  _globals['_SETMODEREQUEST']._serialized_end=1381
+  _globals['_SETMODERESPONSE']._serialized_start=1383
+  _globals['_SETMODERESPONSE']._serialized_end=1507
+  _globals['_SWITCHCELLREQUEST']._serialized_start=1509
+  _globals['_SWITCHCELLREQUEST']._serialized_end=1608
+  _globals['_SWITCHCELLRESPONSE']._serialized_start=1610
+  _globals['_SWITCHCELLRESPONSE']._serialized_end=1677
+  _globals['_CELLSWITCH']._serialized_start=1680
+  _globals['_CELLSWITCH']._serialized_end=2044
+  _globals['_TASKSPEC']._serialized_start=2047
+  _globals['_TASKSPEC']._serialized_end=2337
+  _globals['_TASKSPEC_LABELSENTRY']._serialized_start=2292
+  _globals['_TASKSPEC_LABELSENTRY']._serialized_end=2337
+  _globals['_EXECUTION']._serialized_start=2340
+  _globals['_EXECUTION']._serialized_end=2542
+  _globals['_TASK']._serialized_start=2545
+  _globals['_TASK']._serialized_end=2756
+  _globals['_SUBMITTASKSREQUEST']._serialized_start=2758
+  _globals['_SUBMITTASKSREQUEST']._serialized_end=2842
+  _globals['_SUBMITTASKSRESPONSE']._serialized_start=2844
+  _globals['_SUBMITTASKSRESPONSE']._serialized_end=2905
+  _globals['_GETTASKREQUEST']._serialized_start=2907
+  _globals['_GETTASKREQUEST']._serialized_end=2940
+  _globals['_GETTASKRESPONSE']._serialized_start=2942
+  _globals['_GETTASKRESPONSE']._serialized_end=2998
+  _globals['_SCHEDULERSERVICE']._serialized_start=3821
+  _globals['_SCHEDULERSERVICE']._serialized_end=4664
 # @@protoc_insertion_point(module_scope)

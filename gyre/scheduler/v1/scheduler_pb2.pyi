@@ -21,6 +21,70 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _CellRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CellRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CellRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CELL_ROLE_UNSPECIFIED: _CellRole.ValueType  # 0
+    """Unset; never stored."""
+    CELL_ROLE_ROLLOUT: _CellRole.ValueType  # 1
+    """Serving model calls through its engine."""
+    CELL_ROLE_TRAINING: _CellRole.ValueType  # 2
+    """A data-parallel member of training (the core cell always is)."""
+    CELL_ROLE_SWITCHING: _CellRole.ValueType  # 3
+    """Between roles; `Cell.target_role` says towards which."""
+    CELL_ROLE_LOST: _CellRole.ValueType  # 4
+    """Silent past the heartbeat limit; it takes no work until it registers again."""
+
+class CellRole(_CellRole, metaclass=_CellRoleEnumTypeWrapper):
+    """CellRole is the part a cell plays now."""
+
+CELL_ROLE_UNSPECIFIED: CellRole.ValueType  # 0
+"""Unset; never stored."""
+CELL_ROLE_ROLLOUT: CellRole.ValueType  # 1
+"""Serving model calls through its engine."""
+CELL_ROLE_TRAINING: CellRole.ValueType  # 2
+"""A data-parallel member of training (the core cell always is)."""
+CELL_ROLE_SWITCHING: CellRole.ValueType  # 3
+"""Between roles; `Cell.target_role` says towards which."""
+CELL_ROLE_LOST: CellRole.ValueType  # 4
+"""Silent past the heartbeat limit; it takes no work until it registers again."""
+Global___CellRole: _TypeAlias = CellRole  # noqa: Y015
+
+class _SchedulingMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SchedulingModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SchedulingMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCHEDULING_MODE_UNSPECIFIED: _SchedulingMode.ValueType  # 0
+    """Unset; never stored."""
+    SCHEDULING_MODE_COLOCATE: _SchedulingMode.ValueType  # 1
+    """One pool alternates rollout and training; training waits for the slowest rollout."""
+    SCHEDULING_MODE_ASYNC: _SchedulingMode.ValueType  # 2
+    """Fixed rollout and training pools (one-step-off, batch-synchronous)."""
+    SCHEDULING_MODE_GYRE: _SchedulingMode.ValueType  # 3
+    """Elastic satellites, streaming groups into the running step."""
+    SCHEDULING_MODE_BURST: _SchedulingMode.ValueType  # 4
+    """Elastic satellites, one update per burst of B groups."""
+
+class SchedulingMode(_SchedulingMode, metaclass=_SchedulingModeEnumTypeWrapper):
+    """SchedulingMode is the policy that decides roles, admission and step assignment."""
+
+SCHEDULING_MODE_UNSPECIFIED: SchedulingMode.ValueType  # 0
+"""Unset; never stored."""
+SCHEDULING_MODE_COLOCATE: SchedulingMode.ValueType  # 1
+"""One pool alternates rollout and training; training waits for the slowest rollout."""
+SCHEDULING_MODE_ASYNC: SchedulingMode.ValueType  # 2
+"""Fixed rollout and training pools (one-step-off, batch-synchronous)."""
+SCHEDULING_MODE_GYRE: SchedulingMode.ValueType  # 3
+"""Elastic satellites, streaming groups into the running step."""
+SCHEDULING_MODE_BURST: SchedulingMode.ValueType  # 4
+"""Elastic satellites, one update per burst of B groups."""
+Global___SchedulingMode: _TypeAlias = SchedulingMode  # noqa: Y015
+
 class _TaskState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -35,6 +99,14 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """At least one execution is running."""
     TASK_STATE_DONE: _TaskState.ValueType  # 3
     """Every execution has ended (finished, timed out or failed)."""
+    TASK_STATE_ADMITTED: _TaskState.ValueType  # 4
+    """Admitted by the policy (within the staleness cap): its executions were scheduled."""
+    TASK_STATE_GRADED: _TaskState.ValueType  # 5
+    """Every execution is graded: the group is ready for a step."""
+    TASK_STATE_TRAINED: _TaskState.ValueType  # 6
+    """A step trained on the group."""
+    TASK_STATE_CANCELLED: _TaskState.ValueType  # 7
+    """Cancelled by CancelTask."""
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """TaskState is where a task stands in its life."""
@@ -47,7 +119,588 @@ TASK_STATE_RUNNING: TaskState.ValueType  # 2
 """At least one execution is running."""
 TASK_STATE_DONE: TaskState.ValueType  # 3
 """Every execution has ended (finished, timed out or failed)."""
+TASK_STATE_ADMITTED: TaskState.ValueType  # 4
+"""Admitted by the policy (within the staleness cap): its executions were scheduled."""
+TASK_STATE_GRADED: TaskState.ValueType  # 5
+"""Every execution is graded: the group is ready for a step."""
+TASK_STATE_TRAINED: TaskState.ValueType  # 6
+"""A step trained on the group."""
+TASK_STATE_CANCELLED: TaskState.ValueType  # 7
+"""Cancelled by CancelTask."""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
+
+class _ExecutionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ExecutionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ExecutionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EXECUTION_STATE_UNSPECIFIED: _ExecutionState.ValueType  # 0
+    """Unset; never stored."""
+    EXECUTION_STATE_PENDING: _ExecutionState.ValueType  # 1
+    """Waiting for its task to be admitted."""
+    EXECUTION_STATE_ADMITTED: _ExecutionState.ValueType  # 2
+    """Scheduled (ExecutionScheduled published); waiting for the runner."""
+    EXECUTION_STATE_RUNNING: _ExecutionState.ValueType  # 3
+    """Its harness runs."""
+    EXECUTION_STATE_FINISHED: _ExecutionState.ValueType  # 4
+    """The harness exited normally."""
+    EXECUTION_STATE_TIMED_OUT: _ExecutionState.ValueType  # 5
+    """The deadline stopped it."""
+    EXECUTION_STATE_FAILED: _ExecutionState.ValueType  # 6
+    """The runner or the harness failed."""
+    EXECUTION_STATE_GRADED: _ExecutionState.ValueType  # 7
+    """Graded by the evaluator."""
+    EXECUTION_STATE_TRAINED: _ExecutionState.ValueType  # 8
+    """A step trained on it."""
+    EXECUTION_STATE_CANCELLED: _ExecutionState.ValueType  # 9
+    """Cancelled before it ended."""
+
+class ExecutionState(_ExecutionState, metaclass=_ExecutionStateEnumTypeWrapper):
+    """ExecutionState is where one execution stands."""
+
+EXECUTION_STATE_UNSPECIFIED: ExecutionState.ValueType  # 0
+"""Unset; never stored."""
+EXECUTION_STATE_PENDING: ExecutionState.ValueType  # 1
+"""Waiting for its task to be admitted."""
+EXECUTION_STATE_ADMITTED: ExecutionState.ValueType  # 2
+"""Scheduled (ExecutionScheduled published); waiting for the runner."""
+EXECUTION_STATE_RUNNING: ExecutionState.ValueType  # 3
+"""Its harness runs."""
+EXECUTION_STATE_FINISHED: ExecutionState.ValueType  # 4
+"""The harness exited normally."""
+EXECUTION_STATE_TIMED_OUT: ExecutionState.ValueType  # 5
+"""The deadline stopped it."""
+EXECUTION_STATE_FAILED: ExecutionState.ValueType  # 6
+"""The runner or the harness failed."""
+EXECUTION_STATE_GRADED: ExecutionState.ValueType  # 7
+"""Graded by the evaluator."""
+EXECUTION_STATE_TRAINED: ExecutionState.ValueType  # 8
+"""A step trained on it."""
+EXECUTION_STATE_CANCELLED: ExecutionState.ValueType  # 9
+"""Cancelled before it ended."""
+Global___ExecutionState: _TypeAlias = ExecutionState  # noqa: Y015
+
+@_typing.final
+class ListExecutionsRequest(_message.Message):
+    """ListExecutionsRequest filters the executions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Only this task's executions; empty for all."""
+    state: Global___ExecutionState.ValueType
+    """Only executions in this state; UNSPECIFIED for all."""
+    limit: _builtins.int
+    """At most this many, 1..10000; 0 means 1000."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        state: Global___ExecutionState.ValueType = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExecutionsRequest: _TypeAlias = ListExecutionsRequest  # noqa: Y015
+
+@_typing.final
+class ListExecutionsResponse(_message.Message):
+    """ListExecutionsResponse lists them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Execution]:
+        """The executions, oldest task first, then in group order."""
+
+    def __init__(
+        self,
+        *,
+        executions: _abc.Iterable[Global___Execution] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListExecutionsResponse: _TypeAlias = ListExecutionsResponse  # noqa: Y015
+
+@_typing.final
+class CancelTaskRequest(_message.Message):
+    """CancelTaskRequest names the task to cancel."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    task_id: _builtins.str
+    """The task."""
+    reason: _builtins.str
+    """Why, for people and for the runner's ExecutionCancelled."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "request_id", b"request_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTaskRequest: _TypeAlias = CancelTaskRequest  # noqa: Y015
+
+@_typing.final
+class CancelTaskResponse(_message.Message):
+    """CancelTaskResponse says what was stopped."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_STATE_FIELD_NUMBER: _builtins.int
+    NUM_EXECUTIONS_UNSCHEDULED_FIELD_NUMBER: _builtins.int
+    NUM_EXECUTIONS_STOPPED_FIELD_NUMBER: _builtins.int
+    previous_state: Global___TaskState.ValueType
+    """The task's state before the call."""
+    num_executions_unscheduled: _builtins.int
+    """Executions that had not started and never will."""
+    num_executions_stopped: _builtins.int
+    """Running executions the runner was asked to stop."""
+    def __init__(
+        self,
+        *,
+        previous_state: Global___TaskState.ValueType = ...,
+        num_executions_unscheduled: _builtins.int = ...,
+        num_executions_stopped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_executions_stopped", b"num_executions_stopped", "num_executions_unscheduled", b"num_executions_unscheduled", "previous_state", b"previous_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
+
+@_typing.final
+class Cell(_message.Message):
+    """Cell is one cell as the scheduler knows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    TARGET_ROLE_FIELD_NUMBER: _builtins.int
+    CORE_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_ADDRESS_FIELD_NUMBER: _builtins.int
+    AGENT_ADDRESS_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """Its id, e.g. `cell-1`: 1..128 of [A-Za-z0-9_.:-]."""
+    role: Global___CellRole.ValueType
+    """Its role now."""
+    target_role: Global___CellRole.ValueType
+    """While switching: the role it is switching to."""
+    core: _builtins.bool
+    """True for the core cell (weights and optimizer; always trains)."""
+    slots: _builtins.int
+    """Concurrent executions it can serve in the rollout role, >= 1 (0 for the core cell)."""
+    model_fingerprint: _builtins.str
+    """Fingerprint of the model it holds (the engine's `model_fingerprint`)."""
+    engine_id: _builtins.str
+    """Its engine: id and `host:port` of its EngineService (empty for the core cell)."""
+    engine_address: _builtins.str
+    """`host:port` of its EngineService."""
+    agent_address: _builtins.str
+    """`host:port` of its CellService (how it is told to train); for the core cell, the TrainerService."""
+    @_builtins.property
+    def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp:
+        """Its latest heartbeat."""
+
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        role: Global___CellRole.ValueType = ...,
+        target_role: Global___CellRole.ValueType = ...,
+        core: _builtins.bool = ...,
+        slots: _builtins.int = ...,
+        model_fingerprint: _builtins.str = ...,
+        engine_id: _builtins.str = ...,
+        engine_address: _builtins.str = ...,
+        agent_address: _builtins.str = ...,
+        last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_address", b"agent_address", "cell_id", b"cell_id", "core", b"core", "engine_address", b"engine_address", "engine_id", b"engine_id", "last_heartbeat_at", b"last_heartbeat_at", "model_fingerprint", b"model_fingerprint", "role", b"role", "slots", b"slots", "target_role", b"target_role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Cell: _TypeAlias = Cell  # noqa: Y015
+
+@_typing.final
+class RegisterCellRequest(_message.Message):
+    """RegisterCellRequest describes a cell joining the cluster."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    CORE_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    ENGINE_ID_FIELD_NUMBER: _builtins.int
+    ENGINE_ADDRESS_FIELD_NUMBER: _builtins.int
+    AGENT_ADDRESS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    cell_id: _builtins.str
+    """The cell's id."""
+    core: _builtins.bool
+    """True for the core cell; at most one cell is the core."""
+    slots: _builtins.int
+    """Concurrent executions in the rollout role, 1..4096 (0 for the core cell)."""
+    model_fingerprint: _builtins.str
+    """Fingerprint of the model it holds; must match the cluster's."""
+    engine_id: _builtins.str
+    """Its engine's id (satellites), 1..128 of [A-Za-z0-9_.:-]."""
+    engine_address: _builtins.str
+    """Its engine's `host:port` (satellites)."""
+    agent_address: _builtins.str
+    """Its CellService `host:port` (satellites) or the TrainerService `host:port` (core)."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        cell_id: _builtins.str = ...,
+        core: _builtins.bool = ...,
+        slots: _builtins.int = ...,
+        model_fingerprint: _builtins.str = ...,
+        engine_id: _builtins.str = ...,
+        engine_address: _builtins.str = ...,
+        agent_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_address", b"agent_address", "cell_id", b"cell_id", "core", b"core", "engine_address", b"engine_address", "engine_id", b"engine_id", "model_fingerprint", b"model_fingerprint", "request_id", b"request_id", "slots", b"slots"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterCellRequest: _TypeAlias = RegisterCellRequest  # noqa: Y015
+
+@_typing.final
+class RegisterCellResponse(_message.Message):
+    """RegisterCellResponse returns the cell as stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def cell(self) -> Global___Cell:
+        """The cell, with the role it starts in."""
+
+    def __init__(
+        self,
+        *,
+        cell: Global___Cell | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell", b"cell"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterCellResponse: _TypeAlias = RegisterCellResponse  # noqa: Y015
+
+@_typing.final
+class SendHeartbeatRequest(_message.Message):
+    """SendHeartbeatRequest names the cell that is alive."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """The cell."""
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHeartbeatRequest: _TypeAlias = SendHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class SendHeartbeatResponse(_message.Message):
+    """SendHeartbeatResponse echoes the cell's role."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    role: Global___CellRole.ValueType
+    """The role the scheduler has it in."""
+    def __init__(
+        self,
+        *,
+        role: Global___CellRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHeartbeatResponse: _TypeAlias = SendHeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class GetCellsRequest(_message.Message):
+    """GetCellsRequest asks for every cell; it has no parameters."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellsRequest: _TypeAlias = GetCellsRequest  # noqa: Y015
+
+@_typing.final
+class GetCellsResponse(_message.Message):
+    """GetCellsResponse lists the cells, core first, then by id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELLS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    mode: Global___SchedulingMode.ValueType
+    """The scheduling mode in force."""
+    @_builtins.property
+    def cells(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cell]:
+        """The cells."""
+
+    def __init__(
+        self,
+        *,
+        cells: _abc.Iterable[Global___Cell] | None = ...,
+        mode: Global___SchedulingMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cells", b"cells", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellsResponse: _TypeAlias = GetCellsResponse  # noqa: Y015
+
+@_typing.final
+class SetModeRequest(_message.Message):
+    """SetModeRequest picks the scheduling mode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    mode: Global___SchedulingMode.ValueType
+    """The mode; UNSPECIFIED is refused."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        mode: Global___SchedulingMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetModeRequest: _TypeAlias = SetModeRequest  # noqa: Y015
+
+@_typing.final
+class SetModeResponse(_message.Message):
+    """SetModeResponse confirms the mode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREVIOUS_MODE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    previous_mode: Global___SchedulingMode.ValueType
+    """The mode before the call."""
+    mode: Global___SchedulingMode.ValueType
+    """The mode now."""
+    def __init__(
+        self,
+        *,
+        previous_mode: Global___SchedulingMode.ValueType = ...,
+        mode: Global___SchedulingMode.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "previous_mode", b"previous_mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetModeResponse: _TypeAlias = SetModeResponse  # noqa: Y015
+
+@_typing.final
+class SwitchCellRequest(_message.Message):
+    """SwitchCellRequest asks for one satellite to change role."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
+    cell_id: _builtins.str
+    """The satellite; not the core cell, not a cell already switching."""
+    role: Global___CellRole.ValueType
+    """ROLLOUT or TRAINING."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        cell_id: _builtins.str = ...,
+        role: Global___CellRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "request_id", b"request_id", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchCellRequest: _TypeAlias = SwitchCellRequest  # noqa: Y015
+
+@_typing.final
+class SwitchCellResponse(_message.Message):
+    """SwitchCellResponse reports the switch, as its CellRoleChanged event does."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def switch(self) -> Global___CellSwitch:
+        """What happened, phases included."""
+
+    def __init__(
+        self,
+        *,
+        switch: Global___CellSwitch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["switch", b"switch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["switch", b"switch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchCellResponse: _TypeAlias = SwitchCellResponse  # noqa: Y015
+
+@_typing.final
+class CellSwitch(_message.Message):
+    """CellSwitch is one role change with its measured phases (seconds; 0 for a phase not run)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CELL_ID_FIELD_NUMBER: _builtins.int
+    FROM_ROLE_FIELD_NUMBER: _builtins.int
+    TO_ROLE_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    DRAIN_S_FIELD_NUMBER: _builtins.int
+    RELEASE_S_FIELD_NUMBER: _builtins.int
+    JOIN_S_FIELD_NUMBER: _builtins.int
+    LEAVE_S_FIELD_NUMBER: _builtins.int
+    WEIGHT_LOAD_S_FIELD_NUMBER: _builtins.int
+    ROUTE_S_FIELD_NUMBER: _builtins.int
+    TOTAL_S_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_MIGRATED_FIELD_NUMBER: _builtins.int
+    KV_TRANSFERRED_BYTES_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_RECOMPUTED_FIELD_NUMBER: _builtins.int
+    cell_id: _builtins.str
+    """The cell."""
+    from_role: Global___CellRole.ValueType
+    """Its role before."""
+    to_role: Global___CellRole.ValueType
+    """Its role after: the target when `ok`, otherwise the consistent role it fell back to."""
+    ok: _builtins.bool
+    """Whether the switch completed."""
+    error: _builtins.str
+    """Why it failed; empty when `ok`."""
+    drain_s: _builtins.float
+    """Proxy: routing stopped and in-flight calls moved (rollout -> training), KV included."""
+    release_s: _builtins.float
+    """Engine: memory released (rollout -> training)."""
+    join_s: _builtins.float
+    """Trainer: JoinStep and the cell's worker connected (rollout -> training)."""
+    leave_s: _builtins.float
+    """Trainer: LeaveStep at a microbatch boundary (training -> rollout)."""
+    weight_load_s: _builtins.float
+    """Engine: current weights loaded (training -> rollout)."""
+    route_s: _builtins.float
+    """Proxy: routing to the cell again (training -> rollout)."""
+    total_s: _builtins.float
+    """The whole switch."""
+    num_calls_migrated: _builtins.int
+    """Calls moved off the cell with their KV cache."""
+    kv_transferred_bytes: _builtins.int
+    """KV cache bytes moved."""
+    num_calls_recomputed: _builtins.int
+    """Calls moved without their KV (recomputed on the destination)."""
+    def __init__(
+        self,
+        *,
+        cell_id: _builtins.str = ...,
+        from_role: Global___CellRole.ValueType = ...,
+        to_role: Global___CellRole.ValueType = ...,
+        ok: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        drain_s: _builtins.float = ...,
+        release_s: _builtins.float = ...,
+        join_s: _builtins.float = ...,
+        leave_s: _builtins.float = ...,
+        weight_load_s: _builtins.float = ...,
+        route_s: _builtins.float = ...,
+        total_s: _builtins.float = ...,
+        num_calls_migrated: _builtins.int = ...,
+        kv_transferred_bytes: _builtins.int = ...,
+        num_calls_recomputed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cell_id", b"cell_id", "drain_s", b"drain_s", "error", b"error", "from_role", b"from_role", "join_s", b"join_s", "kv_transferred_bytes", b"kv_transferred_bytes", "leave_s", b"leave_s", "num_calls_migrated", b"num_calls_migrated", "num_calls_recomputed", b"num_calls_recomputed", "ok", b"ok", "release_s", b"release_s", "route_s", b"route_s", "to_role", b"to_role", "total_s", b"total_s", "weight_load_s", b"weight_load_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellSwitch: _TypeAlias = CellSwitch  # noqa: Y015
 
 @_typing.final
 class TaskSpec(_message.Message):
@@ -83,6 +736,7 @@ class TaskSpec(_message.Message):
     HARNESS_FIELD_NUMBER: _builtins.int
     WORKSPACE_TEMPLATE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable label, 1..200 characters."""
     family: _builtins.str
@@ -107,6 +761,13 @@ class TaskSpec(_message.Message):
         values at most 256 characters.
         """
 
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """Optional: no execution of the task runs past this instant. Each execution's limit is cut to
+        it when the task is admitted; a task still queued at its deadline is cancelled. Refused when
+        already in the past.
+        """
+
     def __init__(
         self,
         *,
@@ -118,14 +779,58 @@ class TaskSpec(_message.Message):
         harness: _builtins.str = ...,
         workspace_template: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskSpec: _TypeAlias = TaskSpec  # noqa: Y015
+
+@_typing.final
+class Execution(_message.Message):
+    """Execution is one execution as the scheduler tracks it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ADMITTED_VERSION_FIELD_NUMBER: _builtins.int
+    DURATION_S_FIELD_NUMBER: _builtins.int
+    state: Global___ExecutionState.ValueType
+    """Where it stands."""
+    admitted_version: _builtins.int
+    """Policy version at its task's admission; unset before."""
+    duration_s: _builtins.float
+    """How long its harness ran, in seconds; unset before it ended."""
+    @_builtins.property
+    def execution(self) -> _ids_pb2.ExecutionRef:
+        """The execution and its place in its group."""
+
+    def __init__(
+        self,
+        *,
+        execution: _ids_pb2.ExecutionRef | None = ...,
+        state: Global___ExecutionState.ValueType = ...,
+        admitted_version: _builtins.int | None = ...,
+        duration_s: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__admitted_version: _TypeAlias = _typing.Literal["admitted_version"]  # noqa: Y015
+    _WhichOneofArgType__admitted_version: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version"]  # noqa: Y015
+    _WhichOneofReturnType__duration_s: _TypeAlias = _typing.Literal["duration_s"]  # noqa: Y015
+    _WhichOneofArgType__duration_s: _TypeAlias = _typing.Literal["_duration_s", b"_duration_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__admitted_version) -> _WhichOneofReturnType__admitted_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__duration_s) -> _WhichOneofReturnType__duration_s | None: ...
+
+Global___Execution: _TypeAlias = Execution  # noqa: Y015
 
 @_typing.final
 class Task(_message.Message):

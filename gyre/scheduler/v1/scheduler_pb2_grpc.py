@@ -45,6 +45,41 @@ class SchedulerServiceStub:
                 request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.RegisterCell = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/RegisterCell',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterCellRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterCellResponse.FromString,
+                _registered_method=True)
+        self.SendHeartbeat = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/SendHeartbeat',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SendHeartbeatRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SendHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.GetCells = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/GetCells',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetCellsRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetCellsResponse.FromString,
+                _registered_method=True)
+        self.SetMode = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/SetMode',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SetModeRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SetModeResponse.FromString,
+                _registered_method=True)
+        self.SwitchCell = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/SwitchCell',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellResponse.FromString,
+                _registered_method=True)
+        self.ListExecutions = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/ListExecutions',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.FromString,
+                _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/CancelTask',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -66,6 +101,59 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterCell(self, request, context):
+        """Add a cell to the cluster (or refresh its addresses after it restarted). A satellite starts
+        in the role the mode gives it; the core cell always trains. Its model fingerprint must match
+        the cluster's (the first cell registered sets it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendHeartbeat(self, request, context):
+        """A cell's sign of life; a cell silent for `cell_lost_after_s` is declared lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCells(self, request, context):
+        """Return every cell with its role, and the scheduling mode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMode(self, request, context):
+        """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+        progress and groups already assigned to the running step stay as the previous mode left them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwitchCell(self, request, context):
+        """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListExecutions(self, request, context):
+        """List executions with their states, oldest task first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTask(self, request, context):
+        """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+        through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +166,41 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetTask,
                     request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskRequest.FromString,
                     response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'RegisterCell': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterCell,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterCellRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterCellResponse.SerializeToString,
+            ),
+            'SendHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendHeartbeat,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SendHeartbeatRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SendHeartbeatResponse.SerializeToString,
+            ),
+            'GetCells': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCells,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetCellsRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetCellsResponse.SerializeToString,
+            ),
+            'SetMode': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMode,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SetModeRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SetModeResponse.SerializeToString,
+            ),
+            'SwitchCell': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwitchCell,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellResponse.SerializeToString,
+            ),
+            'ListExecutions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExecutions,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +258,195 @@ class SchedulerService:
             '/gyre.scheduler.v1.SchedulerService/GetTask',
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskRequest.SerializeToString,
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterCell(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/RegisterCell',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterCellRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterCellResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/SendHeartbeat',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SendHeartbeatRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SendHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCells(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/GetCells',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetCellsRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.GetCellsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/SetMode',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SetModeRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SetModeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwitchCell(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/SwitchCell',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.SwitchCellResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExecutions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/ListExecutions',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/CancelTask',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

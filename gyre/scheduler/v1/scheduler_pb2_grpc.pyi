@@ -39,6 +39,27 @@ class SchedulerServiceStub:
     """
     GetTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetTaskRequest, _scheduler_pb2.GetTaskResponse]
     """Return one task with its executions."""
+    RegisterCell: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterCellRequest, _scheduler_pb2.RegisterCellResponse]
+    """Add a cell to the cluster (or refresh its addresses after it restarted). A satellite starts
+    in the role the mode gives it; the core cell always trains. Its model fingerprint must match
+    the cluster's (the first cell registered sets it).
+    """
+    SendHeartbeat: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SendHeartbeatRequest, _scheduler_pb2.SendHeartbeatResponse]
+    """A cell's sign of life; a cell silent for `cell_lost_after_s` is declared lost."""
+    GetCells: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetCellsRequest, _scheduler_pb2.GetCellsResponse]
+    """Return every cell with its role, and the scheduling mode."""
+    SetMode: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetModeRequest, _scheduler_pb2.SetModeResponse]
+    """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+    progress and groups already assigned to the running step stay as the previous mode left them).
+    """
+    SwitchCell: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SwitchCellRequest, _scheduler_pb2.SwitchCellResponse]
+    """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
+    ListExecutions: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]
+    """List executions with their states, oldest task first."""
+    CancelTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]
+    """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+    through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -51,6 +72,27 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     GetTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetTaskRequest, _scheduler_pb2.GetTaskResponse]  # type: ignore[assignment]
     """Return one task with its executions."""
+    RegisterCell: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterCellRequest, _scheduler_pb2.RegisterCellResponse]  # type: ignore[assignment]
+    """Add a cell to the cluster (or refresh its addresses after it restarted). A satellite starts
+    in the role the mode gives it; the core cell always trains. Its model fingerprint must match
+    the cluster's (the first cell registered sets it).
+    """
+    SendHeartbeat: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SendHeartbeatRequest, _scheduler_pb2.SendHeartbeatResponse]  # type: ignore[assignment]
+    """A cell's sign of life; a cell silent for `cell_lost_after_s` is declared lost."""
+    GetCells: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetCellsRequest, _scheduler_pb2.GetCellsResponse]  # type: ignore[assignment]
+    """Return every cell with its role, and the scheduling mode."""
+    SetMode: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetModeRequest, _scheduler_pb2.SetModeResponse]  # type: ignore[assignment]
+    """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+    progress and groups already assigned to the running step stay as the previous mode left them).
+    """
+    SwitchCell: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SwitchCellRequest, _scheduler_pb2.SwitchCellResponse]  # type: ignore[assignment]
+    """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
+    ListExecutions: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]  # type: ignore[assignment]
+    """List executions with their states, oldest task first."""
+    CancelTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]  # type: ignore[assignment]
+    """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+    through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns tasks, executions, cells and the scheduling policy."""
@@ -72,5 +114,68 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.GetTaskResponse, _abc.Awaitable[_scheduler_pb2.GetTaskResponse]]:
         """Return one task with its executions."""
+
+    @_abc_1.abstractmethod
+    def RegisterCell(
+        self,
+        request: _scheduler_pb2.RegisterCellRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RegisterCellResponse, _abc.Awaitable[_scheduler_pb2.RegisterCellResponse]]:
+        """Add a cell to the cluster (or refresh its addresses after it restarted). A satellite starts
+        in the role the mode gives it; the core cell always trains. Its model fingerprint must match
+        the cluster's (the first cell registered sets it).
+        """
+
+    @_abc_1.abstractmethod
+    def SendHeartbeat(
+        self,
+        request: _scheduler_pb2.SendHeartbeatRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SendHeartbeatResponse, _abc.Awaitable[_scheduler_pb2.SendHeartbeatResponse]]:
+        """A cell's sign of life; a cell silent for `cell_lost_after_s` is declared lost."""
+
+    @_abc_1.abstractmethod
+    def GetCells(
+        self,
+        request: _scheduler_pb2.GetCellsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.GetCellsResponse, _abc.Awaitable[_scheduler_pb2.GetCellsResponse]]:
+        """Return every cell with its role, and the scheduling mode."""
+
+    @_abc_1.abstractmethod
+    def SetMode(
+        self,
+        request: _scheduler_pb2.SetModeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetModeResponse, _abc.Awaitable[_scheduler_pb2.SetModeResponse]]:
+        """Change the scheduling mode; it takes effect at the scheduler's next decision (switches in
+        progress and groups already assigned to the running step stay as the previous mode left them).
+        """
+
+    @_abc_1.abstractmethod
+    def SwitchCell(
+        self,
+        request: _scheduler_pb2.SwitchCellRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SwitchCellResponse, _abc.Awaitable[_scheduler_pb2.SwitchCellResponse]]:
+        """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
+
+    @_abc_1.abstractmethod
+    def ListExecutions(
+        self,
+        request: _scheduler_pb2.ListExecutionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListExecutionsResponse, _abc.Awaitable[_scheduler_pb2.ListExecutionsResponse]]:
+        """List executions with their states, oldest task first."""
+
+    @_abc_1.abstractmethod
+    def CancelTask(
+        self,
+        request: _scheduler_pb2.CancelTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CancelTaskResponse, _abc.Awaitable[_scheduler_pb2.CancelTaskResponse]]:
+        """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
+        through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

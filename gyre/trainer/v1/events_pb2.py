@@ -26,15 +26,15 @@ from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 from gyre.trainer.v1 import trainer_pb2 as gyre_dot_trainer_dot_v1_dot_trainer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgyre/trainer/v1/events.proto\x12\x0fgyre.trainer.v1\x1a\x18gyre/common/v1/ids.proto\x1a\x1dgyre/trainer/v1/trainer.proto\"\xcc\x02\n\rStepCompleted\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1b\n\x13num_groups_consumed\x18\x02 \x01(\r\x12\x10\n\x08task_ids\x18\x03 \x03(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\r\x12\x19\n\x11num_target_tokens\x18\x05 \x01(\x04\x12\x1c\n\x14staleness_mean_steps\x18\x06 \x01(\x01\x12\x1b\n\x13staleness_max_steps\x18\x07 \x01(\r\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x11\n\tgrad_norm\x18\t \x01(\x01\x12\x19\n\x11max_dp_world_size\x18\n \x01(\r\x12\x12\n\nduration_s\x18\x0b \x01(\x01\x12!\n\x19num_samples_dropped_stale\x18\x0c \x01(\r\"z\n\x10WeightsPublished\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x12\n\nsource_uri\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\"\x95\x01\n\x0fSatelliteJoined\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x35\n\x0etarget_version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\r\x12\x15\n\rdp_world_size\x18\x04 \x01(\r\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xe4\x01\n\rSatelliteLeft\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.gyre.trainer.v1.LeaveReason\x12\x35\n\x0etarget_version\x18\x03 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12#\n\x1bnum_micro_batches_completed\x18\x04 \x01(\r\x12$\n\x1cnum_micro_batches_reassigned\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"V\n\x0f\x43heckpointSaved\x12/\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1b.gyre.trainer.v1.Checkpoint\x12\x12\n\nrequest_id\x18\x02 \x01(\t*^\n\x0bLeaveReason\x12\x1c\n\x18LEAVE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16LEAVE_REASON_REQUESTED\x10\x01\x12\x15\n\x11LEAVE_REASON_LOST\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgyre/trainer/v1/events.proto\x12\x0fgyre.trainer.v1\x1a\x18gyre/common/v1/ids.proto\x1a\x1dgyre/trainer/v1/trainer.proto\"\xcc\x02\n\rStepCompleted\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1b\n\x13num_groups_consumed\x18\x02 \x01(\r\x12\x10\n\x08task_ids\x18\x03 \x03(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\r\x12\x19\n\x11num_target_tokens\x18\x05 \x01(\x04\x12\x1c\n\x14staleness_mean_steps\x18\x06 \x01(\x01\x12\x1b\n\x13staleness_max_steps\x18\x07 \x01(\r\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x11\n\tgrad_norm\x18\t \x01(\x01\x12\x19\n\x11max_dp_world_size\x18\n \x01(\r\x12\x12\n\nduration_s\x18\x0b \x01(\x01\x12!\n\x19num_samples_dropped_stale\x18\x0c \x01(\r\"z\n\x10WeightsPublished\x12.\n\x07version\x18\x01 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x12\n\nsource_uri\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\"\x95\x01\n\x0fSatelliteJoined\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x35\n\x0etarget_version\x18\x02 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\r\x12\x15\n\rdp_world_size\x18\x04 \x01(\r\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"\xe4\x01\n\rSatelliteLeft\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12,\n\x06reason\x18\x02 \x01(\x0e\x32\x1c.gyre.trainer.v1.LeaveReason\x12\x35\n\x0etarget_version\x18\x03 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12#\n\x1bnum_micro_batches_completed\x18\x04 \x01(\r\x12$\n\x1cnum_micro_batches_reassigned\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"V\n\x0f\x43heckpointSaved\x12/\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1b.gyre.trainer.v1.Checkpoint\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"B\n\rGroupSetAside\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x03 \x01(\r*^\n\x0bLeaveReason\x12\x1c\n\x18LEAVE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16LEAVE_REASON_REQUESTED\x10\x01\x12\x15\n\x11LEAVE_REASON_LOST\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.trainer.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEAVEREASON']._serialized_start=1036
-  _globals['_LEAVEREASON']._serialized_end=1130
+  _globals['_LEAVEREASON']._serialized_start=1104
+  _globals['_LEAVEREASON']._serialized_end=1198
   _globals['_STEPCOMPLETED']._serialized_start=107
   _globals['_STEPCOMPLETED']._serialized_end=439
   _globals['_WEIGHTSPUBLISHED']._serialized_start=441
@@ -45,4 +45,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SATELLITELEFT']._serialized_end=946
   _globals['_CHECKPOINTSAVED']._serialized_start=948
   _globals['_CHECKPOINTSAVED']._serialized_end=1034
+  _globals['_GROUPSETASIDE']._serialized_start=1036
+  _globals['_GROUPSETASIDE']._serialized_end=1102
 # @@protoc_insertion_point(module_scope)

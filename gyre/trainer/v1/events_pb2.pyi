@@ -267,3 +267,36 @@ class CheckpointSaved(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckpointSaved: _TypeAlias = CheckpointSaved  # noqa: Y015
+
+@_typing.final
+class GroupSetAside(_message.Message):
+    """GroupSetAside: the trainer gave up on a ready group it failed to train `attempts` times (an
+    error in the step, or the trainer process dying while training it); the group is never taken
+    again, so it no longer holds back the groups behind it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The group's task."""
+    reason: _builtins.str
+    """Why: the last error, or that the trainer died while training it."""
+    attempts: _builtins.int
+    """How many times a step with this group was tried."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupSetAside: _TypeAlias = GroupSetAside  # noqa: Y015

@@ -130,7 +130,9 @@ class Group(_message.Message):
     group_size: _builtins.int
     """Number of executions, G."""
     ready: _builtins.bool
-    """True once every execution has a reward."""
+    """True once every execution has a reward and every call the proxy recorded for it is stored
+    (GroupReady was published).
+    """
     num_unassessable: _builtins.int
     """Number of rewarded executions that were not assessable (kept out of baseline and loss)."""
     @_builtins.property
@@ -488,10 +490,11 @@ class StreamSamplesRequest(_message.Message):
     advantage_estimator: Global___AdvantageEstimator.ValueType
     """How advantages are computed from group rewards."""
     skip_executions_without_calls: _builtins.bool
-    """False (default): an execution with no recorded call is NOT_FOUND, since its calls may still
-    be on their way. True: such executions yield no samples (they still count in their group's
-    advantage baseline); a trainer sets it once it has waited long enough, for an execution that
-    failed before its first model call.
+    """Executions of the named (ready) groups without a recorded call never made one (a group is
+    ready only once every call the proxy recorded is stored): they yield no samples and still
+    count in their group's advantage baseline. For executions named in `execution_ids`:
+    false (default) answers NOT_FOUND for one with no recorded call (its calls may still be on
+    their way); true skips it the same way.
     """
     encoding: Global___SampleEncoding.ValueType
     """How samples travel back: one `Sample` message each (default) or `PackedSamples` arrays."""
@@ -502,7 +505,7 @@ class StreamSamplesRequest(_message.Message):
     @_builtins.property
     def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Task groups whose executions are replayed too (after `execution_ids`, in group order);
-        each group must be ready (every execution rewarded).
+        each group must be ready (every execution rewarded, all its recorded calls stored).
         """
 
     @_builtins.property

@@ -76,6 +76,9 @@ class DataParallelCore(Membership):
             json.dumps({**asdict(loss_config), "packed": packed, "autocast_bf16": autocast_bf16}),
         )
         self._next_epoch = 0
+        self._attempts_started = 0
+        """Attempts numbered across steps: a step computed again after an error (same version)
+        must not find the counters of the failed one, or it waits for microbatches never done."""
 
     def _open_epoch(
         self, model: PreTrainedModel, *, version: int, attempt: int, num_microbatches: int
@@ -146,9 +149,14 @@ class DataParallelCore(Membership):
         lost: list[str] = []
         try:
             for attempt in range(self.max_attempts):
+                self._attempts_started += 1
                 try:
                     result = self._attempt(
-                        model, microbatches, version=version, attempt=attempt, hook=after_microbatch
+                        model,
+                        microbatches,
+                        version=version,
+                        attempt=self._attempts_started,
+                        hook=after_microbatch,
                     )
                 except _MembersLost as exc:
                     lost.extend(exc.cells)

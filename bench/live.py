@@ -1,0 +1,212 @@
+"""Benchmark of the scheduling modes live: one short workload on the same CPU cells in each mode
+(shell).
+
+    python -m bench.live --json [--steps 3] [--modes gyre,colocate,async,burst]
+
+Each mode gets a fresh stack (`bench.cell_rig` with a loop: scheduler, proxy, trajectory service,
+trainer with steps from the scheduler, a core and two satellites with torch engines and warm
+training workers). The workload is scripted executions with a spread of lengths, so the tail
+matters: this benchmark plays the runner and the evaluator (it takes `ExecutionScheduled`, makes
+the execution's one greedy model call of its length through the proxy, and publishes
+`ExecutionStarted`, `ExecutionFinished` and `RewardAssigned`); everything else is the real
+services. Steps * B tasks of G executions are submitted at once and the run ends at the last
+`StepCompleted`. Prints per mode `wall_s`, `switching_share` (cell-seconds spent switching over
+cells x wall), `num_switches`, staleness mean and max and `num_samples_dropped_stale`; then
+`gyre_fastest`. Not measured: busy/idle shares per cell, and the comparison with `gyre sim` on a
+workload exported from the run (`sim_wall_s`, `max_sim_rel_err`): not built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import openai
+from nats.aio.msg import Msg
+
+from bench.cell_rig import LiveCells, Loop, live_cells
+from bench.slice import servers
+from gyre.bus import Bus, BusConfig
+from gyre.consume import Consumer, ConsumerSpec
+from gyre.devstack.scratch import scratch_kernel
+from gyre.evaluator.v1 import evaluator_pb2
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import DecodedEvent, UndecodableEvent, new_event, parse_envelope, type_map, unpack_payload
+from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from gyre.scheduler.v1 import scheduler_pb2 as pb
+from gyre.settings import KernelSettings
+from gyre.trainer.v1 import events_pb2 as trainer_events
+
+LENGTHS = (24, 48, 96, 200)
+"""Output tokens of the executions, in turn: a spread with a long tail."""
+GROUP_SIZE = 2
+MESSAGES = [{"role": "user", "content": "Fix the failing test and run the test suite again."}]
+
+
+class ScriptedRunner:
+    """Plays the runner and the evaluator for scheduled executions (the rest is real)."""
+
+    def __init__(self, live: LiveCells, bus: Bus) -> None:
+        self.live = live
+        self.bus = bus
+        self.count = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable="bench-live-runner",
+            producer="scheduler",
+            handlers={scheduler_events.ExecutionScheduled: self.on_scheduled},
+        )
+
+    async def on_scheduled(self, event: DecodedEvent) -> None:
+        length = LENGTHS[self.count % len(LENGTHS)]
+        score = float(self.count % 2)
+        self.count += 1
+        task = asyncio.create_task(self.run(event.payload.execution, length=length, score=score))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def publish(self, payload: object, producer: str, correlation_id: str) -> None:
+        await self.bus.publish(new_event(payload, producer=producer, correlation_id=correlation_id))  # type: ignore[arg-type]
+
+    async def run(self, ref: object, *, length: int, score: float) -> None:
+        task_id, execution_id = ref.task_id, ref.execution_id  # type: ignore[attr-defined]
+        started = time.monotonic()
+        await self.publish(runner_events.ExecutionStarted(execution=ref), "runner", task_id)  # type: ignore[arg-type]
+        token = await self.live.register_execution(execution_id=execution_id, task_id=task_id)
+        client = openai.AsyncOpenAI(base_url=f"{self.live.http_url}/v1", api_key=token, max_retries=0)
+        stream: Any = await client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            stream=True,
+            temperature=0,
+            max_tokens=length,
+        )
+        async for _ in stream:
+            pass
+        duration = time.monotonic() - started
+        await self.publish(
+            runner_events.ExecutionFinished(execution=ref, duration_s=duration),  # type: ignore[arg-type]
+            "runner",
+            task_id,
+        )
+        grade = evaluator_pb2.Grade(execution_id=execution_id, task_id=task_id, score=score, assessable=True)
+        await self.publish(evaluator_events.RewardAssigned(grade=grade), "evaluator", task_id)
+
+
+class Tap:
+    """StepCompleted and CellRoleChanged as they are published (a plain subscription)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.types = type_map((trainer_events.StepCompleted, scheduler_events.CellRoleChanged))
+        self.queue: asyncio.Queue[DecodedEvent] = asyncio.Queue()
+
+    async def start(self) -> None:
+        await self.bus.nc.subscribe(f"{self.bus.prefix}.>", cb=self._on_msg)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            envelope = parse_envelope(msg.data)
+            if envelope.event_type in self.types:
+                event = unpack_payload(envelope, await self.bus.load_payload(envelope), self.types)
+                if event is not None:
+                    self.queue.put_nowait(event)
+        except UndecodableEvent:
+            return
+
+
+async def run_mode(
+    kernel: KernelSettings, model: Path, state: Path, *, mode: str, steps: int
+) -> dict[str, object]:
+    loop = Loop(mode=mode, groups_per_step=1, max_staleness=1)
+    async with live_cells(kernel, model, state, slots=2, loop=loop) as live:
+        assert kernel.nats_url is not None
+        bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix), name="bench-live")
+        tap = Tap(bus)
+        await tap.start()
+        runner = ScriptedRunner(live, bus)
+        consumer = Consumer(bus, runner.spec())
+        stop = asyncio.Event()
+        consuming = asyncio.create_task(consumer.run(stop))
+        steps_seen: list[trainer_events.StepCompleted] = []
+        switches: list[pb.CellSwitch] = []
+        started = time.monotonic()
+        specs = [
+            pb.TaskSpec(
+                name=f"t{i}",
+                family="arith",
+                prompt="p",
+                group_size=GROUP_SIZE,
+                timeout_s=600,
+                harness="scripted",
+            )
+            for i in range(steps)
+        ]
+        await live.scheduler.SubmitTasks(
+            pb.SubmitTasksRequest(request_id=f"live-{uuid.uuid4().hex[:8]}", tasks=specs)
+        )
+        deadline = time.monotonic() + 300
+        try:
+            while len(steps_seen) < steps and time.monotonic() < deadline:
+                try:
+                    event = await asyncio.wait_for(tap.queue.get(), timeout=deadline - time.monotonic())
+                except TimeoutError:
+                    break
+                if isinstance(event.payload, trainer_events.StepCompleted):
+                    steps_seen.append(event.payload)
+                elif isinstance(event.payload, scheduler_events.CellRoleChanged):
+                    switches.append(event.payload.switch)
+        finally:
+            wall = time.monotonic() - started
+            stop.set()
+            await consuming
+            await bus.close()
+        cells = len(live.satellites) + 1
+        return {
+            "wall_s": wall,
+            "steps": len(steps_seen),
+            "num_switches": len(switches),
+            "switching_share": sum(s.total_s for s in switches) / (cells * wall),
+            "staleness_mean": sum(s.staleness_mean_steps for s in steps_seen) / max(1, len(steps_seen)),
+            "staleness_max": max((s.staleness_max_steps for s in steps_seen), default=0),
+            "num_samples_dropped_stale": sum(s.num_samples_dropped_stale for s in steps_seen),
+        }
+
+
+async def main_async(*, steps: int, modes: list[str]) -> dict[str, object]:
+    from services.engine.model_init import init_model
+
+    nats_url, database_url = servers()
+    result: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="gyre-live-") as tmp:
+        model = init_model(Path(tmp) / "model")
+        for mode in modes:
+            async with scratch_kernel(nats_url, database_url, label="live") as kernel:
+                result[mode] = await run_mode(kernel, model, Path(tmp) / mode, mode=mode, steps=steps)
+    walls = {m: r["wall_s"] for m, r in result.items() if isinstance(r, dict)}  # type: ignore[misc]
+    result["gyre_fastest"] = bool(walls) and min(walls, key=walls.get) == "gyre"  # type: ignore[arg-type]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.live", description=__doc__)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--modes", default="gyre,colocate,async,burst")
+    ns = parser.parse_args(argv)
+    result = asyncio.run(main_async(steps=ns.steps, modes=ns.modes.split(",")))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Generated from proto/ by gyre.codegen; do not edit."""

@@ -1,0 +1,208 @@
+"""Task and execution states follow the other services' events (shell: JetStream consumers + SQL).
+
+    execution: pending -> admitted -> running -> finished | timed_out | failed | cancelled
+               -> graded -> trained
+    task:      pending -> admitted -> running -> done -> graded -> trained   (or cancelled)
+
+`admitted` is the scheduler's own decision (`driver`); the rest comes from the runner's start and
+end events, the evaluator's `RewardAssigned`, the trajectory service's `GroupReady` and the
+trainer's `StepCompleted` (which also moves the cluster's version and its observed training
+cost). A state only ever moves forward, so a late or repeated event changes nothing; each event
+is claimed in the inbox in the transaction of its writes. After each commit the driver is poked.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+import structlog
+from google.protobuf.message import Message
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.consume import ConsumerSpec, Handler
+from gyre.db.inbox import claim_event
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import DecodedEvent
+from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.trainer.v1 import events_pb2 as trainer_events
+from gyre.trajectory.v1 import events_pb2 as trajectory_events
+from services.scheduler import repo
+
+log = structlog.get_logger(__name__)
+InTransaction = Callable[[AsyncSession, DecodedEvent], Awaitable[None]]
+ENDED = ("finished", "timed_out", "failed", "cancelled")
+BEFORE_END = ("pending", "admitted", "running")
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+async def advance_execution(
+    session: AsyncSession,
+    execution_id: str,
+    *,
+    to: str,
+    allowed_from: Sequence[str],
+    duration_s: float | None = None,
+) -> uuid.UUID | None:
+    """Move one execution forward; its task id when it moved, None otherwise."""
+    key = _uuid(execution_id)
+    if key is None:
+        return None
+    e = repo.executions.c
+    values: dict[str, object] = {"state": to}
+    if duration_s is not None:
+        values["duration_s"] = duration_s
+    stmt = (
+        sa.update(repo.executions)
+        .where(e.execution_id == key, e.state.in_(allowed_from))
+        .values(**values)
+        .returning(e.task_id)
+    )
+    row = (await session.execute(stmt)).first()
+    return None if row is None else row.task_id
+
+
+async def advance_tasks(
+    session: AsyncSession,
+    task_ids: Sequence[uuid.UUID],
+    *,
+    to: str,
+    allowed_from: Sequence[str],
+    **values: object,
+) -> int:
+    t = repo.tasks.c
+    stmt = (
+        sa.update(repo.tasks)
+        .where(t.task_id.in_(task_ids), t.state.in_(allowed_from))
+        .values(state=to, **values)
+    )
+    result = await session.execute(stmt)
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def _task_done_if_all_ended(session: AsyncSession, task_id: uuid.UUID) -> None:
+    e = repo.executions.c
+    open_left = await session.scalar(
+        sa.select(sa.func.count()).where(e.task_id == task_id, e.state.in_(BEFORE_END))
+    )
+    if open_left == 0:
+        await advance_tasks(session, [task_id], to="done", allowed_from=("admitted", "running"))
+
+
+class LifecycleEvents:
+    """Four durable consumers (one per producer), each handler one transaction."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], *, default_mode: str, on_change: Callable[[], None]
+    ) -> None:
+        self.sessions = sessions
+        self.default_mode = default_mode
+        self.on_change = on_change
+
+    def specs(self) -> list[ConsumerSpec]:
+        return [
+            self._spec(
+                "runner",
+                {
+                    runner_events.ExecutionStarted: self.on_started,
+                    runner_events.ExecutionFinished: self.on_finished,
+                    runner_events.ExecutionTimedOut: self.on_timed_out,
+                    runner_events.ExecutionFailed: self.on_failed,
+                    runner_events.ExecutionCancelled: self.on_cancelled,
+                },
+            ),
+            self._spec("evaluator", {evaluator_events.RewardAssigned: self.on_reward}),
+            self._spec("trajectory", {trajectory_events.GroupReady: self.on_group_ready}),
+            self._spec("trainer", {trainer_events.StepCompleted: self.on_step_completed}),
+        ]
+
+    def _spec(self, producer: str, handlers: dict[type[Message], InTransaction]) -> ConsumerSpec:
+        name = f"scheduler-lifecycle-{producer}"
+
+        def claimed(handler: InTransaction) -> Handler:
+            async def run(event: DecodedEvent) -> None:
+                async with self.sessions() as session, session.begin():
+                    if not await claim_event(
+                        session, repo.processed_messages, consumer=name, event_id=event.event_id
+                    ):
+                        return
+                    await handler(session, event)
+                self.on_change()
+
+            return run
+
+        return ConsumerSpec(
+            durable=name, producer=producer, handlers={cls: claimed(h) for cls, h in handlers.items()}
+        )
+
+    async def on_started(self, session: AsyncSession, event: DecodedEvent) -> None:
+        task_id = await advance_execution(
+            session, event.payload.execution.execution_id, to="running", allowed_from=("pending", "admitted")
+        )
+        if task_id is not None:
+            await advance_tasks(session, [task_id], to="running", allowed_from=("pending", "admitted"))
+
+    async def _ended(self, session: AsyncSession, execution_id: str, state: str, duration_s: float) -> None:
+        task_id = await advance_execution(
+            session, execution_id, to=state, allowed_from=BEFORE_END, duration_s=duration_s
+        )
+        if task_id is not None:
+            await _task_done_if_all_ended(session, task_id)
+
+    async def on_finished(self, session: AsyncSession, event: DecodedEvent) -> None:
+        p = event.payload
+        await self._ended(session, p.execution.execution_id, "finished", p.duration_s)
+
+    async def on_timed_out(self, session: AsyncSession, event: DecodedEvent) -> None:
+        p = event.payload
+        await self._ended(session, p.execution.execution_id, "timed_out", p.timeout_s)
+
+    async def on_failed(self, session: AsyncSession, event: DecodedEvent) -> None:
+        await self._ended(session, event.payload.execution.execution_id, "failed", 0.0)
+
+    async def on_cancelled(self, session: AsyncSession, event: DecodedEvent) -> None:
+        await self._ended(session, event.payload.execution.execution_id, "cancelled", 0.0)
+
+    async def on_reward(self, session: AsyncSession, event: DecodedEvent) -> None:
+        await advance_execution(session, event.payload.grade.execution_id, to="graded", allowed_from=ENDED)
+
+    async def on_group_ready(self, session: AsyncSession, event: DecodedEvent) -> None:
+        key = _uuid(event.payload.task_id)
+        if key is not None:
+            await advance_tasks(session, [key], to="graded", allowed_from=("admitted", "running", "done"))
+
+    async def on_step_completed(self, session: AsyncSession, event: DecodedEvent) -> None:
+        p = event.payload
+        keys = [k for k in (_uuid(t) for t in p.task_ids) if k is not None]
+        version = int(p.version.steps)
+        await advance_tasks(
+            session,
+            keys,
+            to="trained",
+            allowed_from=("admitted", "running", "done", "graded"),
+            trained_version=version,
+        )
+        e = repo.executions.c
+        await session.execute(sa.update(repo.executions).where(e.task_id.in_(keys)).values(state="trained"))
+        c = repo.cluster.c
+        await repo.load_cluster(session, default_mode=self.default_mode)  # the row exists from here on
+        await session.execute(
+            sa.update(repo.cluster)
+            .where(c.id == 1, c.version < version)
+            .values(
+                version=version,
+                version_at=datetime.now(UTC),
+                trained_groups=c.trained_groups + len(p.task_ids),
+                trained_tokens=c.trained_tokens + int(p.num_target_tokens),
+                training_cell_s=c.training_cell_s + p.duration_s * max(1, p.max_dp_world_size),
+            )
+        )
+        log.info("step_observed", version=version, groups=len(p.task_ids))

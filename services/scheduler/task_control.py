@@ -1,0 +1,115 @@
+"""ListExecutions and CancelTask (shell: validate -> tables -> the runner for running harnesses)."""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gyre.common.v1 import ids_pb2
+from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from gyre.ids import require_uuid
+from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.scheduler.v1 import scheduler_pb2 as pb
+from services.scheduler import repo
+
+MAX_LIST = 10000
+CANCELLABLE = ("pending", "admitted", "running")
+
+
+def execution_state(name: str) -> pb.ExecutionState.ValueType:
+    return pb.ExecutionState.Value(f"EXECUTION_STATE_{name.upper()}")
+
+
+async def list_executions(
+    sessions: async_sessionmaker[AsyncSession], request: pb.ListExecutionsRequest
+) -> pb.ListExecutionsResponse:
+    if request.task_id:
+        require_uuid("task_id", request.task_id, what="a task")
+    if request.state and request.state not in pb.ExecutionState.values():
+        raise InvalidArgument("state", f"unknown execution state {request.state}")
+    if request.limit > MAX_LIST:
+        raise InvalidArgument("limit", f"must be at most {MAX_LIST}, got {request.limit}")
+    t, e = repo.tasks.c, repo.executions.c
+    stmt = (
+        sa.select(e.execution_id, e.task_id, e.index_in_group, e.state, e.duration_s, t.admitted_version)
+        .join(repo.tasks, t.task_id == e.task_id)
+        .order_by(t.seq, e.index_in_group)
+        .limit(request.limit or 1000)
+    )
+    if request.task_id:
+        stmt = stmt.where(e.task_id == uuid.UUID(request.task_id))
+    if request.state:
+        name = pb.ExecutionState.Name(request.state).removeprefix("EXECUTION_STATE_").lower()
+        stmt = stmt.where(e.state == name)
+    async with sessions() as session:
+        if request.task_id and not await session.scalar(
+            sa.select(t.task_id).where(t.task_id == uuid.UUID(request.task_id))
+        ):
+            raise NotFound(f"task_id: task {request.task_id} does not exist")
+        rows = (await session.execute(stmt)).all()
+    out = pb.ListExecutionsResponse()
+    for row in rows:
+        item = out.executions.add(
+            execution=ids_pb2.ExecutionRef(
+                task_id=str(row.task_id),
+                execution_id=str(row.execution_id),
+                index_in_group=row.index_in_group,
+            ),
+            state=execution_state(row.state),
+        )
+        if row.admitted_version is not None:
+            item.admitted_version = row.admitted_version
+        if row.duration_s is not None:
+            item.duration_s = row.duration_s
+    return out
+
+
+async def cancel_task(
+    session: AsyncSession, request: pb.CancelTaskRequest, *, runner_address: str
+) -> pb.CancelTaskResponse:
+    """Cancel in the caller's transaction; running harnesses are stopped through the runner first."""
+    require_uuid("task_id", request.task_id, what="a task")
+    key = uuid.UUID(request.task_id)
+    t, e = repo.tasks.c, repo.executions.c
+    state = await session.scalar(sa.select(t.state).where(t.task_id == key).with_for_update())
+    if state is None:
+        raise NotFound(f"task_id: task {request.task_id} does not exist")
+    if state not in CANCELLABLE:
+        raise Conflict(f"task_id: task {request.task_id} is {state}: there is nothing left to cancel")
+    rows = (await session.execute(sa.select(e.execution_id, e.state).where(e.task_id == key))).all()
+    unscheduled = [r.execution_id for r in rows if r.state == "pending"]
+    scheduled = [r.execution_id for r in rows if r.state in ("admitted", "running")]
+    if scheduled:
+        if not runner_address:
+            raise Unavailable(
+                "the scheduler has no runner address (GYRE_SCHEDULER_RUNNER_ADDRESS) to stop harnesses"
+            )
+        async with grpc.aio.insecure_channel(runner_address) as channel:
+            runner = runner_pb2_grpc.RunnerServiceStub(channel)
+            for execution_id in scheduled:
+                try:
+                    await runner.CancelExecution(  # type: ignore[misc]
+                        runner_pb2.CancelExecutionRequest(
+                            request_id=f"{request.request_id}:{execution_id}",
+                            execution_id=str(execution_id),
+                            reason=request.reason or "task cancelled",
+                        ),
+                        timeout=30,
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    # NOT_FOUND: the runner has not taken its ExecutionScheduled yet. It still will,
+                    # and start the harness: a known gap (the runner is not told to skip it).
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        raise Unavailable(f"runner: {exc.code().name} {exc.details()}") from None
+    await session.execute(sa.update(repo.tasks).where(t.task_id == key).values(state="cancelled"))
+    await session.execute(
+        sa.update(repo.executions).where(e.task_id == key, e.state.in_(CANCELLABLE)).values(state="cancelled")
+    )
+    return pb.CancelTaskResponse(
+        previous_state=pb.TaskState.Value(f"TASK_STATE_{state.upper()}"),
+        num_executions_unscheduled=len(unscheduled),
+        num_executions_stopped=len(scheduled),
+    )

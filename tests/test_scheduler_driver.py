@@ -1,0 +1,272 @@
+"""The live driver on real NATS and Postgres: tasks are admitted only within the policy's staleness
+cap, states follow the runner's, evaluator's, trajectory's and trainer's events, a trained step
+lets the next task in, and CancelTask / ListExecutions answer with the states (bad ids refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+import pytest_asyncio
+from google.protobuf import message
+from proxy_support import write_tokenizer
+from trainer_stack import events_on_bus
+
+from gyre.bus import Bus, BusConfig
+from gyre.common.v1 import ids_pb2
+from gyre.devstack.scratch import scratch_kernel
+from gyre.evaluator.v1 import evaluator_pb2
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import new_event
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from gyre.scheduler.v1 import scheduler_pb2 as pb
+from gyre.scheduler.v1 import scheduler_pb2_grpc
+from gyre.settings import KernelSettings
+from gyre.trainer.v1 import events_pb2 as trainer_events
+from gyre.trajectory.v1 import events_pb2 as trajectory_events
+from services.proxy.config import ProxySettings
+from services.proxy.main import build_proxy
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.main import build
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@dataclass
+class Rig:
+    stub: scheduler_pb2_grpc.SchedulerServiceAsyncStub
+    bus: Bus
+    kernel: KernelSettings
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub
+
+    async def publish(self, payload: message.Message, producer: str) -> None:
+        await self.bus.publish(new_event(payload, producer=producer, correlation_id=str(uuid.uuid4())))
+
+    async def states(self) -> list[tuple[str, str]]:
+        listed = await self.stub.ListExecutions(pb.ListExecutionsRequest())
+        return [(e.execution.task_id, pb.ExecutionState.Name(e.state)) for e in listed.executions]
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    for _ in range(150):  # 15 s at most
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def rig(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
+    tmp_path = tmp_path_factory.mktemp("driver")
+    async with scratch_kernel(*server_urls, label="driver") as kernel:
+        proxy = await build_proxy(ProxySettings(model_dir=write_tokenizer(tmp_path / "tok")), kernel)
+        await proxy.host.start()
+        host = await build(
+            SchedulerSettings(
+                port=0,
+                proxy_address=proxy.host.address,
+                groups_per_step=1,
+                max_staleness=1,
+                tick_s=0.2,
+                cell_lost_after_s=1.5,
+            ),
+            kernel,
+        )
+        await host.start()
+        channel = grpc.aio.insecure_channel(host.address)
+        assert kernel.nats_url is not None
+        bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
+        stub: scheduler_pb2_grpc.SchedulerServiceAsyncStub = scheduler_pb2_grpc.SchedulerServiceStub(channel)  # type: ignore[assignment]
+        await stub.RegisterCell(
+            pb.RegisterCellRequest(
+                request_id="core", cell_id="cell-0", core=True, agent_address="127.0.0.1:1"
+            )
+        )
+        await stub.RegisterCell(
+            pb.RegisterCellRequest(
+                request_id="sat",
+                cell_id="cell-1",
+                slots=4,
+                model_fingerprint="qwen2-tiny",
+                engine_id="engine-1",
+                engine_address="127.0.0.1:2",
+                agent_address="127.0.0.1:3",
+            )
+        )
+        proxy_stub = proxy_pb2_grpc.ProxyServiceStub(grpc.aio.insecure_channel(proxy.host.address))
+
+        async def beat() -> None:  # cell-1 stays alive; cell-0's agent (the trainer) too
+            while True:
+                for cell_id in ("cell-0", "cell-1"):
+                    await stub.SendHeartbeat(pb.SendHeartbeatRequest(cell_id=cell_id))
+                await asyncio.sleep(0.2)
+
+        beating = asyncio.ensure_future(beat())
+        try:
+            yield Rig(stub=stub, bus=bus, kernel=kernel, proxy=proxy_stub)
+        finally:
+            beating.cancel()
+            await bus.close()
+            await channel.close()
+            await host.stop(grace_s=1)
+            await proxy.host.stop(grace_s=1)
+
+
+def spec(name: str) -> pb.TaskSpec:
+    return pb.TaskSpec(
+        name=name, family="arith", prompt="2+2?", group_size=1, timeout_s=60, harness="gyre-agent"
+    )
+
+
+async def submit(rig: Rig, count: int) -> list[pb.Task]:
+    answer = await rig.stub.SubmitTasks(
+        pb.SubmitTasksRequest(
+            request_id=f"sub-{uuid.uuid4().hex[:8]}", tasks=[spec(f"t{i}") for i in range(count)]
+        )
+    )
+    return list(answer.tasks)
+
+
+async def run_to_trained(rig: Rig, task: pb.Task, *, version: int) -> None:
+    """What the other services publish for one execution's life, in order."""
+    ref = task.executions[0]
+    await rig.publish(runner_events.ExecutionStarted(execution=ref), "runner")
+    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=3.0), "runner")
+    grade = evaluator_pb2.Grade(
+        execution_id=ref.execution_id, task_id=task.task_id, score=1.0, assessable=True
+    )
+    await rig.publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
+    await rig.publish(
+        trajectory_events.GroupReady(task_id=task.task_id, execution_ids=[ref.execution_id]), "trajectory"
+    )
+    await rig.publish(
+        trainer_events.StepCompleted(
+            version=ids_pb2.PolicyVersion(steps=version),
+            task_ids=[task.task_id],
+            num_target_tokens=40,
+            duration_s=1.0,
+        ),
+        "trainer",
+    )
+
+
+def count(states: list[tuple[str, str]], state: str) -> int:
+    return sum(1 for _, s in states if s == f"EXECUTION_STATE_{state}")
+
+
+async def test_admission_stays_within_the_staleness_cap_until_a_step_completes(rig: Rig) -> None:
+    tasks = await submit(rig, 4)
+
+    async def admitted(n: int) -> bool:
+        states = await rig.states()
+        return count(states, "ADMITTED") + count(states, "RUNNING") + count(states, "TRAINED") == n
+
+    await until(lambda: admitted(2), "the cap (0 + K + 1) * B = 2 tasks admitted")
+    await asyncio.sleep(0.6)  # several decisions later, still two: the cap holds
+    assert count(await rig.states(), "PENDING") == 2
+    states = await rig.states()
+    first = next(t for t in tasks if (t.task_id, "EXECUTION_STATE_ADMITTED") in states)
+    await run_to_trained(rig, first, version=1)
+    await until(
+        lambda: admitted(3),
+        "one more task admitted once version 1 is trained",
+    )
+    assert (first.task_id, "EXECUTION_STATE_TRAINED") in await rig.states()
+    task = (await rig.stub.GetTask(pb.GetTaskRequest(task_id=first.task_id))).task
+    assert task.state == pb.TASK_STATE_TRAINED
+
+
+async def test_a_ready_group_is_assigned_to_the_running_step_and_the_trainer_told(rig: Rig) -> None:
+    await rig.stub.SetMode(pb.SetModeRequest(request_id="gyre-again", mode=pb.SCHEDULING_MODE_GYRE))
+    states = await rig.states()
+    task_id = next(t for t, s in states if s == "EXECUTION_STATE_ADMITTED")
+    listed = await rig.stub.ListExecutions(pb.ListExecutionsRequest(task_id=task_id))
+    ref = listed.executions[0].execution
+    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=2.0), "runner")
+    await rig.publish(
+        trajectory_events.GroupReady(task_id=task_id, execution_ids=[ref.execution_id]), "trajectory"
+    )
+
+    async def assigned() -> bool:
+        events = await events_on_bus(rig.kernel, "scheduler", scheduler_events.StepAssigned)
+        return any(list(e.task_ids) == [task_id] and e.step == 1 for e in events)
+
+    await until(assigned, "StepAssigned for the ready group at step 1 (version 1)")
+
+
+async def test_a_queued_task_is_cancelled_and_never_scheduled(rig: Rig) -> None:
+    await rig.stub.SetMode(pb.SetModeRequest(request_id="frozen", mode=pb.SCHEDULING_MODE_ASYNC))
+    tasks = await submit(rig, 4)  # the cap is reached: they stay queued
+    await until(lambda: _pending(rig, tasks[3].task_id), "the last task to be queued")
+    answer = await rig.stub.CancelTask(pb.CancelTaskRequest(request_id="c-1", task_id=tasks[3].task_id))
+    assert answer.previous_state == pb.TASK_STATE_PENDING and answer.num_executions_unscheduled == 1
+    listed = await rig.stub.ListExecutions(pb.ListExecutionsRequest(task_id=tasks[3].task_id))
+    assert [e.state for e in listed.executions] == [pb.EXECUTION_STATE_CANCELLED]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await rig.stub.CancelTask(pb.CancelTaskRequest(request_id="c-2", task_id=tasks[3].task_id))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "task_id" in (
+        err.value.details() or ""
+    )
+
+
+async def _pending(rig: Rig, task_id: str) -> bool:
+    return (task_id, "EXECUTION_STATE_PENDING") in await rig.states()
+
+
+async def test_a_past_deadline_is_refused_naming_the_field_and_nothing_is_stored(rig: Rig) -> None:
+    before = await rig.states()
+    late = spec("late")
+    late.deadline.FromDatetime(datetime.now(UTC) - timedelta(minutes=1))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await rig.stub.SubmitTasks(pb.SubmitTasksRequest(request_id="late-1", tasks=[spec("ok"), late]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.value.trailing_metadata() or ())["gyre-error-field"] == "tasks[1].deadline"  # type: ignore[arg-type]
+    assert await rig.states() == before
+
+
+async def test_a_silent_rollout_cell_is_lost_and_the_proxy_stops_routing_to_it(rig: Rig) -> None:
+    await rig.stub.RegisterCell(
+        pb.RegisterCellRequest(
+            request_id="silent",
+            cell_id="cell-9",
+            slots=4,
+            model_fingerprint="qwen2-tiny",
+            engine_id="engine-9",
+            engine_address="127.0.0.1:9",
+            agent_address="127.0.0.1:10",
+        )
+    )
+
+    async def unrouted() -> bool:
+        routing = await rig.proxy.GetRouting(proxy_pb2.GetRoutingRequest())
+        states = {r.cell_id: r.state for r in routing.routes}
+        return states.get("cell-9") in (proxy_pb2.ROUTE_STATE_DRAINING, proxy_pb2.ROUTE_STATE_DRAINED)
+
+    await until(unrouted, "the lost cell's route to stop taking calls")
+    cells = {c.cell_id: c.role for c in (await rig.stub.GetCells(pb.GetCellsRequest())).cells}
+    assert cells["cell-9"] == pb.CELL_ROLE_LOST and cells["cell-1"] == pb.CELL_ROLE_ROLLOUT
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (lambda s: s.CancelTask(pb.CancelTaskRequest(request_id="x-1", task_id="nope")), "INVALID_ARGUMENT"),
+        (
+            lambda s: s.CancelTask(pb.CancelTaskRequest(request_id="x-2", task_id=str(uuid.uuid4()))),
+            "NOT_FOUND",
+        ),
+        (lambda s: s.ListExecutions(pb.ListExecutionsRequest(task_id=str(uuid.uuid4()))), "NOT_FOUND"),
+        (lambda s: s.ListExecutions(pb.ListExecutionsRequest(limit=10**6)), "INVALID_ARGUMENT"),
+    ],
+)
+async def test_unknown_or_bad_task_ids_are_refused(rig: Rig, call: Callable[..., object], code: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(rig.stub)  # type: ignore[misc]
+    assert err.value.code().name == code
