@@ -112,6 +112,9 @@ def demo(
     steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 12,
     group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 4,
     timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 45,
+    mode: Annotated[
+        str, typer.Option(help="--learn: scheduling mode (colocate, async, gyre, burst)")
+    ] = "gyre",
 ) -> None:
     """Run the end-to-end slice on the local stack and narrate it (`--learn`: a training run)."""
     if learn and quick:
@@ -119,8 +122,11 @@ def demo(
     if learn:
         from gyre_app.demo_learn import LearnConfig
         from gyre_app.demo_learn import main as learn_demo
+        from gyre_app.stack import MODES
 
-        config = LearnConfig(steps=steps, group_size=group_size, timeout_s=timeout_s)
+        if mode not in MODES:
+            raise typer.BadParameter(f"--mode: one of {', '.join(MODES)}, got {mode!r}")
+        config = LearnConfig(steps=steps, group_size=group_size, timeout_s=timeout_s, mode=mode)
         code = learn_demo(KernelSettings(), config, keep=keep)
     else:
         from gyre_app.demo import main as run_demo

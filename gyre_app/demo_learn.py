@@ -59,6 +59,8 @@ class LearnConfig:
     tasks_seed: int = 1
     """Another seed than the warm start's (0), so no instance was in its transcripts."""
     warm_start_seed: int = 0
+    mode: str = "gyre"
+    """The scheduler's mode (`gyre up --mode`): cells switch between rollout and training in `gyre`."""
     temperature: float = 0.5
     """The agent's sampling temperature: at 1.0 the tiny warm-started model's second call is noise
     (every execution of a group then earns the same reward); greedy would make them all alike."""
@@ -266,11 +268,12 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
     console.print(f"held-out mean score at v0: {heldout_first:.3f}")
     os.environ["GYRE_RUNNER_TASKS_DIR"] = str(tasks)
     os.environ["GYRE_EVALUATOR_TASKS_DIR"] = str(tasks)
+    os.environ["GYRE_SCHEDULER_TASKS_DIR"] = str(tasks)  # it refuses templates it cannot find
     os.environ["GYRE_STATE_DIR"] = str(run_dir)  # the client finds the stack's addresses there
-    state = up(learn_kernel, agent_env={"GYRE_AGENT_TEMPERATURE": str(config.temperature)})
+    state = up(learn_kernel, mode=config.mode, agent_env={"GYRE_AGENT_TEMPERATURE": str(config.temperature)})
     console.print(
         f"stack up ({time.monotonic() - started:.0f} s so far); training {config.steps} steps, "
-        f"groups of {config.group_size}, deadline {config.timeout_s} s"
+        f"groups of {config.group_size}, deadline {config.timeout_s} s, mode {config.mode}"
     )
     try:
         weights = asyncio.run(
