@@ -60,3 +60,17 @@ def test_the_agent_sends_its_temperature_only_when_configured(
     client = ChatClient(base_url=url, api_key="k", model="m", temperature=temperature)
     client.complete([{"role": "user", "content": "hi"}], role="main", agent_id="main")
     assert bodies[0].get("temperature", "absent") == sent
+
+
+def test_an_unknown_mode_is_refused_before_anything_starts() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre_app.cli", "demo", "--learn", "--mode", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--mode: one of colocate, async, gyre, burst, got 'nope'" in done.stderr
