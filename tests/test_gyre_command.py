@@ -130,7 +130,7 @@ async def stack(
         # machine starves the other services' NATS requests past their time-out.
         trajectory_port = closed_port()
         trainer = await start_trainer(kernel, f"127.0.0.1:{trajectory_port}", tmp / "trainer")
-        scheduler = await build_scheduler(SchedulerSettings(port=0), kernel)
+        scheduler = await build_scheduler(SchedulerSettings(port=0, admission="at_submit"), kernel)
         trajectory = await build_trajectory(TrajectorySettings(port=trajectory_port), kernel)
         runner, supervisor = await build_with_supervisor(runner_settings, kernel)
         await scheduler.start()
@@ -192,7 +192,9 @@ async def test_submit_a_tasks_file_then_show_the_task(stack: Stack) -> None:
     submitted = await stack.gyre_json("submit", str(tasks_file))
     assert [t["spec"]["name"] for t in submitted["tasks"]] == ["add", "two"]
     shown = await stack.gyre_json("tasks", "show", submitted["tasks"][1]["task_id"])
-    assert shown["task"]["state"] == "pending" and len(shown["task"]["executions"]) == 2
+    # The scheduler advances the task as its executions run; which state depends on timing.
+    assert shown["task"]["state"] in {"pending", "admitted", "running", "done", "graded", "trained"}
+    assert len(shown["task"]["executions"]) == 2
     assert shown["progress"]["group_size"] == 2
 
 

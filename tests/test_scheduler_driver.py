@@ -121,7 +121,7 @@ async def rig(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFac
 
 def spec(name: str) -> pb.TaskSpec:
     return pb.TaskSpec(
-        name=name, family="arith", prompt="2+2?", group_size=1, timeout_s=60, harness="gyre-agent"
+        name=name, family="terminal", prompt="2+2?", group_size=1, timeout_s=60, harness="gyre-agent"
     )
 
 

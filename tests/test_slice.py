@@ -12,6 +12,7 @@ import pytest_asyncio
 import sqlalchemy as sa
 
 from gyre.db.engine import make_engine
+from gyre.devstack.scratch import scratch_kernel
 from gyre.events import stream_name
 from gyre.runtime import ServiceHost
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -34,24 +35,27 @@ class Slice:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def slice_(kernel: KernelSettings) -> AsyncIterator[Slice]:
-    hosts: list[ServiceHost] = [
-        await build_scheduler(SchedulerSettings(port=0), kernel),
-        await build_trajectory(TrajectorySettings(port=0), kernel),
-    ]
-    for host in hosts:
-        await host.start()
-    channels = [grpc.aio.insecure_channel(h.address) for h in hosts]
-    yield Slice(
-        scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[0]),
-        trajectory=trajectory_pb2_grpc.TrajectoryServiceStub(channels[1]),
-        scheduler_channel=channels[0],
-        kernel=kernel,
-    )
-    for channel in channels:
-        await channel.close()
-    for host in hosts:
-        await host.stop()
+async def slice_(server_urls: tuple[str, str]) -> AsyncIterator[Slice]:
+    # A database and bus prefix of its own: the tests below count every event on the scheduler's
+    # stream, which other modules' schedulers (and their outbox rows) would otherwise add to.
+    async with scratch_kernel(*server_urls, label="slice") as kernel:
+        hosts: list[ServiceHost] = [
+            await build_scheduler(SchedulerSettings(port=0), kernel),
+            await build_trajectory(TrajectorySettings(port=0), kernel),
+        ]
+        for host in hosts:
+            await host.start()
+        channels = [grpc.aio.insecure_channel(h.address) for h in hosts]
+        yield Slice(
+            scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[0]),
+            trajectory=trajectory_pb2_grpc.TrajectoryServiceStub(channels[1]),
+            scheduler_channel=channels[0],
+            kernel=kernel,
+        )
+        for channel in channels:
+            await channel.close()
+        for host in hosts:
+            await host.stop()
 
 
 def spec(**change: object) -> scheduler_pb2.TaskSpec:
