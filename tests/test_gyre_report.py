@@ -84,7 +84,7 @@ async def run(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFac
                     request_id=f"r-{uuid.uuid4().hex[:8]}",
                     tasks=[
                         scheduler_pb2.TaskSpec(
-                            name=f"t{version}", family="arith", prompt="2+2?", group_size=2,
+                            name=f"t{version}", family="terminal", prompt="2+2?", group_size=2,
                             timeout_s=60, harness="gyre-agent", labels=labels,
                         )
                     ],
