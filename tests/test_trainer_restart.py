@@ -23,6 +23,7 @@ from trainer_stack import connect_bus, events_on_bus, eventually, fresh_kernel, 
 from gyre.db.engine import libpq_url
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2
+from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.trainer.checkpoint import checkpoint_folder
 from services.trajectory.config import TrajectorySettings
 from services.trajectory.main import build as build_trajectory
@@ -94,7 +95,10 @@ async def test_killed_trainer_resumes_from_its_last_step_without_retraining_or_s
             assert [v for v, _ in after] == list(range(1, NUM_GROUPS + 1))  # resumed at len(before) + 1
             trained = [t for _, task_ids in after for t in task_ids]
             assert sorted(trained) == sorted(groups)  # each group exactly once: none twice, none skipped
-            assert trained == groups  # and in the order the groups became ready
+            # ... and in the order the groups became ready (calls may complete a later-submitted
+            # group first: readiness waits for every recorded call, not for submission order)
+            ready = await events_on_bus(kernel, "trajectory", trajectory_events.GroupReady)
+            assert trained == [r.task_id for r in ready]
             consumed = await conn.fetch("SELECT task_id, consumed_version FROM trainer.ready_groups")
             assert {str(r["task_id"]): r["consumed_version"] for r in consumed} == {
                 t: v for v, task_ids in after for t in task_ids
