@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -116,14 +117,20 @@ async def live_cells(
     try:
         proxy = await build_proxy(ProxySettings(model_dir=model_dir, model_name="tiny"), kernel)
         await start(proxy.host)
-        policy = (
+        policy: dict[str, Any] = (
             {"mode": loop.mode, "groups_per_step": loop.groups_per_step, "max_staleness": loop.max_staleness}
             if loop
             else {}
         )
         scheduler = await start(
             await build_scheduler(
-                SchedulerSettings(port=0, proxy_address=proxy.host.address, tick_s=0.2, **policy),  # type: ignore[arg-type]
+                SchedulerSettings(
+                    port=0,
+                    proxy_address=proxy.host.address,
+                    tick_s=0.2,
+                    harnesses=("scripted",),  # the benchmark plays the runner's harness itself
+                    **policy,
+                ),
                 kernel,
             )
         )

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from nats.aio.msg import Msg
 
 from bench.cell_rig import LiveCells, Loop, live_cells
 from bench.slice import servers
@@ -37,12 +36,13 @@ from gyre.consume import Consumer, ConsumerSpec
 from gyre.devstack.scratch import scratch_kernel
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
-from gyre.events import DecodedEvent, UndecodableEvent, new_event, parse_envelope, type_map, unpack_payload
+from gyre.events import DecodedEvent, new_event
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2 as trainer_events
+from gyre_app.demo import EventTap
 
 LENGTHS = (24, 48, 96, 200)
 """Output tokens of the executions, in turn: a spread with a long tail."""
@@ -102,28 +102,6 @@ class ScriptedRunner:
         await self.publish(evaluator_events.RewardAssigned(grade=grade), "evaluator", task_id)
 
 
-class Tap:
-    """StepCompleted and CellRoleChanged as they are published (a plain subscription)."""
-
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
-        self.types = type_map((trainer_events.StepCompleted, scheduler_events.CellRoleChanged))
-        self.queue: asyncio.Queue[DecodedEvent] = asyncio.Queue()
-
-    async def start(self) -> None:
-        await self.bus.nc.subscribe(f"{self.bus.prefix}.>", cb=self._on_msg)
-
-    async def _on_msg(self, msg: Msg) -> None:
-        try:
-            envelope = parse_envelope(msg.data)
-            if envelope.event_type in self.types:
-                event = unpack_payload(envelope, await self.bus.load_payload(envelope), self.types)
-                if event is not None:
-                    self.queue.put_nowait(event)
-        except UndecodableEvent:
-            return
-
-
 async def run_mode(
     kernel: KernelSettings, model: Path, state: Path, *, mode: str, steps: int
 ) -> dict[str, object]:
@@ -131,7 +109,7 @@ async def run_mode(
     async with live_cells(kernel, model, state, slots=2, loop=loop) as live:
         assert kernel.nats_url is not None
         bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix), name="bench-live")
-        tap = Tap(bus)
+        tap = EventTap(bus, (trainer_events.StepCompleted, scheduler_events.CellRoleChanged))
         await tap.start()
         runner = ScriptedRunner(live, bus)
         consumer = Consumer(bus, runner.spec())
@@ -143,7 +121,7 @@ async def run_mode(
         specs = [
             pb.TaskSpec(
                 name=f"t{i}",
-                family="arith",
+                family="terminal",
                 prompt="p",
                 group_size=GROUP_SIZE,
                 timeout_s=600,

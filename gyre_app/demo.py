@@ -89,9 +89,9 @@ class Tally:
 class EventTap:
     """Every watched event on the bus, in arrival order (a plain subscription: it consumes nothing)."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, watched: tuple[type[message.Message], ...] = WATCHED) -> None:
         self.bus = bus
-        self.types = type_map(WATCHED)
+        self.types = type_map(watched)
         self.queue: asyncio.Queue[DecodedEvent] = asyncio.Queue()
 
     async def start(self) -> None:
