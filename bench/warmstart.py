@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=16, help="instances per family (a quarter held out)")
     parser.add_argument("--max-turns", type=int, default=8)
     ns = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # see TrainConfig.threads
     started = time.perf_counter()
     folder, built = cached_warm_start(
         KernelSettings().state_dir, WarmStartConfig(seed=ns.seed), say=lambda m: print(m, flush=True)

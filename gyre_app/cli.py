@@ -6,6 +6,7 @@ An error is one line on stderr, `gyre <command>: <what was wrong>`, and a non-ze
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -109,12 +110,18 @@ def demo(
         bool, typer.Option(help="train the warm-started policy on generated tasks and write a report")
     ] = False,
     quick: Annotated[bool, typer.Option(help="the narrated one-task loop (the default)")] = False,
-    steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 12,
+    steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 15,
     group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 4,
-    timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 45,
+    timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 30,
     mode: Annotated[
         str, typer.Option(help="--learn: scheduling mode (colocate, async, gyre, burst)")
     ] = "gyre",
+    families: Annotated[str, typer.Option(help="--learn: task families, comma-separated, or all")] = "all",
+    count: Annotated[int, typer.Option(help="--learn: instances per family (every 4th held out)", min=4)] = 8,
+    warm_start_count: Annotated[
+        int, typer.Option(help="--learn: instances per family the warm start imitates", min=4)
+    ] = 48,
+    warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 80,
 ) -> None:
     """Run the end-to-end slice on the local stack and narrate it (`--learn`: a training run)."""
     if learn and quick:
@@ -126,7 +133,21 @@ def demo(
 
         if mode not in MODES:
             raise typer.BadParameter(f"--mode: one of {', '.join(MODES)}, got {mode!r}")
-        config = LearnConfig(steps=steps, group_size=group_size, timeout_s=timeout_s, mode=mode)
+        from gyre_app.warmstart.build import WarmStartConfig
+        from services.evaluator.generate.families import parse_families
+
+        warm = WarmStartConfig(families=tuple(parse_families(families)), count_per_family=warm_start_count)
+        config = LearnConfig(
+            steps=steps,
+            group_size=group_size,
+            timeout_s=timeout_s,
+            mode=mode,
+            families=warm.families,
+            count_per_family=count,
+            warm_start=dataclasses.replace(
+                warm, train=dataclasses.replace(warm.train, steps=warm_start_steps)
+            ),
+        )
         code = learn_demo(KernelSettings(), config, keep=keep)
     else:
         from gyre_app.demo import main as run_demo

@@ -43,31 +43,35 @@ from gyre_app.report_gather import gather
 from gyre_app.report_model import Report
 from gyre_app.report_render import write_report
 from gyre_app.stack import LOCAL_AGENT_ENV, StackState, down, up
+from gyre_app.warmstart.build import WarmStartConfig
 
 console = Console(highlight=False, stderr=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LearnConfig:
-    steps: int = 12
+    steps: int = 15
     """Training tasks submitted, one group (one step) each; the train split is cycled."""
     group_size: int = 4
-    timeout_s: int = 45
+    timeout_s: int = 30
     """Each execution's deadline: short enough that some time out and earn partial credit."""
-    count_per_family: int = 4
+    families: tuple[str, ...] = ("repair", "repo-gen", "terminal")
+    count_per_family: int = 8
     """Instances per family; every 4th is held out."""
     tasks_seed: int = 1
     """Another seed than the warm start's (0), so no instance was in its transcripts."""
-    warm_start_seed: int = 0
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     mode: str = "gyre"
     """The scheduler's mode (`gyre up --mode`): cells switch between rollout and training in `gyre`."""
-    temperature: float = 0.5
-    """The agent's sampling temperature: at 1.0 the tiny warm-started model's second call is noise
-    (every execution of a group then earns the same reward); greedy would make them all alike."""
+    temperature: float = 0.7
+    """The agent's sampling temperature: a group's executions differ where the warm start is
+    unsure (finish the work or stop early); at 1.0 the tiny model garbles most held-out calls."""
     in_flight: int = 2
     """Training tasks submitted at a time: the next goes in as a step completes, so samples stay
     within the trainer's staleness bound and executions do not all contend for 2 cores at once."""
-    max_turns: int = int(LOCAL_AGENT_ENV["GYRE_AGENT_MAX_TURNS"])
+    max_turns: int = 5
+    """The built-in agent's turns (each a model call): the longest reference solution and its
+    final message."""
     deadline_s: float = 1800.0
     """The whole training phase's bound."""
 
@@ -129,7 +133,10 @@ def score_heldout(
     model_dir: Path, tokenizer_dir: Path, tasks: Path, names: list[str], max_turns: int
 ) -> float:
     """Mean held-out score of the built-in agent driven by the model in-process (greedy)."""
+    import torch
     from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)  # see TrainConfig.threads: a second thread only spins on a busy machine
 
     from gyre_app.warmstart.rollout import LocalPolicy, make_grader, solve
     from services.trainer.policy import load_model
@@ -146,14 +153,14 @@ def score_heldout(
 
 def prepare(kernel: KernelSettings, run_dir: Path, config: LearnConfig) -> tuple[Path, list[str], list[str]]:
     """Warm start into `run_dir/model`, task set into `run_dir/tasks`; (tasks, train, held-out)."""
-    from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, install
-    from services.evaluator.generate.families import GENERATORS, plan
+    from gyre_app.warmstart.build import cached_warm_start, install
+    from services.evaluator.generate.families import plan
     from services.evaluator.generate.writer import load_split, write_taskset
 
     started = time.monotonic()
     folder, built = cached_warm_start(
         kernel.state_dir.resolve(),
-        WarmStartConfig(seed=config.warm_start_seed),
+        config.warm_start,
         say=lambda m: console.print(f"  warm start: {m}"),
     )
     install(folder, run_dir / "model")
@@ -161,7 +168,7 @@ def prepare(kernel: KernelSettings, run_dir: Path, config: LearnConfig) -> tuple
         f"warm start {'built' if built else 'reused'} ({folder}) in {time.monotonic() - started:.0f} s"
     )
     tasks = run_dir / "tasks"
-    write_taskset(tasks, plan(sorted(GENERATORS), count=config.count_per_family), seed=config.tasks_seed)
+    write_taskset(tasks, plan(config.families, count=config.count_per_family), seed=config.tasks_seed)
     return tasks, interleave(load_split(tasks, "train")), load_split(tasks, "heldout")
 
 
@@ -270,7 +277,14 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
     os.environ["GYRE_EVALUATOR_TASKS_DIR"] = str(tasks)
     os.environ["GYRE_SCHEDULER_TASKS_DIR"] = str(tasks)  # it refuses templates it cannot find
     os.environ["GYRE_STATE_DIR"] = str(run_dir)  # the client finds the stack's addresses there
-    state = up(learn_kernel, mode=config.mode, agent_env={"GYRE_AGENT_TEMPERATURE": str(config.temperature)})
+    # One torch thread in every service (see TrainConfig.threads): the tiny model gains nothing from
+    # a second, and on a busy machine a second thread multiplies a training step's CPU time.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    agent_env = {
+        "GYRE_AGENT_TEMPERATURE": str(config.temperature),
+        "GYRE_AGENT_MAX_TURNS": str(config.max_turns),
+    }
+    state = up(learn_kernel, mode=config.mode, agent_env=agent_env)
     console.print(
         f"stack up ({time.monotonic() - started:.0f} s so far); training {config.steps} steps, "
         f"groups of {config.group_size}, deadline {config.timeout_s} s, mode {config.mode}"

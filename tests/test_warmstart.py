@@ -43,6 +43,20 @@ def test_the_scripted_solver_runs_the_agent_through_a_delegation_and_a_compactio
     assert "passed" in repair[-1].messages[-1]["content"]  # the real tests ran on the fixed code
 
 
+def test_an_imperfect_demonstration_declares_the_work_done_before_its_last_write() -> None:
+    terminal = build(plan(["terminal"], count=1)[0], seed=0)
+    early = record_transcript(terminal, context_tokens=24000, stop_early=True)
+    assert tool_names(early) == ["shell", "shell", "-"]  # head, the result file, then "done": no rows.txt
+    assert "result.txt" in early[1].reply["tool_calls"][0]["function"]["arguments"]
+    repo_gen = next(p for p in plan(["repo-gen"], count=8) if build(p, seed=0).delegate)
+    cut = record_transcript(build(repo_gen, seed=0), context_tokens=24000, stop_early=True)
+    assert tool_names(cut) == ["write_file", "-"] and {c.agent_id for c in cut} == {"main"}
+    repair = record_transcript(
+        build(plan(["repair"], count=1)[0], seed=0), context_tokens=24000, stop_early=True
+    )
+    assert tool_names(repair) == ["run_tests", "read_file", "-"]  # the fix is never written
+
+
 def test_chains_split_at_compaction_and_sub_agents_and_only_replies_are_targets() -> None:
     repo_gen = next(p for p in plan(["repo-gen"], count=8) if build(p, seed=0).delegate)
     calls = record_transcript(build(repo_gen, seed=0), context_tokens=300)

@@ -23,8 +23,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("directory", type=Path, help="model folder to write (e.g. .gyre/model)")
     parser.add_argument("--warm-start", action="store_true", required=True)
     parser.add_argument("--seed", type=int, default=0, help="the same seed builds the same model")
-    parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 150)")
-    parser.add_argument("--count", type=int, default=None, help="instances per family (default 24)")
+    parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 80)")
+    parser.add_argument("--count", type=int, default=None, help="instances per family (default 48)")
     ns = parser.parse_args(argv)
     from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, install
 

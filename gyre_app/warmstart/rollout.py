@@ -36,6 +36,8 @@ class LocalPolicy:
     model: Any
     tokenizer: Any
     max_tokens: int = 160
+    temperature: float = 0.0
+    """0: greedy; above: sampled at that temperature (seed torch's generator for repeatable runs)."""
     num_calls: int = 0
     num_valid_tool_calls: int = 0
     transcript: list[str] = field(default_factory=list)
@@ -58,7 +60,8 @@ class LocalPolicy:
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=self.max_tokens,
-                do_sample=False,
+                do_sample=self.temperature > 0,
+                **({"temperature": self.temperature, "top_k": 0} if self.temperature > 0 else {}),
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
             )

@@ -119,11 +119,34 @@ def _write(root: Path, files: Mapping[str, str]) -> None:
         (root / rel).write_text(text)
 
 
-def record_transcript(inst: TaskInstance, *, context_tokens: int, max_turns: int = 12) -> list[RecordedCall]:
+def changes_workspace(step: Step) -> bool:
+    """Whether a step writes the workspace (a file write, a delegation, a shell redirect).
+
+    Example: shell "awk 'END{print NR-1}' data.csv > rows.txt" -> True; shell "head -3 data.csv" -> False
+    """
+    command = str(step.arguments.get("command", ""))
+    return step.tool in ("write_file", "delegate") or (step.tool == "shell" and " > " in command)
+
+
+def stopped_early(steps: Sequence[Step]) -> list[Step]:
+    """The reference steps cut before their last workspace-changing step: a demonstration that
+    declares the work done too soon (it earns part of the credit, or none).
+
+    Example: [head, awk > result.txt, awk > rows.txt] -> [head, awk > result.txt]
+    """
+    last = max((i for i, s in enumerate(steps) if changes_workspace(s)), default=len(steps))
+    return list(steps[:last])
+
+
+def record_transcript(
+    inst: TaskInstance, *, context_tokens: int, max_turns: int = 12, stop_early: bool = False
+) -> list[RecordedCall]:
     """Run the built-in agent on `inst` with its reference solution as the policy; its calls.
 
     With a delegated part, the main agent's step that writes it goes to a sub-agent instead.
     A small `context_tokens` makes the agent compact (a `summary` call, then a fresh context).
+    `stop_early` replays an imperfect demonstration (`stopped_early`): the main agent answers
+    "done" before its last workspace-changing step.
     """
     steps = list(inst.solution)
     sub: list[Step] = []
@@ -133,7 +156,15 @@ def record_transcript(inst: TaskInstance, *, context_tokens: int, max_turns: int
             s for s in steps if s.tool == "write_file" and str(s.arguments.get("path", "")) in inst.delegate
         ]
         steps = [s for s in steps if s not in sub]
-    client = ScriptedClient(main=steps, sub=sub, delegate=inst.delegate if sub else "", task=inst.prompt)
+    delegate = inst.delegate if sub else ""
+    if stop_early:
+        if delegate:  # the delegation is the main agent's workspace-changing step after `__init__`
+            steps.insert(1, Step(tool="delegate", arguments={"task": delegate}))
+            steps, delegate = stopped_early(steps), ""
+        else:
+            steps = stopped_early(steps)
+        sub = []
+    client = ScriptedClient(main=steps, sub=sub, delegate=delegate, task=inst.prompt)
     with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as tmp:
         root = Path(tmp)
         _write(root, inst.workspace)

@@ -127,14 +127,20 @@ def render_transcript(tokenizer: Tokenizer, calls: Sequence[RecordedCall]) -> li
 
 
 def supervised_samples(
-    transcripts: Sequence[Sequence[RenderedChain]], *, names: Sequence[str], version: int
+    transcripts: Sequence[Sequence[RenderedChain]],
+    *,
+    names: Sequence[str],
+    version: int,
+    pack_as: str = "",
 ) -> list[Sample]:
     """Trainer samples of whole transcripts: one per chain, targets the replies, weighted 1/(E*U_e).
 
     Each transcript is one execution (its chains pack into one tree: they share the system
     prompt); a target token of transcript `i` weighs 1/(E*U_i) as in DESIGN section 4, so every
     transcript counts the same whatever its length. `version` is the trainer's: supervised data
-    is never stale.
+    is never stale. With `pack_as`, every sample carries that execution id instead, so the trainer
+    packs all the transcripts into one tree (microbatches are per execution) and computes their
+    common system prompt once; the weights stay per transcript.
     """
     e = len(transcripts)
     out: list[Sample] = []
@@ -144,7 +150,7 @@ def supervised_samples(
             n = len(c.token_ids)
             out.append(
                 Sample(
-                    execution_id=name,
+                    execution_id=pack_as or name,
                     trajectory_id=f"{name}/{j}",
                     agent_role="main",
                     token_ids=c.token_ids,

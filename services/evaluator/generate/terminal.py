@@ -14,11 +14,15 @@ NAMES = ("ann", "bob", "cy", "dee", "eve", "fox", "gus", "hal")
 OPS = {"sum": "the sum", "max": "the largest value", "min": "the smallest value"}
 
 
-def _awk(op: str, col: int) -> str:
-    if op == "sum":
-        return f"awk -F, 'NR>1{{s+=${col}}} END{{print s}}' data.csv > result.txt"
-    cmp = ">" if op == "max" else "<"
-    return f"awk -F, 'NR>1&&(NR==2||${col}{cmp}m){{m=${col}}} END{{print m}}' data.csv > result.txt"
+PIPES = {"sum": "awk '{s+=$1} END{print s}'", "max": "sort -n | tail -1", "min": "sort -n | head -1"}
+
+
+def _pipeline(op: str, field: int) -> str:
+    """One template for every question: the column's values (header cut), then the operation.
+
+    Example: ("max", 3) -> "cut -d, -f3 data.csv | tail -n +2 | sort -n | tail -1 > result.txt"
+    """
+    return f"cut -d, -f{field} data.csv | tail -n +2 | {PIPES[op]} > result.txt"
 
 
 def generate(*, name: str, seed: int, index: int) -> TaskInstance:
@@ -42,7 +46,7 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
     )
     prompt = (
         f"data.csv has columns {header}. Write result.txt holding {OPS[op]} of the {columns[target]} "
-        "column (just the number), and rows.txt holding the number of data rows."
+        f"column (field {target + 2}; just the number), and rows.txt holding the number of data rows."
     )
     return TaskInstance(
         name=name,
@@ -56,7 +60,7 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
         grader_timeout_s=30,
         solution=(
             Step(tool="shell", arguments={"command": "head -3 data.csv"}),
-            Step(tool="shell", arguments={"command": _awk(op, target + 2)}),
+            Step(tool="shell", arguments={"command": _pipeline(op, target + 2)}),
             Step(tool="shell", arguments={"command": "awk 'END{print NR-1}' data.csv > rows.txt"}),
         ),
         meta={"op": op, "answer": answer},
