@@ -112,7 +112,7 @@ def demo(
     quick: Annotated[bool, typer.Option(help="the narrated one-task loop (the default)")] = False,
     steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 15,
     group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 4,
-    timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 30,
+    timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 15,
     mode: Annotated[
         str, typer.Option(help="--learn: scheduling mode (colocate, async, gyre, burst)")
     ] = "gyre",

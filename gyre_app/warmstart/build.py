@@ -54,10 +54,12 @@ class WarmStartConfig:
     replies garbled even greedy)."""
     compact_every: int = 3
     """Every n-th instance runs with a small context budget, so its transcript holds a compaction."""
-    stop_early_fraction: float = 0.4
+    stop_early_fraction: float = 0.25
     """Share of demonstrations that declare the work done before their last workspace-changing
     step (`scripted.stopped_early`): the warm-started policy then sometimes stops too soon, so a
-    group's executions earn different rewards and RL has a direction to move (finish the work)."""
+    group's executions earn different rewards and RL has a direction to move (finish the work).
+    Kept below every "continue" choice's share: at 0.4 stopping was repo-gen's likeliest reply
+    (its continuations split between writing the module and delegating it), even greedy."""
     vocab_size: int = 2048
     """Merges fitted to the transcripts (whole words of the tool list, code and commands)."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)

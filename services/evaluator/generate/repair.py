@@ -91,8 +91,8 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
             Check(name="fail_to_pass", tests="hidden/test_fail_to_pass.py", weight=0.7),
             Check(name="pass_to_pass", tests="hidden/test_pass_to_pass.py", weight=0.3),
         ),
+        # Read, fix, check: no test run first, whose long output a tiny policy cannot read past.
         solution=(
-            Step(tool="run_tests", arguments={}),
             Step(tool="read_file", arguments={"path": path}),
             Step(tool="write_file", arguments={"path": path, "content": _module(good)}),
             Step(tool="run_tests", arguments={}),
