@@ -67,6 +67,10 @@ def main() -> None:
                 name: m["rollout_cells"] for name, m in report["modes"].items() if "rollout_cells" in m
             },
             "gyre_over_bound": report["gyre_over_bound"],
+            # The bound of policies admitting as the staleness cap allows (all modes here).
+            "cap_admission_bound_s": report["cap_admission_bound_s"],
+            "modes_admitting_at_cap": report["modes_admitting_at_cap"],
+            "gyre_over_cap_admission_bound": report["gyre_over_cap_admission_bound"],
             "best_baseline": report["best_baseline"],
             "gyre_speedup_over_best_baseline": report["gyre_speedup_over_best_baseline"],
             "speedup_of_gyre": report["speedup_of_gyre"],
