@@ -10,11 +10,18 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.sim.bound import admission_bound, all_reduce, lower_bounds, update_gaps
+from services.scheduler.sim.bound import (
+    admission_bound,
+    all_reduce,
+    first_batch_costs,
+    group_costs,
+    lower_bounds,
+    update_gaps,
+)
 from services.scheduler.sim.chain_bound import fifo_chain
 from services.scheduler.sim.modes import ABLATION, MODES, simulate
 from services.scheduler.sim.path_bound import fifo_paths
-from services.scheduler.sim.workload import draw_executions, parse_workload
+from services.scheduler.sim.workload import Executions, draw_executions, parse_workload
 
 ALL_MODES = sorted(set(MODES) | set(ABLATION))
 
@@ -193,6 +200,20 @@ def test_fifo_chain_follows_a_heavy_batch_that_the_average_of_chains_dilutes() -
     term = fifo_chain(costs=costs, steps=4, groups_per_step=1, max_staleness=1, overhead_s=1.0)
     average = (sum(sorted(costs, reverse=True)) + 4 * 1.0) / 2
     assert term > average
+
+
+def test_groups_past_the_rollout_slots_start_only_as_earlier_executions_end() -> None:
+    # 2 cells of 1 slot, groups of one execution lasting 5, 1, 3, 2 s: the third starts once the
+    # 1 s one ends, the fourth once the 3 s one ends (the second to end). Edges from version 0
+    # see the groups ready by 5, 1, 4, 5.
+    w = parse_workload(
+        {**random_workload(0), "cells": 2, "steps": 4, "groups_per_step": 1, "group_size": 1,
+         "max_staleness": 3, "async_rollout_cells": 1, "rollout": {"executions_per_cell": 1}},
+        base_dir=Path("."),
+    )  # fmt: skip
+    x = Executions(duration_s=(5.0, 1.0, 3.0, 2.0), tokens=(0, 0, 0, 0), timed_out=(False,) * 4)
+    assert first_batch_costs(w, x) == [5.0, 1.0, 4.0, 5.0]
+    assert group_costs(w, x) == [5.0, 1.0, 3.0, 2.0]
 
 
 def test_all_reduce_charges_every_token_trained_beside_another_cell() -> None:

@@ -76,6 +76,7 @@ only when G slots are free), staleness waits beyond the chain, and migration pau
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -156,11 +157,37 @@ def group_costs(w: Workload, x: Executions) -> list[float]:
     ]
 
 
+def first_batch_costs(w: Workload, x: Executions) -> list[float]:
+    """c_g for the groups a path's edges from version 0 (P_0 = 0) may cover: the slowest of
+    (S_e + d_e) over the group's executions, plus w_g / C, where S_e is the earliest execution e
+    can start. Executions start in queue order and at most C * E run at once, so when e starts
+    every earlier one has started, at most C*E - 1 of them still run, and at least e - C*E + 1
+    have finished: S_e >= the (e - C*E + 1)-th smallest d_j over j < e (0 while e < C*E).
+    Only the first (K+1)*B groups can be in batch 0; the rest keep c_g.
+
+    Example: 1 cell of 2 slots, durations 5, 1, 3, 2: S = 0, 0, 1 (after the 1 s), 3 (after
+    1 and 3) -> executions end by 5, 1, 4, 5
+    """
+    g, slots = w.group_size, w.cells * w.executions_per_cell
+    first = min(w.total_groups, (w.max_staleness + 1) * w.groups_per_step) * g
+    finished: list[float] = []
+    ends: list[float] = []
+    for e in range(first):
+        rank = e - slots + 1
+        ends.append((finished[rank - 1] if rank > 0 else 0.0) + x.duration_s[e])
+        bisect.insort(finished, x.duration_s[e])
+    costs = group_costs(w, x)
+    for k in range(first // g):
+        costs[k] += max(ends[k * g : k * g + g]) - max(x.duration_s[k * g : k * g + g])
+    return costs
+
+
 def admission_bound(w: Workload, x: Executions, admitted: list[int]) -> float:
     """`path_bound.longest_path` for one admission sequence: no schedule that admits exactly so
     (`path_bound.at_cap`: every policy admitting as the staleness cap allows) ends sooner."""
     return longest_path(
         costs=group_costs(w, x),
+        first_costs=first_batch_costs(w, x),
         admitted=admitted,
         groups_per_step=w.groups_per_step,
         max_staleness=w.max_staleness,
@@ -185,7 +212,7 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
         "max_staleness": w.max_staleness,
         "overhead_s": w.step_overhead_s,
     }
-    paths = fifo_paths(**chain)
+    paths = fifo_paths(**chain, first_costs=first_batch_costs(w, x))
     terms = {
         "work": work_cell_s / c,
         "training_window": min(ready) + overhead + training / c,

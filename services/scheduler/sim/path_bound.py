@@ -81,6 +81,7 @@ def longest_path(
     groups_per_step: int,
     max_staleness: int,
     overhead_s: float,
+    first_costs: Sequence[float] | None = None,
 ) -> float:
     """L_S(a): the longest edge path for one admission sequence `admitted` (a(0) .. a(S-1)), a
     lower bound on the wall time of every schedule that admits exactly so.
@@ -90,7 +91,8 @@ def longest_path(
     steps, b, k = len(admitted), groups_per_step, max_staleness
     length = [0.0] + [-math.inf] * steps
     for s in range(steps):
-        batch = sorted(costs[(admitted[s - 1] if s else 0) : admitted[s]], reverse=True)
+        source = costs if s or first_costs is None else first_costs
+        batch = sorted(source[(admitted[s - 1] if s else 0) : admitted[s]], reverse=True)
         for j in range(1, k + 2):
             land = min(s + j, steps)
             untrained = 0 if (j == k + 1 or land == steps) else admitted[s + j - 1] - (s + j) * b
@@ -110,7 +112,13 @@ def at_cap(*, steps: int, groups_per_step: int, max_staleness: int) -> list[int]
 
 
 def fifo_paths(
-    *, costs: Sequence[float], steps: int, groups_per_step: int, max_staleness: int, overhead_s: float
+    *,
+    costs: Sequence[float],
+    steps: int,
+    groups_per_step: int,
+    max_staleness: int,
+    overhead_s: float,
+    first_costs: Sequence[float] | None = None,
 ) -> float | None:
     """min over admission sequences of the longest edge path (module docstring); None if too big.
 
@@ -121,6 +129,7 @@ def fifo_paths(
     a(1) is known, gives 6.0).
     """
     c = np.asarray(costs, dtype=float)
+    c0 = np.asarray(first_costs if first_costs is not None else costs, dtype=float)
     n, b, k, o = len(c), groups_per_step, max_staleness, overhead_s
     assert n == steps * b
 
@@ -137,7 +146,7 @@ def fifo_paths(
     tables: dict[int, np.ndarray] = {}  # batch s: descending(c, counts(s-1), counts(s))
     ell: dict[int, np.ndarray] = {0: np.zeros((1,) * (k + 1))}  # over a(u-k-1) .. a(u-1)
     for u in range(steps):
-        tables[u] = descending(c, counts(u - 1), counts(u))
+        tables[u] = descending(c if u or first_costs is None else c0, counts(u - 1), counts(u))
         window = [counts(u - k - 1 + d) for d in range(k + 1)]  # a(u-k-1) .. a(u-1)
         # Monotone admission counts: a(u-k-1) <= ... <= a(u-1).
         valid = np.ones([len(r) for r in window], dtype=bool)
