@@ -281,6 +281,7 @@ class Calls:
             pool=self.router.pool,
             on_move=self.router.moved,
             on_version=self.router.observed_version,
+            on_broken=lambda broken: self.router.failover(execution_id, broken),
         )
         run = CallRun(
             self,
