@@ -12,9 +12,11 @@ Nothing is dropped silently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+import nats.errors
 import structlog
 from google.protobuf import message
 from nats.aio.msg import Msg
@@ -56,6 +58,13 @@ class ConsumerSpec:
     fetch_timeout_s: float = 1.0
     retry_base_s: float = 1.0
     """First back-off after a handler failure; doubles per delivery, capped at 30 s."""
+    progress_every_s: float = 0.0
+    """When > 0, a handler still running tells the server every this many seconds that it is in
+    progress, so a long handler (grading) can keep a short `ack_wait_s`: a consumer killed
+    mid-handler is redelivered after `ack_wait_s`, not after the longest handler could take."""
+    subscribe_retry_max_s: float = 30.0
+    """Longest back-off between attempts to create the stream or the consumer (a busy server
+    times out): they are retried until the service stops, never given up."""
     max_wait_deliver: int = 0
     """Deliveries an event may spend waiting for an earlier one it depends on (a consumer that
     naks it as not applicable yet) before it is dead-lettered; 0: as `max_deliver`. With the
@@ -101,9 +110,30 @@ class Consumer:
             subjects[0], durable=self.spec.durable, stream=stream, config=config
         )
 
+    async def _subscribe_retrying(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+        """`_subscribe`, retried with a bounded back-off until it works or `stop` is set."""
+        for attempt in range(1_000_000):  # bounded by `stop`; the back-off caps each wait
+            try:
+                return await self._subscribe()
+            except (TimeoutError, nats.errors.Error) as exc:
+                delay_s = min(self.spec.subscribe_retry_max_s, 0.5 * 2.0**attempt)
+                log.warning(
+                    "consumer_subscribe_failed",
+                    consumer=self.spec.durable,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in_s=delay_s,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
+                if stop.is_set():
+                    return None
+        return None
+
     async def run(self, stop: asyncio.Event) -> None:
         """Process messages until `stop` is set; every fetch is bounded by `fetch_timeout_s`."""
-        sub = await self._subscribe()
+        sub = await self._subscribe_retrying(stop)
+        if sub is None:
+            return
         log.info("consumer_started", consumer=self.spec.durable, producer=self.spec.producer)
         while not stop.is_set():
             try:
@@ -145,7 +175,7 @@ class Consumer:
     async def _apply(self, msg: Msg, event: DecodedEvent) -> str:
         """Run the handler; ack, retry later or dead-letter. Returns which of the three happened."""
         try:
-            await self.handlers[event.envelope.event_type](event)
+            await self._run_handler(msg, event)
         except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
             await self._give_up(msg, f"invalid event: {exc}")
             return "dead_lettered"
@@ -160,6 +190,20 @@ class Consumer:
         await msg.ack()
         self.processed += 1
         return "ok"
+
+    async def _run_handler(self, msg: Msg, event: DecodedEvent) -> None:
+        handling = asyncio.ensure_future(self.handlers[event.envelope.event_type](event))
+        every_s = self.spec.progress_every_s
+        try:
+            while every_s > 0:  # bounded: ends with the handler
+                done, _ = await asyncio.wait({handling}, timeout=every_s)
+                if done:
+                    break
+                with contextlib.suppress(TimeoutError, nats.errors.Error):  # server away: redelivered
+                    await msg.in_progress()
+            await handling
+        finally:
+            handling.cancel()  # only when this consumer was cancelled mid-handler
 
     async def _decode(self, msg: Msg) -> DecodedEvent | None:
         envelope = parse_envelope(msg.data)
