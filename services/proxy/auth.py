@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import structlog
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.errors import GyreError, Unavailable
+from gyre.outages import is_outage
 from services.proxy import repo
 
 log = structlog.get_logger(__name__)
@@ -83,7 +83,9 @@ class TokenBook:
                 async with self.sessions() as session:
                     row = await repo.load_token(session, digest)
                 break
-            except (DBAPIError, OSError) as exc:
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
                 if stale is not None:
                     log.warning("token_checked_from_cache", error=type(exc).__name__)
                     return stale

@@ -24,12 +24,12 @@ from typing import Any
 
 import grpc
 import structlog
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import GyreError
 from gyre.events import new_event
+from gyre.outages import is_outage
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.adopt import adopt
@@ -282,8 +282,8 @@ class Supervisor:
                     await repo.update_execution(session, launch.execution_id, **values)
                     await enqueue(session, repo.outbox, envelope)
                 break
-            except (DBAPIError, OSError) as exc:  # Postgres away (restarting): the end must still land
-                if time.monotonic() > deadline:
+            except Exception as exc:  # Postgres away (restarting): the end must still land
+                if not is_outage(exc) or time.monotonic() > deadline:
                     raise
                 log.warning("state_commit_failed", error=type(exc).__name__, attempt=attempt)
                 await asyncio.sleep(min(0.5 * 2**attempt, 5.0))

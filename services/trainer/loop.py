@@ -17,13 +17,13 @@ from typing import Any
 
 import structlog
 from google.protobuf import json_format
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import InvalidArgument, Unavailable
 from gyre.events import new_event
+from gyre.outages import is_outage
 from gyre.trainer.v1 import events_pb2
 from gyre.trajectory.v1 import trajectory_pb2
 from services.trainer import repo
@@ -129,7 +129,10 @@ class StepLoop:
         while not stop.is_set():
             try:
                 backoff_s = await self._once(backoff_s)
-            except DBAPIError as exc:  # Postgres away (a restart): the loop waits, the process lives
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # Postgres away (a restart): the loop waits, the process lives.
                 log.warning("trainer_database_unavailable", error=type(exc).__name__, retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
@@ -152,23 +155,28 @@ class StepLoop:
         try:
             await self.train(groups)
             backoff_s = 0.5
-        except (Unavailable, StepFailed, InvalidArgument, DBAPIError) as exc:
-            # Trajectory service or Postgres away, members dying, a batch this configuration refuses: not
-            # an error of the groups' own, so the attempt is taken back and they stay queued.
+        except Exception as exc:
+            if not (isinstance(exc, (Unavailable, StepFailed, InvalidArgument)) or is_outage(exc)):
+                await self._failed(task_ids, exc, backoff_s)
+                return min(30.0, backoff_s * 2)
+            # Trajectory service or Postgres away, members dying, a batch this configuration
+            # refuses: not an error of the groups' own, so the attempt is taken back and they stay
+            # queued.
             async with self.sessions() as session, session.begin():
                 await repo.count_attempt(session, task_ids, delta=-1)
             log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
             await asyncio.sleep(backoff_s)
             backoff_s = min(30.0, backoff_s * 2)
-        except Exception as exc:  # an error of the step itself: counted against its groups
-            error = f"{type(exc).__name__}: {exc}"
-            async with self.sessions() as session, session.begin():
-                await repo.record_error(session, task_ids, error)
-            log.exception("step_failed", task_ids=task_ids, error=error, retry_s=backoff_s)
-            self.groups_in_step, self.step_started_at = 0, None
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(30.0, backoff_s * 2)
         return backoff_s
+
+    async def _failed(self, task_ids: list[str], exc: Exception, backoff_s: float) -> None:
+        """An error of the step itself: counted against its groups."""
+        error = f"{type(exc).__name__}: {exc}"
+        async with self.sessions() as session, session.begin():
+            await repo.record_error(session, task_ids, error)
+        log.error("step_failed", task_ids=task_ids, error=error, retry_s=backoff_s, exc_info=exc)
+        self.groups_in_step, self.step_started_at = 0, None
+        await asyncio.sleep(backoff_s)
 
     async def _set_aside_exhausted(self, groups: list[repo.QueuedGroup]) -> bool:
         """Set aside the groups tried `max_group_attempts` times, with the reason; whether any was.
@@ -272,8 +280,8 @@ class StepLoop:
                     )
                     await enqueue(session, repo.outbox, *events)
                 break
-            except DBAPIError as exc:
-                if time.monotonic() > deadline:
+            except Exception as exc:
+                if not is_outage(exc) or time.monotonic() > deadline:
                     raise RuntimeError(f"step {version} trained but not recorded: {exc}") from exc
                 log.warning("step_commit_retried", version=version, attempt=attempt, error=type(exc).__name__)
                 await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
