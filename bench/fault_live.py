@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import nats
 from google.protobuf import message
 
-from gyre.common.v1 import envelope_pb2
+from bench.fault_stack import read_events
 from gyre.devstack.embedded import start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import pid_running
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
-from gyre.events import stream_name
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
@@ -51,32 +49,6 @@ GROUPS, GROUP_SIZE = 2, 2
 OUTAGE_S = 15.0
 SETTLE_S = 420.0
 AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "96", "GYRE_AGENT_MAX_TURNS": "4"}
-
-
-async def read_events(nats_url: str, prefix: str, service: str, cls: type[message.Message]) -> list[Any]:
-    """Every event of one type on a producer's stream, in order (an ordered consumer)."""
-    nc = await nats.connect(nats_url)
-    try:
-        subject = f"{prefix}.{service}.v1.{cls.DESCRIPTOR.name}"
-        try:
-            sub = await nc.jetstream().subscribe(
-                subject, stream=stream_name(service, prefix=prefix), ordered_consumer=True
-            )
-        except nats.js.errors.NotFoundError:
-            return []
-        out = []
-        for _ in range(100_000):  # bounded: a run publishes far fewer
-            try:
-                msg = await sub.next_msg(timeout=0.5)
-            except TimeoutError:
-                break
-            event = cls()
-            envelope_pb2.Envelope.FromString(msg.data).payload.Unpack(event)
-            out.append(event)
-        await sub.unsubscribe()
-        return out
-    finally:
-        await nc.close()
 
 
 class LiveStack:

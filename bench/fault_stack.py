@@ -366,29 +366,7 @@ class Stack:
 
     async def events(self, service: str, cls: type[message.Message]) -> list[Any]:
         """Every event of one type on a producer's stream, in order."""
-        nc = await nats.connect(str(self.kernel.nats_url))
-        try:
-            js = nc.jetstream()
-            subject = f"{self.kernel.bus_prefix}.{service}.v1.{cls.DESCRIPTOR.name}"
-            try:
-                sub = await js.subscribe(
-                    subject, stream=stream_name(service, prefix=self.kernel.bus_prefix), ordered_consumer=True
-                )
-            except nats.js.errors.NotFoundError:
-                return []
-            out = []
-            for _ in range(100_000):  # bounded: the suite publishes far fewer
-                try:
-                    msg = await sub.next_msg(timeout=0.5)
-                except TimeoutError:
-                    break
-                event = cls()
-                envelope_pb2.Envelope.FromString(msg.data).payload.Unpack(event)
-                out.append(event)
-            await sub.unsubscribe()
-            return out
-        finally:
-            await nc.close()
+        return await read_events(str(self.kernel.nats_url), self.kernel.bus_prefix, service, cls)
 
     async def replay_steps(self) -> tuple[int, int]:
         """(steps, mismatches): every step's batch re-derived from the log (`gyre replay step`)."""
@@ -418,3 +396,29 @@ class Stack:
             for task_id in step.task_ids:
                 counts[task_id] = counts.get(task_id, 0) + 1
         return counts
+
+
+async def read_events(nats_url: str, prefix: str, service: str, cls: type[message.Message]) -> list[Any]:
+    """Every event of one type on a producer's stream, in order (an ordered consumer)."""
+    nc = await nats.connect(nats_url)
+    try:
+        subject = f"{prefix}.{service}.v1.{cls.DESCRIPTOR.name}"
+        try:
+            sub = await nc.jetstream().subscribe(
+                subject, stream=stream_name(service, prefix=prefix), ordered_consumer=True
+            )
+        except nats.js.errors.NotFoundError:
+            return []
+        out = []
+        for _ in range(100_000):  # bounded: a run publishes far fewer
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                break
+            event = cls()
+            envelope_pb2.Envelope.FromString(msg.data).payload.Unpack(event)
+            out.append(event)
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
-import subprocess
+import secrets
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +18,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from bench.fault_stack import Service
 from bench.scripted_model import ScriptedModel
 from gyre.bus import Bus
 from gyre.common.v1 import ids_pb2
@@ -47,55 +48,28 @@ SCRIPTS = {
 }  # fmt: skip
 
 
-class RunnerProcess:
+UID_BASE = 64000 + secrets.randbelow(500)
+"""Sandbox users of this test's own range: any left at the end are its leak."""
+
+
+def runner_process(kernel: KernelSettings, *, root: Path, model_url: str, log: Path, port: int) -> Service:
     """`python -m services.runner` on a fixed port and sandbox root, killable with -9."""
-
-    def __init__(self, kernel: KernelSettings, *, root: Path, model_url: str, log: Path, port: int):
-        self.port = port
-        self.log = log
-        self.env = {
-            **os.environ,
-            "GYRE_NATS_URL": str(kernel.nats_url),
-            "GYRE_DATABASE_URL": str(kernel.database_url),
-            "GYRE_BUS_PREFIX": kernel.bus_prefix,
-            "GYRE_RUNNER_PORT": str(self.port),
-            "GYRE_RUNNER_SANDBOX_ROOT": str(root),
-            "GYRE_RUNNER_PROXY_BASE_URL": model_url,
-            "GYRE_RUNNER_MEMORY_MB": "1024",
-            "GYRE_RUNNER_MAX_PROCS": "64",
-            "GYRE_RUNNER_DISK_MB": "64",
-            "GYRE_RUNNER_CPU_S": "60",
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def spawn(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.runner"], env=self.env, stdout=out, stderr=out, cwd=REPO
-            )
-
-    async def start(self) -> runner_pb2_grpc.RunnerServiceStub:
-        self.spawn()
-        assert self.proc is not None
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
-        for _ in range(600):  # bounded: 120 s
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                await asyncio.wait_for(channel.channel_ready(), timeout=0.2)
-                return runner_pb2_grpc.RunnerServiceStub(channel)
-            except TimeoutError:
-                await asyncio.sleep(0)
-        raise AssertionError(f"runner did not come up: {self.log.read_text()[-3000:]}")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
+    env = {
+        **os.environ,
+        "GYRE_RUNNER_UID_BASE": str(UID_BASE),
+        "GYRE_NATS_URL": str(kernel.nats_url),
+        "GYRE_DATABASE_URL": str(kernel.database_url),
+        "GYRE_BUS_PREFIX": kernel.bus_prefix,
+        "GYRE_RUNNER_PORT": str(port),
+        "GYRE_RUNNER_SANDBOX_ROOT": str(root),
+        "GYRE_RUNNER_PROXY_BASE_URL": model_url,
+        "GYRE_RUNNER_MEMORY_MB": "1024",
+        "GYRE_RUNNER_MAX_PROCS": "64",
+        "GYRE_RUNNER_DISK_MB": "64",
+        "GYRE_RUNNER_CPU_S": "60",
+    }
+    argv = [sys.executable, "-m", "services.runner"]
+    return Service(name="runner", argv=argv, env=env, log_path=log, ready=f"127.0.0.1:{port}")
 
 
 @pytest.fixture
@@ -129,22 +103,19 @@ async def wait_for(predicate: object, what: str, *, within_s: float = 90.0) -> N
     raise AssertionError(f"never: {what}")
 
 
-def sandbox_users() -> set[str]:
-    return {p.pw_name for p in pwd.getpwall() if p.pw_name.startswith("gyre") and p.pw_uid >= 62000}
-
-
 async def test_a_killed_runner_reattaches_to_its_running_harness_and_ends_it_once(
     kernel: KernelSettings, model: tuple[ScriptedModel, str], bus: Bus, tmp_path: Path
 ) -> None:
     root = REPO / ".gyre" / "test-sandboxes" / f"reattach-{uuid.uuid4().hex[:8]}"
-    users_before = sandbox_users()
     _, url = model
     port = free_port()
-    first = RunnerProcess(kernel, root=root, model_url=url, log=tmp_path / "runner.log", port=port)
-    second = RunnerProcess(kernel, root=root, model_url=url, log=tmp_path / "runner.log", port=port)
+    first = runner_process(kernel, root=root, model_url=url, log=tmp_path / "runner.log", port=port)
+    second = runner_process(kernel, root=root, model_url=url, log=tmp_path / "runner.log", port=port)
+    stub = runner_pb2_grpc.RunnerServiceStub(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
     eid = str(uuid.uuid4())
     try:
-        stub = await first.start()
+        first.start()
+        await first.wait_ready()
         await stub.StartExecution(
             runner_pb2.StartExecutionRequest(
                 request_id=f"start-{eid[:8]}",
@@ -157,11 +128,13 @@ async def test_a_killed_runner_reattaches_to_its_running_harness_and_ends_it_onc
         )
         box = usable_root(root) / eid
         await wait_for(lambda: asyncio.to_thread((box / "work" / "before.txt").exists), "first file written")
+        assert UID_BASE <= (box / "work").stat().st_uid < UID_BASE + 1000
         first.kill9()  # mid-run: the harness is inside `sleep 3`
         keeper = read_keeper(box / "log" / KEEPER_FILE)
         assert keeper is not None and start_time(keeper[0]) == keeper[1], "the harness died with its runner"
 
-        stub = await second.start()
+        second.start()
+        await second.wait_ready()
 
         async def ended() -> bool:
             ex = await state_of(stub, eid)
@@ -193,7 +166,7 @@ async def test_a_killed_runner_reattaches_to_its_running_harness_and_ends_it_onc
     finally:
         first.stop()
         second.stop()
-    assert sandbox_users() == users_before
+    assert [u.pw_name for u in pwd.getpwall() if UID_BASE <= u.pw_uid < UID_BASE + 1000] == []
     caps = probe()
     for base in (caps.cgroup_memory, caps.cgroup_pids, caps.cgroup_cpu):
         assert not base or not (Path(base) / f"gyre-{eid}").exists()

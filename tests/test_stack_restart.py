@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,16 +16,19 @@ from gyre_app.stack import down, load_state, restart, up, wait_serving
 from gyre_app.supervise import supervisor_pid
 
 
-@pytest.mark.e2e
-def test_a_killed_service_restarts_on_its_port_and_the_others_keep_running(
-    kernel: KernelSettings, tmp_path: Path
-) -> None:
-    own = KernelSettings(
+@pytest.fixture
+def own(kernel: KernelSettings, tmp_path: Path) -> KernelSettings:
+    """A stack of this test's own: its state folder and bus prefix, the session's servers."""
+    return KernelSettings(
         nats_url=kernel.nats_url,
         database_url=kernel.database_url,
-        bus_prefix=f"{kernel.bus_prefix}r",
+        bus_prefix=f"{kernel.bus_prefix}{uuid.uuid4().hex[:6]}",
         state_dir=tmp_path / "stack",
     )
+
+
+@pytest.mark.e2e
+def test_a_killed_service_restarts_on_its_port_and_the_others_keep_running(own: KernelSettings) -> None:
     state = up(own, services=("scheduler", "trajectory"))
     try:
         scheduler, trajectory = state.services
@@ -43,14 +47,8 @@ def test_a_killed_service_restarts_on_its_port_and_the_others_keep_running(
 
 @pytest.mark.e2e
 def test_the_supervisor_restarts_a_dead_service_in_place_and_up_revives_only_the_dead(
-    kernel: KernelSettings, tmp_path: Path
+    own: KernelSettings,
 ) -> None:
-    own = KernelSettings(
-        nats_url=kernel.nats_url,
-        database_url=kernel.database_url,
-        bus_prefix=f"{kernel.bus_prefix}s",
-        state_dir=tmp_path / "stack",
-    )
     state = up(own, services=("scheduler", "trajectory"))
     try:
         scheduler, trajectory = state.services

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import secrets
 import signal
@@ -191,8 +192,11 @@ class Supervisor:
         log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
         await self._wait_and_finish(run, box, timeout_s=launch.timeout_s)
 
-    async def _wait_and_finish(self, run: Running, box: Sandbox, *, timeout_s: float) -> None:
+    async def _wait_and_finish(
+        self, run: Running, box: Sandbox, *, timeout_s: float, ran_before_s: float = 0.0
+    ) -> None:
         outcome = await box.wait(timeout_s=timeout_s)
+        outcome = dataclasses.replace(outcome, duration_s=outcome.duration_s + ran_before_s)
         await self._revoke(run, cancel_in_flight=bool(outcome.killed))
         await self._finish(run, box, outcome)
 
@@ -368,7 +372,10 @@ class Supervisor:
             if row.state == "running" and box is not None and row.deadline is not None:
                 keep.add(launch.execution_id)
                 left_s = (row.deadline - datetime.now(UTC)).total_seconds()
-                self.start(launch, reattach=functools.partial(self._reattach, box=box, left_s=left_s))
+                ran_s = (datetime.now(UTC) - (row.started_at or datetime.now(UTC))).total_seconds()
+                self.start(
+                    launch, reattach=functools.partial(self._reattach, box=box, left_s=left_s, ran_s=ran_s)
+                )
                 continue
             run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
             run.registered = True  # it may have been: revoking answers the count either way
@@ -384,11 +391,11 @@ class Supervisor:
         await asyncio.to_thread(self.host.sweep, keep=frozenset(keep))
         return lost
 
-    async def _reattach(self, run: Running, *, box: Sandbox, left_s: float) -> None:
+    async def _reattach(self, run: Running, *, box: Sandbox, left_s: float, ran_s: float) -> None:
         run.box, run.registered = box, True
         run.started.set_result(None)
         log.info("execution_reattached", left_s=round(left_s, 1), keeper_alive=box.keeper_alive())
-        await self._wait_and_finish(run, box, timeout_s=max(left_s, 0.0))
+        await self._wait_and_finish(run, box, timeout_s=max(left_s, 0.0), ran_before_s=ran_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Worker: release sandboxes once graded (`release`, from RewardAssigned) or at the latest
