@@ -14,9 +14,12 @@ itself is wrong), which dead-letters at once. Nothing is dropped silently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+import nats.errors
 import structlog
 from google.protobuf import message
 from nats.aio.msg import Msg
@@ -44,6 +47,7 @@ from gyre.tracing import TRACE_HEADERS, continued_from
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[DecodedEvent], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +67,13 @@ class ConsumerSpec:
     fetch_timeout_s: float = 1.0
     retry_base_s: float = 1.0
     """First back-off after a handler failure; doubles per delivery, capped at 30 s."""
+    progress_every_s: float = 0.0
+    """When > 0, a handler still running tells the server every this many seconds that it is in
+    progress, so a long handler (grading) can keep a short `ack_wait_s`: a consumer killed
+    mid-handler is redelivered after `ack_wait_s`, not after the longest handler could take."""
+    subscribe_retry_max_s: float = 30.0
+    """Longest back-off between attempts to create the stream or the consumer (a busy server
+    times out): they are retried until the service stops, never given up."""
     max_wait_deliver: int = 0
     """Deliveries an event may spend waiting for an earlier one it depends on (a consumer that
     naks it as not applicable yet) before it is dead-lettered; 0: as `max_deliver`. With the
@@ -116,9 +127,30 @@ class Consumer:
             subjects[0], durable=self.spec.durable, stream=stream, config=config
         )
 
+    async def _subscribe_retrying(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+        """`_subscribe`, retried with a bounded back-off until it works or `stop` is set."""
+        for attempt in range(1_000_000):  # bounded by `stop`; the back-off caps each wait
+            try:
+                return await self._subscribe()
+            except (TimeoutError, nats.errors.Error) as exc:
+                delay_s = min(self.spec.subscribe_retry_max_s, 0.5 * 2.0**attempt)
+                log.warning(
+                    "consumer_subscribe_failed",
+                    consumer=self.spec.durable,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in_s=delay_s,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
+                if stop.is_set():
+                    return None
+        return None
+
     async def run(self, stop: asyncio.Event) -> None:
         """Process messages until `stop` is set; every fetch is bounded by `fetch_timeout_s`."""
-        sub = await self._subscribe()
+        sub = await self._subscribe_retrying(stop)
+        if sub is None:
+            return
         log.info("consumer_started", consumer=self.spec.durable, producer=self.spec.producer)
         while not stop.is_set():
             try:
@@ -163,7 +195,7 @@ class Consumer:
     async def _apply(self, msg: Msg, event: DecodedEvent) -> str:
         """Run a plain handler; ack, retry later or dead-letter. Returns which happened."""
         try:
-            await self.handlers[event.envelope.event_type](event)
+            await self._with_progress([msg], self.handlers[event.envelope.event_type](event))
             outcome = APPLIED
         except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
             outcome = Outcome(Fate.INVALID, str(exc))
@@ -189,7 +221,9 @@ class Consumer:
                 decoded.append((msg, event))
         if not decoded:
             return
-        outcomes = await apply_batch(self.spec.inbox, self.spec.durable, [e for _, e in decoded])
+        outcomes = await self._with_progress(
+            [m for m, _ in decoded], apply_batch(self.spec.inbox, self.spec.durable, [e for _, e in decoded])
+        )
         for (msg, event), outcome in zip(decoded, outcomes, strict=True):
             structlog.contextvars.bind_contextvars(event_id=event.event_id)
             label = await self._settle(msg, outcome, event)
@@ -211,6 +245,23 @@ class Consumer:
                 await give_up(self.spec.inbox, event, action.reason)
             await self._give_up(msg, action.reason)
         return action.label
+
+    async def _with_progress(self, msgs: list[Msg], work: Awaitable[T]) -> T:
+        """Await `work`, telling the server every `progress_every_s` that `msgs` are in hand, so a
+        long handler is not redelivered while it runs but is soon after its process dies."""
+        handling = asyncio.ensure_future(work)
+        every_s = self.spec.progress_every_s
+        try:
+            while every_s > 0:  # bounded: ends with the handler
+                done, _ = await asyncio.wait({handling}, timeout=every_s)
+                if done:
+                    break
+                for msg in msgs:
+                    with contextlib.suppress(TimeoutError, nats.errors.Error):  # server away: redelivered
+                        await msg.in_progress()
+            return await handling
+        finally:
+            handling.cancel()  # only when this consumer was cancelled mid-handler
 
     async def _decode(self, msg: Msg) -> DecodedEvent | None:
         envelope = parse_envelope(msg.data)

@@ -47,6 +47,7 @@ class TrainingWorker:
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self.training, self.lines = False, asyncio.Queue()  # a restart begins afresh
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -114,6 +115,7 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
         self.worker = worker
         self.answers: dict[str, cell_pb2.StartTrainingResponse] = {}
         self.address = ""
+        self._revive: asyncio.Task[None] | None = None
 
     async def StartTraining(
         self, request: cell_pb2.StartTrainingRequest, context: Context
@@ -166,6 +168,15 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
             agent_address=self.address,
         )
 
+    def _revive_worker(self) -> None:
+        """A training worker that died (killed, out of memory) is started again in the background,
+        so the cell can train again; heartbeats go on meanwhile."""
+        w = self.worker
+        if w is None or w.proc is None or w.alive or (self._revive is not None and not self._revive.done()):
+            return
+        log.warning("training_worker_died", cell_id=self.settings.cell_id, returncode=w.proc.returncode)
+        self._revive = asyncio.create_task(w.start())
+
     async def run(self, stop: asyncio.Event) -> None:
         """Register, then beat until stopped; register again whenever the scheduler lost the cell."""
         async with grpc.aio.insecure_channel(self.settings.scheduler_address) as channel:
@@ -174,6 +185,7 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
             )  # type: ignore[assignment]
             registered = False
             while not stop.is_set():
+                self._revive_worker()
                 try:
                     if not registered:
                         answer = await scheduler.RegisterCell(await self.registration(), timeout=60)

@@ -53,7 +53,10 @@ class RunnerEvents:
                 table=repo.processed_messages,
                 handlers=dict.fromkeys(ended, self.on_ended),
             ),
-            ack_wait_s=900.0,  # grading runs under the handler: a test suite may take minutes
+            # Grading runs under the handler (a test suite may take minutes); it reports progress,
+            # so an evaluator killed mid-grading has the event redelivered after ack_wait_s.
+            ack_wait_s=30.0,
+            progress_every_s=10.0,
             batch=1,
         )
 

@@ -14,6 +14,7 @@ from gyre.consume import ConsumerSpec
 from gyre.db.inbox import Inbox, after_commit
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import InvalidArgument
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent, new_event
 from gyre.ids import require_uuid
 from gyre.runner.v1 import events_pb2, runner_pb2
@@ -26,6 +27,7 @@ from services.runner.supervisor import PRODUCER, Supervisor
 
 log = structlog.get_logger(__name__)
 SCHEDULED_CONSUMER = "runner-scheduled"
+GRADED_CONSUMER = "runner-graded"
 
 
 class ScheduledEvents:
@@ -104,3 +106,23 @@ class ScheduledEvents:
             repo.outbox,
             new_event(failed, producer=PRODUCER, correlation_id=launch.task_id, causation_id=causation),
         )
+
+
+class GradedEvents:
+    """RewardAssigned from the evaluator: the workspace is graded, its sandbox can go."""
+
+    def __init__(self, supervisor: Supervisor):
+        self.supervisor = supervisor
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=GRADED_CONSUMER,
+            producer="evaluator",
+            handlers={evaluator_events.RewardAssigned: self.on_reward_assigned},
+        )
+
+    async def on_reward_assigned(self, event: DecodedEvent) -> None:
+        p: evaluator_events.RewardAssigned = event.payload
+        if p.grade.execution_id in self.supervisor.ended:  # a repeat, or another runner's: nothing
+            await self.supervisor.release(p.grade.execution_id)
+            log.info("sandbox_released_after_grade", execution_id=p.grade.execution_id)

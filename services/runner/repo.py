@@ -82,3 +82,12 @@ async def unfinished(session: AsyncSession) -> list[Any]:
     """Executions a previous runner process left starting or running."""
     stmt = sa.select(executions).where(executions.c.state.in_(("starting", "running")))
     return list((await session.execute(stmt)).all())
+
+
+async def ended_since(session: AsyncSession, within_s: float) -> list[Any]:
+    """Executions that ended within the last `within_s` seconds (their workspace may await a grade)."""
+    stmt = sa.select(executions).where(
+        executions.c.state.notin_(("starting", "running")),
+        executions.c.ended_at > sa.func.now() - sa.text("make_interval(secs => :s)").bindparams(s=within_s),
+    )
+    return list((await session.execute(stmt)).all())

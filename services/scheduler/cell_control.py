@@ -280,7 +280,7 @@ class CellControl:
         agent registers again, and registration routes it afresh."""
         async with self.sessions() as session, session.begin():
             for cell, _ in await repo.load_cells(session, for_update=True):
-                if cell.role == "switching":
+                if cell.role == "switching" and cell.cell_id not in self.switching:  # not this process's
                     await repo.set_role(session, cell.cell_id, role="lost")
                     await self._publish(
                         session,
