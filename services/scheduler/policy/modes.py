@@ -11,6 +11,11 @@ drivers, `gyre sim` and the live scheduler, take their policy from (pure).
 | burst | `elastic.decide` with `BURST`: elastic, one update per burst of B groups | core trains |
 | elastic_no_streaming | `elastic.decide` without streaming (the ablation) | core trains |
 | colocate_standalone | `colocate.decide` beside `rollout_cells` standalone rollout cells | all rollout |
+| colocate_core | `colocate.decide` on the cells but the core, which always trains beside them | core trains |
+
+`colocate_core` is colocate as the live stack runs it: the core cell holds the optimizer and has
+no engine, so the pool that alternates is the satellites (`colocate.decide` sees every cell but
+the core, as the live driver's view of the satellites does).
 
 `rollout_cells` is the fixed split's rollout pool (the simulator sweeps it; live, every satellite
 serves and the core cell trains, so it is the satellites' count).
@@ -18,6 +23,7 @@ serves and the core cell trains, so it is the satellites' count).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -73,6 +79,16 @@ def mode_policy(name: str, config: PolicyConfig, *, rollout_cells: int) -> ModeP
             core_cell=False,
         ),
     }
+    builders["colocate_core"] = lambda: ModePolicy(
+        policy=partial(_beside_core, decide=partial(colocate.decide, config=config)),
+        initial_training=1,
+        core_cell=True,
+    )
     if name not in builders:
         raise KeyError(name)
     return builders[name]()
+
+
+def _beside_core(view: ClusterView, *, decide: Policy) -> Decision:
+    """`decide` on a view without the core cell (in training, it never switches)."""
+    return decide(dataclasses.replace(view, training_cells=view.training_cells - 1))

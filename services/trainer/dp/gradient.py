@@ -160,7 +160,7 @@ class DataParallelCore(Membership):
         with self._lock:
             self.step_target = version
             self.done_in_step = 0
-        lost: list[str] = []
+            lost_before = len(self.lost)
         try:
             for attempt in range(self.max_attempts):
                 self._attempts_started += 1
@@ -173,15 +173,17 @@ class DataParallelCore(Membership):
                         hook=after_microbatch,
                     )
                 except _MembersLost as exc:
-                    lost.extend(exc.cells)
                     self._drop(exc.cells)
                     log.warning(
                         "dp_step_attempt_dropped", version=version, attempt=attempt, lost=list(exc.cells)
                     )
                     continue
-                return dataclasses.replace(result, attempts=attempt + 1, lost_cells=tuple(lost))
+                # Lost in this step: members that died and joiners that never took their epoch up.
+                lost = tuple(self.lost[lost_before:])
+                return dataclasses.replace(result, attempts=attempt + 1, lost_cells=lost)
             raise StepFailed(
-                f"step {version}: {self.max_attempts} attempts lost members ({', '.join(lost)}); giving up"
+                f"step {version}: {self.max_attempts} attempts lost members "
+                f"({', '.join(self.lost[lost_before:])}); giving up"
             )
         finally:
             with self._lock:
