@@ -117,5 +117,5 @@ def test_a_join_whose_satellite_never_comes_fails_fast_and_the_step_trains_witho
     microbatches = plan_microbatches(tree_samples(model, num_executions=2), max_tokens=10_000)
     assert core.request_join("cell-9").admitted  # nobody will take this session up
     step = core.compute_step_gradient(model, microbatches, version=1)
-    assert (step.max_world_size, step.attempts) == (1, 1)
+    assert (step.max_world_size, step.attempts, step.lost_cells) == (1, 1, ("cell-9",))
     assert core.members() == ("cell-0",) and core.lost == ["cell-9"]
