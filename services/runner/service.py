@@ -7,6 +7,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gyre.common.v1 import ids_pb2
 from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound
 from gyre.ids import require_uuid, validate_request_id
@@ -64,6 +65,8 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     async def CancelExecution(
         self, request: runner_pb2.CancelExecutionRequest, context: Context
     ) -> runner_pb2.CancelExecutionResponse:
+        """Stop the execution. One this runner does not know yet (its ExecutionScheduled not taken
+        up) is cancelled before it starts: when it comes, it ends at once as cancelled."""
         validate_request_id(request.request_id)
         require_uuid("execution_id", request.execution_id, what="an execution")
         if len(request.reason) > MAX_REASON_CHARS:
@@ -72,8 +75,9 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         async with self.sessions() as session:
             first = await self._first(session, request.request_id, "CancelExecution", digest)
         if first is None:
-            row = await self._row(request.execution_id)
             async with self.sessions() as session, session.begin():
+                await repo.lock_execution(session, request.execution_id)  # vs. its ExecutionScheduled
+                row = await repo.load_execution(session, request.execution_id)
                 await repo.claim_request(
                     session,
                     request_id=request.request_id,
@@ -81,11 +85,27 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                     fingerprint=digest,
                     execution_id=request.execution_id,
                 )
-            if row.state not in ENDED:
+                if row is None:
+                    await repo.cancel_early(
+                        session,
+                        request.execution_id,
+                        reason=request.reason or "cancelled",
+                        request_id=request.request_id,
+                    )
+            if row is not None and row.state not in ENDED:
                 await self.supervisor.cancel(
                     request.execution_id, reason=request.reason, request_id=request.request_id
                 )
-        return runner_pb2.CancelExecutionResponse(execution=await self._load(request.execution_id))
+        async with self.sessions() as session:
+            row = await repo.load_execution(session, request.execution_id)
+        if row is None:  # cancelled before it was scheduled here
+            return runner_pb2.CancelExecutionResponse(
+                execution=runner_pb2.Execution(
+                    execution=ids_pb2.ExecutionRef(execution_id=request.execution_id),
+                    state=runner_pb2.EXECUTION_STATE_CANCELLED,
+                )
+            )
+        return runner_pb2.CancelExecutionResponse(execution=execution_to_proto(row))
 
     async def GetExecution(
         self, request: runner_pb2.GetExecutionRequest, context: Context

@@ -20,6 +20,10 @@ switches it back to rollout (the trainer's leave answers NOT_FOUND, then weights
 it ends in a role it holds. One that is truly gone fails that switch and is reported lost.
 
 Switches run as tasks of their own (the cell shows `switching` meanwhile), so admissions go on.
+
+A mode set while a step runs (`SetMode` keeps it pending) takes effect at the first decision
+after that step completed, before anything is assigned to the next one: modes change strictly
+between steps. Into async, training satellites go back to rollout (a fixed split never moves them).
 """
 
 from __future__ import annotations
@@ -112,9 +116,16 @@ class LiveDriver:
     async def decide_once(self) -> Decision | None:
         s = self.settings
         async with self.sessions() as session, session.begin():
+            applied = await self.control.apply_pending_mode(session)
             cluster = await load_cluster(session, default_mode=s.mode)
             cells = [c for c, _ in await repo.load_cells(session) if c.role != "lost"]
             satellites = [c for c in cells if not c.core]
+            if applied:
+                self.relay.poke()
+            if applied == "async":  # a fixed split never moves cells: every satellite serves
+                for cell in satellites:
+                    if cell.role == "training":
+                        self._switch(cell, "rollout")
             if not satellites or not any(c.core for c in cells):
                 return None  # no cluster to decide for yet
             if cluster.mode == "colocate":
