@@ -16,12 +16,18 @@ from google.protobuf import message
 from proxy_support import write_tokenizer
 
 from gyre.bus import Bus, BusConfig
+from gyre.common.v1 import ids_pb2
 from gyre.devstack.scratch import scratch_kernel
+from gyre.evaluator.v1 import evaluator_pb2
+from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import new_event
 from gyre.proxy.v1 import proxy_pb2_grpc
+from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.scheduler.v1 import scheduler_pb2_grpc
 from gyre.settings import KernelSettings
+from gyre.trainer.v1 import events_pb2 as trainer_events
+from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.proxy.config import ProxySettings
 from services.proxy.main import build_proxy
 from services.scheduler.config import SchedulerSettings
@@ -120,3 +126,35 @@ async def submit(rig: Rig, count: int) -> list[pb.Task]:
         )
     )
     return list(answer.tasks)
+
+
+async def run_to_ready(rig: Rig, task: pb.Task) -> None:
+    """What the runner, evaluator and trajectory service publish for a one-execution group, in order."""
+    ref = task.executions[0]
+    await rig.publish(runner_events.ExecutionStarted(execution=ref), "runner")
+    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=3.0), "runner")
+    grade = evaluator_pb2.Grade(
+        execution_id=ref.execution_id, task_id=task.task_id, score=1.0, assessable=True
+    )
+    await rig.publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
+    await rig.publish(
+        trajectory_events.GroupReady(task_id=task.task_id, execution_ids=[ref.execution_id]), "trajectory"
+    )
+
+
+async def step_completed(rig: Rig, task_ids: list[str], *, version: int) -> None:
+    """The trainer's StepCompleted for a step producing `version` from those tasks' groups."""
+    await rig.publish(
+        trainer_events.StepCompleted(
+            version=ids_pb2.PolicyVersion(steps=version),
+            task_ids=task_ids,
+            num_target_tokens=40,
+            duration_s=1.0,
+        ),
+        "trainer",
+    )
+
+
+async def run_to_trained(rig: Rig, task: pb.Task, *, version: int) -> None:
+    await run_to_ready(rig, task)
+    await step_completed(rig, [task.task_id], version=version)

@@ -12,17 +12,13 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import pytest
 import pytest_asyncio
-from scheduler_rig import Rig, driver_rig, spec, submit, until
+from scheduler_rig import Rig, driver_rig, run_to_trained, spec, step_completed, submit, until
 from trainer_stack import events_on_bus
 
-from gyre.common.v1 import ids_pb2
-from gyre.evaluator.v1 import evaluator_pb2
-from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.proxy.v1 import proxy_pb2
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
-from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -32,29 +28,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 async def rig(server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     async with driver_rig(server_urls, tmp_path_factory.mktemp("driver")) as r:
         yield r
-
-
-async def run_to_trained(rig: Rig, task: pb.Task, *, version: int) -> None:
-    """What the other services publish for one execution's life, in order."""
-    ref = task.executions[0]
-    await rig.publish(runner_events.ExecutionStarted(execution=ref), "runner")
-    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=3.0), "runner")
-    grade = evaluator_pb2.Grade(
-        execution_id=ref.execution_id, task_id=task.task_id, score=1.0, assessable=True
-    )
-    await rig.publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
-    await rig.publish(
-        trajectory_events.GroupReady(task_id=task.task_id, execution_ids=[ref.execution_id]), "trajectory"
-    )
-    await rig.publish(
-        trainer_events.StepCompleted(
-            version=ids_pb2.PolicyVersion(steps=version),
-            task_ids=[task.task_id],
-            num_target_tokens=40,
-            duration_s=1.0,
-        ),
-        "trainer",
-    )
 
 
 def count(states: list[tuple[str, str]], state: str) -> int:
@@ -100,12 +73,7 @@ async def test_a_ready_group_is_assigned_to_the_running_step_and_the_trainer_tol
 
     await until(assigned, "StepAssigned for the ready group at step 1 (version 1)")
     # The step completes (a mode set later takes effect at once: no step runs).
-    await rig.publish(
-        trainer_events.StepCompleted(
-            version=ids_pb2.PolicyVersion(steps=2), task_ids=[task_id], num_target_tokens=40, duration_s=1.0
-        ),
-        "trainer",
-    )
+    await step_completed(rig, [task_id], version=2)
     await until(lambda: trained(rig, task_id), "the step's group trained")
 
 

@@ -9,17 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from scheduler_rig import Rig, driver_rig, submit, until
+from scheduler_rig import Rig, driver_rig, run_to_ready, step_completed, submit, until
 from trainer_stack import events_on_bus
 
-from gyre.common.v1 import ids_pb2
-from gyre.evaluator.v1 import evaluator_pb2
-from gyre.evaluator.v1 import events_pb2 as evaluator_events
-from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
-from gyre.trainer.v1 import events_pb2 as trainer_events
-from gyre.trajectory.v1 import events_pb2 as trajectory_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -50,22 +44,13 @@ async def test_a_mode_set_during_a_step_waits_for_its_end_and_one_set_between_st
     assert await mode(rig) == pb.SCHEDULING_MODE_GYRE  # no step runs yet: at once
     await until(lambda: published(rig, "to-gyre"), "ModeChanged for the mode set between steps")
     (task,) = await submit(rig, 1)
-    ref = task.executions[0]
 
     async def admitted() -> bool:
         listed = await rig.stub.ListExecutions(pb.ListExecutionsRequest(task_id=task.task_id))
         return listed.executions[0].state == pb.EXECUTION_STATE_ADMITTED
 
     await until(admitted, "the task to be admitted")
-    await rig.publish(runner_events.ExecutionStarted(execution=ref), "runner")
-    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=1.0), "runner")
-    grade = evaluator_pb2.Grade(
-        execution_id=ref.execution_id, task_id=task.task_id, score=1.0, assessable=True
-    )
-    await rig.publish(evaluator_events.RewardAssigned(grade=grade), "evaluator")
-    await rig.publish(
-        trajectory_events.GroupReady(task_id=task.task_id, execution_ids=[ref.execution_id]), "trajectory"
-    )
+    await run_to_ready(rig, task)
 
     async def assigned() -> bool:
         events = await events_on_bus(rig.kernel, "scheduler", scheduler_events.StepAssigned)
@@ -77,15 +62,7 @@ async def test_a_mode_set_during_a_step_waits_for_its_end_and_one_set_between_st
     await asyncio.sleep(0.6)  # several decisions later (ticks of 0.2 s), the step still runs: no change
     assert await mode(rig) == pb.SCHEDULING_MODE_GYRE
     assert await mode_changes(rig, "to-burst") == []
-    await rig.publish(
-        trainer_events.StepCompleted(
-            version=ids_pb2.PolicyVersion(steps=1),
-            task_ids=[task.task_id],
-            num_target_tokens=10,
-            duration_s=1.0,
-        ),
-        "trainer",
-    )
+    await step_completed(rig, [task.task_id], version=1)
 
     async def burst() -> bool:
         return await mode(rig) == pb.SCHEDULING_MODE_BURST
