@@ -31,6 +31,8 @@ from gyre.scheduler.v1 import scheduler_pb2_grpc
 from services.cell.config import CellSettings
 
 log = structlog.get_logger(__name__)
+RELEASE_WAIT_S = 5.0
+"""How long `StartTraining` waits for the worker to report the end of its previous session."""
 WORKER_MODULE = "services.trainer.satellite"  # run as a process: the agent imports no other service
 
 
@@ -85,6 +87,10 @@ class TrainingWorker:
     async def train(self, rendezvous_uri: str, *, timeout_s: float = 10.0) -> None:
         if not self.alive:
             raise Unavailable(f"the training worker of {self.settings.cell_id} is not running")
+        for _ in range(int(RELEASE_WAIT_S / 0.01)):  # a release the worker has yet to report
+            if not self.training:
+                break
+            await asyncio.sleep(0.01)
         if self.training:
             raise Conflict(f"{self.settings.cell_id} is already training; the trainer must release it first")
         assert self.proc is not None and self.proc.stdin is not None

@@ -8,6 +8,7 @@ import structlog
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gyre.common.v1 import ids_pb2
 from gyre.errors import Conflict, InvalidArgument, NotFound
 from gyre.ids import require_uuid, validate_request_id
 from gyre.rpc import Context
@@ -65,31 +66,48 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     async def CancelExecution(
         self, request: runner_pb2.CancelExecutionRequest, context: Context
     ) -> runner_pb2.CancelExecutionResponse:
+        """Stop the execution. One this runner does not know yet (its ExecutionScheduled not taken
+        up) is cancelled before it starts: when it comes, it ends at once as cancelled."""
         validate_request_id(request.request_id)
         require_uuid("execution_id", request.execution_id, what="an execution")
         if len(request.reason) > MAX_REASON_CHARS:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_CHARS} characters")
+        row: Any = None
 
         async def accept(session: AsyncSession) -> runner_pb2.CancelExecutionResponse:
+            nonlocal row
+            await repo.lock_execution(session, request.execution_id)  # vs. its ExecutionScheduled
+            row = await repo.load_execution(session, request.execution_id)
+            if row is None:
+                await repo.cancel_early(
+                    session,
+                    request.execution_id,
+                    reason=request.reason or "cancelled",
+                    request_id=request.request_id,
+                )
             return _naming(request.execution_id, runner_pb2.CancelExecutionResponse)
 
-        first = await repo.requests.answered(
-            self.sessions, method="CancelExecution", request=request, cls=runner_pb2.CancelExecutionResponse
+        _, fresh = await repo.requests.answer_once(
+            self.sessions,
+            method="CancelExecution",
+            request=request,
+            cls=runner_pb2.CancelExecutionResponse,
+            act=accept,
         )
-        if first is None:
-            row = await self._row(request.execution_id)
-            _, fresh = await repo.requests.answer_once(
-                self.sessions,
-                method="CancelExecution",
-                request=request,
-                cls=runner_pb2.CancelExecutionResponse,
-                act=accept,
+        if fresh and row is not None and row.state not in ENDED:
+            await self.supervisor.cancel(
+                request.execution_id, reason=request.reason, request_id=request.request_id
             )
-            if fresh and row.state not in ENDED:
-                await self.supervisor.cancel(
-                    request.execution_id, reason=request.reason, request_id=request.request_id
+        async with self.sessions() as session:
+            now = await repo.load_execution(session, request.execution_id)
+        if now is None:  # cancelled before it was scheduled here
+            return runner_pb2.CancelExecutionResponse(
+                execution=runner_pb2.Execution(
+                    execution=ids_pb2.ExecutionRef(execution_id=request.execution_id),
+                    state=runner_pb2.EXECUTION_STATE_CANCELLED,
                 )
-        return runner_pb2.CancelExecutionResponse(execution=await self._load(request.execution_id))
+            )
+        return runner_pb2.CancelExecutionResponse(execution=execution_to_proto(now))
 
     async def GetExecution(
         self, request: runner_pb2.GetExecutionRequest, context: Context
