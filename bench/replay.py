@@ -5,8 +5,9 @@
 - events_per_s: recorded calls folded per second when `gyre replay` rebuilds the trajectory
   service's projections (execution headers, trajectories, tree_calls) from a call log of `--calls`
   synthetic calls (default 100,000: seeded agent executions of ~100 calls each, with sub-agents,
-  retries and compaction) into a scratch schema: read and decompress the log rows, fold each
-  execution's tree, COPY the projection rows. Ingesting the log is set-up, not timed. The diff
+  retries and compaction) into a scratch schema: stream the log rows' headers through one
+  server-side cursor (no projection depends on a token, so no payload is read or decoded), fold
+  each execution's tree shape, COPY the projection rows. Ingesting the log is set-up, not timed. The diff
   against the live projections runs after the timing and is reported as `projections_match`.
 - step_checksum_match: a recorded run on the real trajectory service and trainer (in-process,
   real NATS and Postgres, the tiny torch model): `--steps` steps of 2 groups each, whose calls
