@@ -55,7 +55,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.main import build as build_trainer
 from services.trajectory.call_log import CallLog
 from services.trajectory.config import TrajectorySettings
-from services.trajectory.log_replay import diff_projections, replay_into
+from services.trajectory.log_replay import create_scratch, diff_projections, replay_into
 from services.trajectory.main import build as build_trajectory
 from services.trajectory.synthetic import SyntheticConfig, generate_execution
 
@@ -99,9 +99,7 @@ async def replay_speed(kernel: KernelSettings, num_calls: int) -> dict[str, Any]
     pg = await asyncpg.connect(libpq_url(url))
     try:
         schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
-        await pg.execute(f'CREATE SCHEMA "{schema}"')
-        for table in ("executions", "trajectories", "tree_calls"):
-            await pg.execute(f'CREATE TABLE "{schema}".{table} (LIKE trajectory.{table} INCLUDING DEFAULTS)')
+        await create_scratch(pg, schema)
         t0 = time.perf_counter()
         replayed = await replay_into(pg, schema, executions)
         replay_s = time.perf_counter() - t0

@@ -278,9 +278,17 @@ async def test_executions_list_shows_the_schedulers_states(
     assert all(e["state"] not in ("pending", "admitted", "running") for e in listed["executions"])
 
 
-async def test_listing_tasks_names_the_missing_scheduler_rpc(stack: Stack) -> None:
-    rc, _, err = await stack.gyre("tasks", "list")
-    assert rc == 1 and "needs the scheduler's ListTasks RPC" in err
+async def test_tasks_list_pages_through_the_schedulers_tasks(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    listed = await stack.gyre_json("tasks", "list", "--limit", "0")
+    ids = [t["task_id"] for t in listed["tasks"]]
+    assert [t.task_id for t in two_steps] == [i for i in ids if i in {t.task_id for t in two_steps}]
+    first = await stack.gyre_json("tasks", "list", "--limit", "1")
+    rest = await stack.gyre_json("tasks", "list", "--limit", "0", "--page-token", first["next_page_token"])
+    assert [t["task_id"] for t in first["tasks"] + rest["tasks"]] == ids and not rest["next_page_token"]
+    rc, _, err = await stack.gyre("tasks", "list", "--state", "finished")
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "state" in err and "graded" in err
 
 
 async def test_replay_step_re_derives_the_checksum_the_trainer_recorded(

@@ -5,7 +5,8 @@ headers), `trajectories` and `tree_calls` are projections folded from it. A repl
 of the log, folds every execution it touches from that execution's first call (a tree needs all
 of them) into tables of a fresh scratch schema shaped like the live ones, and compares the two
 row by row with SQL. The projections hold positions, chains and counts, never tokens, so the
-fold reads each row's lengths and parents (`fold_header`) and leaves its token payload unread. The scratch schema is dropped afterwards unless asked to be kept.
+fold reads each row's lengths and parents (`fold_header`) and leaves its token payload unread.
+The scratch schema is dropped afterwards unless asked to be kept.
 
 Ranges: every execution; named executions; the executions with a call recorded at or after a
 time (`since`); or those with a call at or after a position of the log, the log being ordered by
@@ -149,10 +150,12 @@ async def select_executions(pg: Any, log_range: LogRange) -> list[str]:
     return [r["execution_id"] for r in rows]
 
 
-async def _create_scratch(pg: Any, schema: str) -> None:
+async def create_scratch(pg: Any, schema: str) -> None:
+    """A schema with empty tables shaped like the live projections. Unlogged: a scratch copy is
+    thrown away, so writing it to the WAL would only slow the replay down."""
     await pg.execute(f'CREATE SCHEMA "{schema}"')
     for table in PROJECTIONS:
-        await pg.execute(f'CREATE TABLE "{schema}".{table} (LIKE {S}.{table} INCLUDING DEFAULTS)')
+        await pg.execute(f'CREATE UNLOGGED TABLE "{schema}".{table} (LIKE {S}.{table} INCLUDING DEFAULTS)')
 
 
 @contextmanager
@@ -287,7 +290,7 @@ async def replay_and_diff(pg: Any, log_range: LogRange, *, keep_scratch: bool = 
     """Replay the range into `trajectory_replay_<hex>` and diff it against the live projections."""
     execution_ids = await select_executions(pg, log_range.check())
     schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
-    await _create_scratch(pg, schema)
+    await create_scratch(pg, schema)
     try:
         t0 = time.perf_counter()
         num_calls = await replay_into(pg, schema, execution_ids)
