@@ -327,6 +327,44 @@ async def test_replay_of_a_step_never_trained_is_refused(
     assert err.strip() == "gyre replay step: step 99 was never trained: the latest step is 2"
 
 
+@pytest.mark.parametrize("service", ["scheduler", "runner", "trainer"])
+async def test_replay_rebuilds_a_services_event_sourced_columns(
+    stack: Stack, two_steps: list[scheduler_pb2.Task], service: str
+) -> None:
+    env = {**stack.env, "GYRE_DATABASE_URL": stack.database_url}
+    rc, out, err = await stack.gyre("replay", "--service", service, "--json", env=env)
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["same"] and result["num_events"] > 0 and result["not_replayed"]
+    assert all(d["num_replayed"] == d["num_live"] for d in result["diffs"])
+    assert sum(d["num_replayed"] for d in result["diffs"]) > 0
+
+
+async def test_replay_reports_a_live_row_its_events_do_not_give(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    env = {**stack.env, "GYRE_DATABASE_URL": stack.database_url}
+    task_id = two_steps[0].task_id
+    pg = await asyncpg.connect(libpq_url(stack.database_url))
+    try:
+        await pg.execute(
+            "UPDATE scheduler.tasks SET prompt = 'edited' WHERE task_id = $1", uuid.UUID(task_id)
+        )
+        rc, out, err = await stack.gyre("replay", "--service", "scheduler", "--json", env=env)
+    finally:
+        await pg.execute(
+            "UPDATE scheduler.tasks SET prompt = $2 WHERE task_id = $1", uuid.UUID(task_id), "2+2?"
+        )
+        await pg.close()
+    tasks = next(d for d in json.loads(out)["diffs"] if d["table"] == "tasks")
+    assert rc == 1 and [r["prompt"] for r in tasks["only_live"]] == ["edited"]
+    assert "the live tasks projection(s) differ" in err
+    rc, _, err = await stack.gyre("replay", "--service", "runner", "--from-position", "999", env=env)
+    assert rc == 1 and "position 999 is past the end of the runner event log" in err
+    rc, _, err = await stack.gyre("replay", "--service", "proxy", env=env)
+    assert rc == 1 and "proxy has no event-sourced projection" in err
+
+
 async def test_staleness_explains_a_stale_sample(stack: Stack, two_steps: list[scheduler_pb2.Task]) -> None:
     [step] = (await stack.gyre_json("staleness", "--step", "2"))["steps"]
     assert (step["trainer_version"], step["distribution"]) == (1, {"1": 2})
