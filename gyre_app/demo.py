@@ -34,6 +34,7 @@ from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
+from gyre.tls import aio_channel
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
@@ -267,9 +268,9 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
     tally = Tally()
     try:
         async with (
-            grpc.aio.insecure_channel(state.address_of("scheduler")) as sch,
-            grpc.aio.insecure_channel(state.address_of("trajectory")) as trj,
-            grpc.aio.insecure_channel(state.address_of("engine-cell-1")) as eng,
+            aio_channel(state.address_of("scheduler")) as sch,
+            aio_channel(state.address_of("trajectory")) as trj,
+            aio_channel(state.address_of("engine-cell-1")) as eng,
         ):
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(sch)
             trajectory = trajectory_pb2_grpc.TrajectoryServiceStub(trj)

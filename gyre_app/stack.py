@@ -28,6 +28,7 @@ from gyre.devstack.processes import failure, is_our_process, read_json, spawn_de
 from gyre.sandbox.host import SHARED_TEMP
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
+from gyre.tls import sync_channel
 from gyre_app.migrations import upgrade_all
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -376,7 +377,7 @@ def restart(kernel: KernelSettings, name: str, *, timeout_s: float = 120.0) -> S
 def wait_cells_registered(state: StackState, cells: int, deadline: float) -> None:
     """Until the scheduler knows every cell (each agent registers its own; the scheduler then
     routes the satellites' engines itself)."""
-    with grpc.insecure_channel(state.address_of("scheduler")) as channel:
+    with sync_channel(state.address_of("scheduler")) as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         while time.monotonic() < deadline:
             known = stub.GetCells(scheduler_pb2.GetCellsRequest(), timeout=5.0).cells
@@ -390,7 +391,7 @@ def wait_cells_registered(state: StackState, cells: int, deadline: float) -> Non
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:
     """Poll the gRPC health service until SERVING; fail with the service's log if it dies or stalls."""
-    with grpc.insecure_channel(service.address) as channel:
+    with sync_channel(service.address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if not is_our_process(service.pid, service.marker):
