@@ -23,7 +23,10 @@ Figures:
 - added latency: the same sessions (same concurrency, calls and token counts) run straight
   against the engines over gRPC first; `added_latency_p99_ms` is the p99 of a call's latency
   through the proxy minus the p99 straight to the engines (p50 likewise);
-- `proxy_peak_rss_mib`: the proxy process's peak resident memory (VmHWM).
+- `proxy_peak_rss_mib`: the proxy process's peak resident memory (VmHWM);
+- `proxy_cpu_ms_per_call`: the proxy's CPU time over the load phase per call answered (recording
+  included): with the clients, engines, NATS and Postgres on the same cores, the proxy is
+  CPU-bound under this load, and latency beyond the engine's is mostly waiting for a core.
 
 Bounded: the whole load phase has `--timeout-s`. Uses GYRE_NATS_URL / GYRE_DATABASE_URL when
 set, else the embedded servers, in a fresh database and bus prefix removed afterwards. Prints
@@ -47,7 +50,7 @@ import aiohttp
 import grpc
 import nats
 
-from bench.proxy import MESSAGES, _register, _stop, _wait_http, scratch_servers
+from bench.proxy import MESSAGES, _cpu_s, _register, _stop, _wait_http, scratch_servers
 from bench.slice import pct
 from gyre.common.v1 import envelope_pb2
 from gyre.devstack.embedded import free_port
@@ -283,14 +286,14 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
         watcher = asyncio.create_task(watch())
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-        started = time.perf_counter()
+        started, cpu_before = time.perf_counter(), _cpu_s(proxy_proc.pid)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             runs = [session(http, t, e) for t, e in zip(tokens, executions, strict=True)]
             try:
                 await asyncio.wait_for(asyncio.gather(*runs), timeout=ns.timeout_s)
             except TimeoutError:
                 errors.append(f"load phase passed --timeout-s {ns.timeout_s}")
-        load_s = time.perf_counter() - started
+        load_s, proxy_cpu_s = time.perf_counter() - started, _cpu_s(proxy_proc.pid) - cpu_before
         done.set()
         await watcher
         recorded = await _revoke_all(proxy, executions)
@@ -326,6 +329,7 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
         if proxy_latencies
         else None,
         "proxy_peak_rss_mib": round(peak_rss, 1),
+        "proxy_cpu_ms_per_call": round(proxy_cpu_s * 1000 / max(num_calls, 1), 2),
         "engines": ns.engines,
         "output_tokens_per_call": ns.output_tokens,
         "token_interval_s": ns.token_interval_s,

@@ -5,7 +5,7 @@ kernel builds listens with TLS only and requires a client certificate signed by 
 every channel opened through `aio_channel` / `sync_channel` presents this process's certificate
 and checks the server's against the CA. Unset (the local stack without `--secure`, tests), both
 stay plaintext on 127.0.0.1. When the variables are unset, a local stack started with `--secure`
-provides them through its state file, so the `gyre` command reaches that stack's services.
+provides them through its state file, so the `gyre` command reaches that stack.
 
 Certificates name the hosts they serve (`127.0.0.1`, `localhost`, the service's DNS names);
 `GYRE_TLS_SERVER_NAME` overrides the name a client expects, for addresses no certificate names.

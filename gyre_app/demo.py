@@ -29,6 +29,7 @@ from gyre.engine.v1 import events_pb2 as engine_events
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent, UndecodableEvent, parse_envelope, type_map, unpack_payload
+from gyre.logs import redact
 from gyre.proxy.v1 import events_pb2 as proxy_events
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
@@ -345,7 +346,8 @@ def main(kernel: KernelSettings, *, keep: bool = False) -> int:
     started = time.monotonic()
     try:
         state = up(kernel)
-        say(f"  NATS {state.nats_url}\n  Postgres {state.database_url}\n  model {state.model_dir}")
+        say(f"  NATS {redact(state.nats_url)}\n  Postgres {redact(state.database_url)}")
+        say(f"  model {state.model_dir}")
         for s in state.services:
             say(f"  {s.name:<10} pid {s.pid:<7} grpc {s.address}  log {s.log_path}")
         say(f"  proxy HTTP {state.proxy_http_url}/v1 (OpenAI) and /v1/messages (Anthropic)")

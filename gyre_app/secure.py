@@ -46,14 +46,6 @@ class SecureStack:
     def key_file(self, name: str) -> Path:
         return self.folder / f"{name}.key"
 
-    def tls_env(self, name: str) -> dict[str, str]:
-        """The GYRE_TLS_* settings of one process."""
-        return {
-            "GYRE_TLS_CA_FILE": str(self.ca_file),
-            "GYRE_TLS_CERT_FILE": str(self.cert_file(name)),
-            "GYRE_TLS_KEY_FILE": str(self.key_file(name)),
-        }
-
     def client_files(self) -> dict[str, str]:
         """What the state file records for the `gyre` command (see gyre.tls)."""
         return {
@@ -63,15 +55,31 @@ class SecureStack:
         }
 
 
+def process_tls_env(state_dir: Path, name: str) -> dict[str, str]:
+    """The GYRE_TLS_* settings of process `name` of the secure stack in `state_dir` (made by `prepare`)."""
+    folder = state_dir / "secure"
+    return {
+        "GYRE_TLS_CA_FILE": str(folder / "ca.pem"),
+        "GYRE_TLS_CERT_FILE": str(folder / f"{name}.pem"),
+        "GYRE_TLS_KEY_FILE": str(folder / f"{name}.key"),
+    }
+
+
 def prepare(state_dir: Path, names: list[str]) -> SecureStack:
     """Make (or reuse) the CA, a certificate for each of `names` and `client`, and the passwords."""
-    folder = state_dir / "secure"
+    return make_keys(state_dir / "secure", names)
+
+
+def make_keys(folder: Path, names: list[str], *, hosts: tuple[str, ...] = ()) -> SecureStack:
+    """The CA, certificates and passwords in `folder` (what `gyre certs` writes for deploy/): each
+    certificate names its process, `gyre-<name>`, localhost, 127.0.0.1 and `hosts` (a wildcard
+    such as `*.gyre-cell` covers a StatefulSet's pods)."""
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
     ca_key, ca_cert = _ca(folder)
     for name in [*names, CLIENT]:
         if not (folder / f"{name}.pem").exists():
-            _issue(folder, name, ca_key, ca_cert)
+            _issue(folder, name, ca_key, ca_cert, hosts)
     return SecureStack(
         folder=folder,
         nats_user=NATS_USER,
@@ -137,10 +145,16 @@ def _ca(folder: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     return key, cert
 
 
-def _issue(folder: Path, name: str, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate) -> None:
+def _issue(
+    folder: Path,
+    name: str,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    extra: tuple[str, ...],
+) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
-    hosts = ["localhost", name, f"gyre-{name}"]
+    hosts = list(dict.fromkeys(["localhost", name, f"gyre-{name}", *extra]))
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gyre-{name}")]))
