@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -48,13 +49,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                 raise Conflict(f"execution {launch.execution_id} was already started by another request")
             return _naming(launch.execution_id, runner_pb2.StartExecutionResponse)
 
-        answer, fresh = await repo.requests.answer_once(
-            self.sessions,
-            method="StartExecution",
-            request=request,
-            cls=runner_pb2.StartExecutionResponse,
-            act=accept,
-        )
+        answer, fresh = await self._once("StartExecution", request, runner_pb2.StartExecutionResponse, accept)
         if fresh:
             self.supervisor.start(launch)
             log.info("execution_accepted", execution_id=launch.execution_id, harness=launch.harness)
@@ -70,25 +65,20 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
         if len(request.reason) > MAX_REASON_CHARS:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_CHARS} characters")
 
+        running: list[bool] = []
+
         async def accept(session: AsyncSession) -> runner_pb2.CancelExecutionResponse:
+            row = await repo.load_execution(session, request.execution_id)
+            if row is None:
+                raise NotFound(f"execution {request.execution_id} does not exist")
+            running.append(row.state not in ENDED)
             return _naming(request.execution_id, runner_pb2.CancelExecutionResponse)
 
-        first = await repo.requests.answered(
-            self.sessions, method="CancelExecution", request=request, cls=runner_pb2.CancelExecutionResponse
-        )
-        if first is None:
-            row = await self._row(request.execution_id)
-            _, fresh = await repo.requests.answer_once(
-                self.sessions,
-                method="CancelExecution",
-                request=request,
-                cls=runner_pb2.CancelExecutionResponse,
-                act=accept,
+        _, fresh = await self._once("CancelExecution", request, runner_pb2.CancelExecutionResponse, accept)
+        if fresh and running[0]:
+            await self.supervisor.cancel(
+                request.execution_id, reason=request.reason, request_id=request.request_id
             )
-            if fresh and row.state not in ENDED:
-                await self.supervisor.cancel(
-                    request.execution_id, reason=request.reason, request_id=request.request_id
-                )
         return runner_pb2.CancelExecutionResponse(execution=await self._load(request.execution_id))
 
     async def GetExecution(
@@ -96,6 +86,13 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     ) -> runner_pb2.GetExecutionResponse:
         require_uuid("execution_id", request.execution_id, what="an execution")
         return runner_pb2.GetExecutionResponse(execution=await self._load(request.execution_id))
+
+    async def _once(
+        self, method: str, request: Message, cls: type[M], act: Callable[[AsyncSession], Awaitable[M]]
+    ) -> tuple[M, bool]:
+        return await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=cls, act=act
+        )
 
     async def _row(self, execution_id: str) -> Any:
         async with self.sessions() as session:
