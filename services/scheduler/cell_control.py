@@ -23,10 +23,9 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
-from gyre.ids import new_uuid7, validate_request_id
+from gyre.ids import new_uuid7
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2
 from services.scheduler import repo
 from services.scheduler.cells import (
@@ -82,23 +81,7 @@ class CellControl:
     # -- exactly once -------------------------------------------------------------------------
 
     async def _answered(self, method: str, request: Message, cls: type[M]) -> M | None:
-        async with self.sessions() as session:
-            return await repo.requests.first_answer(session, method=method, request=request, cls=cls)
-
-    async def _record(
-        self, session: AsyncSession, method: str, request: Message, answer: Message, *events: Message
-    ) -> None:
-        request_id: str = getattr(request, "request_id")  # noqa: B009
-        claimed = await repo.requests.claim(
-            session,
-            request_id=request_id,
-            method=method,
-            fingerprint=request_fingerprint(request),
-            response=answer.SerializeToString(),
-        )
-        if not claimed:
-            raise Conflict(f"request_id {request_id!r} is being answered by a concurrent call")
-        await self._publish(session, *events, cause=request_id)
+        return await repo.requests.answered(self.sessions, method=method, request=request, cls=cls)
 
     async def _publish(self, session: AsyncSession, *payloads: Message, cause: str) -> None:
         events = [new_event(p, producer=PRODUCER, correlation_id=cause, causation_id=cause) for p in payloads]
@@ -111,15 +94,19 @@ class CellControl:
         cls: type[M],
         act: Callable[[AsyncSession], Awaitable[tuple[M, list[Message]]]],
     ) -> M:
-        validate_request_id(getattr(request, "request_id"))  # noqa: B009
-        first = await self._answered(method, request, cls)
-        if first is not None:
-            return first
-        async with self.sessions() as session, session.begin():
+        """`act` once per request id (`gyre.db.requests`); its events commit with its answer."""
+
+        async def run(session: AsyncSession) -> M:
             answer, events = await act(session)
-            await self._record(session, method, request, answer, *events)
-        self.relay.poke()
-        self.on_change()
+            await self._publish(session, *events, cause=getattr(request, "request_id"))  # noqa: B009
+            return answer
+
+        answer, fresh = await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=cls, act=run
+        )
+        if fresh:
+            self.relay.poke()
+            self.on_change()
         return answer
 
     # -- RPCs ---------------------------------------------------------------------------------
@@ -210,7 +197,6 @@ class CellControl:
     async def SwitchCell(
         self, request: scheduler_pb2.SwitchCellRequest, context: object
     ) -> scheduler_pb2.SwitchCellResponse:
-        validate_request_id(request.request_id)
         first = await self._answered("SwitchCell", request, scheduler_pb2.SwitchCellResponse)
         if first is not None:
             return first
@@ -222,9 +208,11 @@ class CellControl:
             cell, to=role, request_id=request.request_id, cause=f"request:{request.request_id}"
         )
         answer = scheduler_pb2.SwitchCellResponse(switch=switch)
-        async with self.sessions() as session, session.begin():
-            await self._record(session, "SwitchCell", request, answer)
-        return answer
+
+        async def act(session: AsyncSession) -> tuple[scheduler_pb2.SwitchCellResponse, list[Message]]:
+            return answer, []
+
+        return await self._idempotent("SwitchCell", request, scheduler_pb2.SwitchCellResponse, act)
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -307,7 +295,7 @@ class CellControl:
         agent registers again, and registration routes it afresh."""
         async with self.sessions() as session, session.begin():
             for cell, _ in await repo.load_cells(session, for_update=True):
-                if cell.role == "switching":
+                if cell.role == "switching" and cell.cell_id not in self.switching:  # not this process's
                     await repo.set_role(session, cell.cell_id, role="lost")
                     await self._publish(
                         session,

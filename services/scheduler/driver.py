@@ -43,6 +43,7 @@ from gyre.events import DecodedEvent, new_event
 from gyre.ids import new_uuid7
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.scheduler.v1 import events_pb2
+from gyre.tls import aio_channel
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from services.scheduler import repo
 from services.scheduler.cell_control import PRODUCER, CellControl
@@ -199,7 +200,7 @@ class LiveDriver:
         self.relay.poke()
 
     async def _to_training(self, rollout: list[CellRecord], count: int, slots: int) -> None:
-        async with grpc.aio.insecure_channel(self.settings.proxy_address) as channel:
+        async with aio_channel(self.settings.proxy_address) as channel:
             routing = await proxy_pb2_grpc.ProxyServiceStub(channel).GetRouting(  # type: ignore[misc]
                 proxy_pb2.GetRoutingRequest(), timeout=10
             )

@@ -102,14 +102,17 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
             .order_by(executions.c.index_in_group)
         )
     ).all()
-    spec = spec_from_record(row, labels=row.labels, deadline=row.deadline)
-    planned = PlannedTask(
+    return planned_task(row, [(str(e), i) for e, i in group]), row.state
+
+
+def planned_task(row: sa.Row[Any], group: Sequence[tuple[str, int]]) -> PlannedTask:
+    """A tasks row and its (execution_id, index_in_group) pairs, in group order, as a PlannedTask."""
+    return PlannedTask(
         task_id=str(row.task_id),
-        spec=spec,
-        executions=tuple(PlannedExecution(execution_id=str(e), index_in_group=i) for e, i in group),
+        spec=spec_from_record(row, labels=row.labels, deadline=row.deadline),
+        executions=tuple(PlannedExecution(execution_id=e, index_in_group=i) for e, i in group),
         submitted_at=row.submitted_at,
     )
-    return planned, row.state
 
 
 cells = sa.Table(

@@ -13,6 +13,7 @@ from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.ids import require_uuid
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2 as pb
+from gyre.tls import aio_channel
 from services.scheduler import repo
 
 MAX_LIST = 10000
@@ -87,7 +88,7 @@ async def cancel_task(
             raise Unavailable(
                 "the scheduler has no runner address (GYRE_SCHEDULER_RUNNER_ADDRESS) to stop harnesses"
             )
-        async with grpc.aio.insecure_channel(runner_address) as channel:
+        async with aio_channel(runner_address) as channel:
             runner = runner_pb2_grpc.RunnerServiceStub(channel)
             for execution_id in scheduled:
                 try:

@@ -1,14 +1,14 @@
 """Executions cancelled before the runner took their ExecutionScheduled: never started.
 
-Revision ID: 0002_cells
-Revises: 0001
+Revision ID: 0003_cells
+Revises: 0002
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_cells"
-down_revision = "0001"
+revision = "0003_cells"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 S = "runner"
