@@ -6,11 +6,13 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 ROLE_HEADER = "X-Gyre-Agent-Role"
 ID_HEADER = "X-Gyre-Agent-Id"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class ModelError(Exception):
@@ -54,6 +56,9 @@ class ChatClient:
                 "Authorization": f"Bearer {self.api_key}",
                 ROLE_HEADER: role,
                 ID_HEADER: agent_id,
+                # One key for every attempt of this call: a retry of a call the proxy recorded
+                # (its answer lost in a proxy restart) gets that answer, not a second call.
+                IDEMPOTENCY_HEADER: uuid.uuid4().hex,
             },
             method="POST",
         )

@@ -483,7 +483,18 @@ class Simulation:
             rounds=self.rounds,
             trained_tokens=self.trained_tokens,
             paused_s=self.paused,
+            admitted_by_version=self._admitted_by_version(),
         )
+
+    def _admitted_by_version(self) -> list[int]:
+        per_version = [0] * self.w.steps
+        for group in range(self.admitted):
+            per_version[self.group_version[group]] += 1
+        out, total = [], 0
+        for count in per_version:
+            total += count
+            out.append(total)
+        return out
 
     def _switch_remaining(self, cell: int) -> float:
         ends = [t for t, _, kind, ref, _ in self.heap if kind == _SWITCH_END and ref == cell]
