@@ -62,11 +62,11 @@ class RunnerSettings(BaseSettings):
     start_wait_s: float = 60.0
     """How long StartExecution waits for the harness process before answering `starting`."""
     cpu_s: int = 3600
-    memory_mb: int = 4096
-    """Memory of the sandbox (cgroup) and address space per process: Claude Code's runtime
-    reserves about 4 GiB."""
+    memory_mb: int = 2048
+    """Memory of the sandbox (cgroup) and address space per process."""
     address_space_mb: int = 0
-    """Address space per process when it must differ from memory_mb (0: the same)."""
+    """Address space per process when it must differ from memory_mb (0: the same); a harness
+    whose runtime needs more (Claude Code) raises it for its own sandboxes (`harness.REGISTRY`)."""
     max_procs: int = 256
     file_size_mb: int = 512
     disk_mb: int = 1024

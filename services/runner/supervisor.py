@@ -36,7 +36,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch
-from services.runner.harness import HarnessInput, plan_launch
+from services.runner.harness import HarnessInput, limits_for, plan_launch
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -119,7 +119,8 @@ class Supervisor:
     async def _run(self, run: Running) -> None:
         launch = run.launch
         try:
-            run.box = box = await self.host.create(launch.execution_id, self.settings.limits())
+            limits = limits_for(launch.harness, self.settings.limits())
+            run.box = box = await self.host.create(launch.execution_id, limits)
         except (OSError, subprocess.SubprocessError, GyreError) as exc:
             raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
         try:
