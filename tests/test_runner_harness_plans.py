@@ -22,6 +22,7 @@ def test_claude_code_sends_no_agent_header_so_the_proxy_tells_its_sub_agents_apa
     assert not any("x-gyre-agent" in value.lower() for value in env.values()), env
     assert "ANTHROPIC_CUSTOM_HEADERS" not in env
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:18080"
+    assert env["API_TIMEOUT_MS"] == "3600000"  # the deadline: a slow call is never sent twice
 
 
 def test_claude_codes_sandbox_gets_the_address_space_its_runtime_needs() -> None:

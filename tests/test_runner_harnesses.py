@@ -2,124 +2,50 @@
 bundled task, call the model through the proxy, end within their bounds, and their calls land in
 the trajectory service's tree with the right agent roles and ids.
 
-The tiny torch model writes nonsense, so with it the harnesses cannot use a tool: the tests check
-that the real prompts (Claude Code's first is ~53k tokens) are served and recorded. A sub-agent
-needs the model to call Claude Code's Agent tool, so that test scripts the engine's words
-(bench/scripted_engine.py) and keeps everything else real.
+The tiny torch model writes nonsense, so with it a harness cannot use a tool: mini-swe-agent runs
+on it until its step limit. Claude Code's sub-agent needs the model to call its Agent tool, so that
+test scripts the engine's words (bench/scripted_engine.py) and keeps everything else real, its
+whole ~53k-token prompt included. Claude Code on the tiny torch model itself is measured by
+`python -m bench.harness_runs` (its first prompt takes minutes to prefill on 2 CPU cores).
+The runner's sandboxes have 2 GiB (bench/harness_runs.py): Claude Code's runtime dies at start in
+that address space, so its run also shows that its registry entry raises it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
-from harness_install import REPO_ROOT, install_claude_code, mini_swe_agent
+from harness_install import install_claude_code, mini_swe_agent
 from proxy_support import Rig, start_rig
 
-from gyre.common.v1 import ids_pb2
+from bench.harness_runs import HarnessServices, harness_services
 from gyre.proxy.v1 import proxy_pb2
-from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.runner.v1 import runner_pb2
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
-from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
-from services.runner.config import RunnerSettings
-from services.runner.harness import DEFAULT_PATH
-from services.runner.main import build_with_supervisor
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow, pytest.mark.e2e]
-TASK = "csvsum"
-PROMPT = "data.csv has columns name,amount. Write total.txt holding the sum of the amount column."
-
-
-@dataclass
-class Stack:
-    rig: Rig
-    runner: runner_pb2_grpc.RunnerServiceStub
-    trajectory: trajectory_pb2_grpc.TrajectoryServiceStub
-
-    async def run(self, harness: str, *, timeout_s: float, env: dict[str, str]) -> runner_pb2.Execution:
-        """Start `harness` on the bundled task and wait for its end (bounded by its deadline)."""
-        request = runner_pb2.StartExecutionRequest(
-            request_id=f"start-{uuid.uuid4().hex[:8]}",
-            execution=ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4())),
-            harness=harness,
-            prompt=PROMPT,
-            workspace_template=f"task:{TASK}",
-            timeout_s=timeout_s,
-            family="terminal",
-            harness_env=env,
-        )
-        await self.runner.StartExecution(request)
-        get = runner_pb2.GetExecutionRequest(execution_id=request.execution.execution_id)
-        for _ in range(int(timeout_s + 120) * 2):  # bounded: the deadline, then the token's revocation
-            ex = (await self.runner.GetExecution(get)).execution
-            if ex.state not in (runner_pb2.EXECUTION_STATE_STARTING, runner_pb2.EXECUTION_STATE_RUNNING):
-                return ex
-            await asyncio.sleep(0.5)
-        raise AssertionError(f"{harness} never ended")
-
-    async def tree(self, execution_id: str, *, num_calls: int) -> trajectory_pb2.ExecutionTree:
-        """The execution's tree once the trajectory service stored all `num_calls` calls."""
-        request = trajectory_pb2.GetExecutionTreeRequest(execution_id=execution_id)
-        tree = trajectory_pb2.ExecutionTree()
-        for _ in range(200):  # bounded: 20 s for the consumer to catch up
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                tree = (await self.trajectory.GetExecutionTree(request)).tree
-                if len(tree.calls) >= num_calls:
-                    return tree
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"the tree has {len(tree.calls)} of {num_calls} calls")
 
 
 @contextlib.asynccontextmanager
 async def stack(
     kernel: KernelSettings, model_dir: Path, *, torch: bool, runtime: list[str]
-) -> AsyncIterator[Stack]:
+) -> AsyncIterator[tuple[Rig, HarnessServices]]:
     """Proxy, trajectory service and runner (real sandboxes) in front of one engine: the tiny
     model on torch, or a scripted engine (`torch=False`) whose words `rig.scripter` chooses."""
-    from services.trajectory.config import TrajectorySettings
-    from services.trajectory.main import build as build_trajectory
-
     rig = await start_rig(kernel, model_dir, num_engines=0 if torch else 1)
     engine = await start_torch_engine(model_dir, kernel, rig) if torch else None
-    trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
-    await trajectory.start()
-    path = ":".join([*runtime, str(Path(sys.executable).parent), DEFAULT_PATH])
-    settings = RunnerSettings(
-        sandbox_root=REPO_ROOT / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
-        proxy_address=rig.proxy.host.address,
-        proxy_base_url=rig.http_url,
-        sandbox_runtime=runtime,
-        harness_env={"PATH": path},
-        memory_mb=2048,
-        disk_mb=256,
-    )
-    runner, supervisor = await build_with_supervisor(settings, kernel)
-    await runner.start()
-    channels = [grpc.aio.insecure_channel(runner.address), grpc.aio.insecure_channel(trajectory.address)]
     try:
-        yield Stack(
-            rig=rig,
-            runner=runner_pb2_grpc.RunnerServiceStub(channels[0]),
-            trajectory=trajectory_pb2_grpc.TrajectoryServiceStub(channels[1]),
-        )
+        async with harness_services(
+            kernel, proxy_address=rig.proxy.host.address, proxy_http_url=rig.http_url, runtime=runtime
+        ) as services:
+            yield rig, services
     finally:
-        for channel in channels:
-            await channel.close(None)
-        await runner.stop()
-        if not os.environ.get("GYRE_KEEP_SANDBOXES"):
-            supervisor.host.sweep()
-            supervisor.host.root.rmdir()
-        await trajectory.stop(grace_s=1)
         if engine is not None:
             await engine.stop(grace_s=1)
         await rig.close()
@@ -168,8 +94,8 @@ async def test_claude_code_in_the_sandbox_gives_its_sub_agent_an_agent_id_of_its
     kernel: KernelSettings, tiny_model: Path
 ) -> None:
     claude = install_claude_code()
-    async with stack(kernel, tiny_model, torch=False, runtime=[str(claude.parent)]) as s:
-        s.rig.scripter.rule = claude_code_script
+    async with stack(kernel, tiny_model, torch=False, runtime=[str(claude.parent)]) as (rig, s):
+        rig.scripter.rule = claude_code_script
         ended = await s.run("claude-code", timeout_s=300, env={"GYRE_HARNESS_MAX_TURNS": "6"})
         assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED, ended
         assert (Path(ended.workspace_uri.removeprefix("file://")) / "total.txt").read_text() == "6\n"
@@ -191,7 +117,7 @@ async def test_mini_swe_agent_calls_the_tiny_model_in_the_sandbox_until_its_step
     and drops the reply: every call branches off the previous call's prompt, all main calls."""
     mini_swe_agent()
     env = {"GYRE_HARNESS_MAX_TURNS": "3", "GYRE_HARNESS_MAX_OUTPUT_TOKENS": "16"}
-    async with stack(kernel, tiny_model, torch=True, runtime=[]) as s:
+    async with stack(kernel, tiny_model, torch=True, runtime=[]) as (_, s):
         ended = await s.run("mini-swe-agent", timeout_s=600, env=env)
         assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED, ended  # LimitsExceeded exits 0
         tree = await s.tree(ended.execution.execution_id, num_calls=3)

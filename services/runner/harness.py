@@ -26,6 +26,9 @@ class HarnessInput:
     """Interpreter that runs the built-in agent (the runner's own)."""
     model: str
     extra_env: Mapping[str, str]
+    timeout_s: float = 3600.0
+    """The execution's deadline: a harness waits that long for one model call (a long first
+    prompt on a CPU engine takes minutes) rather than dropping it and asking again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +85,8 @@ def _claude_code(i: HarnessInput) -> LaunchPlan:
             "ANTHROPIC_MODEL": i.model,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
+            # Its own default gives up on a call after minutes and sends it again from the start.
+            "API_TIMEOUT_MS": str(max(1000, round(i.timeout_s * 1000))),
         },
     )
 

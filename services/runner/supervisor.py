@@ -156,6 +156,7 @@ class Supervisor:
                 python=sys.executable,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
+                timeout_s=launch.timeout_s,
             ),
         )
         del token
