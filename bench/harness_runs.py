@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -34,7 +33,6 @@ from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.settings import KernelSettings
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from services.runner.config import RunnerSettings
-from services.runner.harness import DEFAULT_PATH
 from services.runner.main import build_with_supervisor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,13 +96,11 @@ async def harness_services(
 
     trajectory = await build_trajectory(TrajectorySettings(port=0), kernel)
     await trajectory.start()
-    path = ":".join([*runtime, str(Path(sys.executable).parent), DEFAULT_PATH])
     settings = RunnerSettings(
         sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
         proxy_address=proxy_address,
         proxy_base_url=proxy_http_url,
         sandbox_runtime=list(runtime),
-        harness_env={"PATH": path},
         memory_mb=2048,  # the address space too, but for Claude Code, whose entry raises it
         disk_mb=256,
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 
 import pytest
 
 from gyre.sandbox.limits import SandboxLimits
-from services.runner.harness import HARNESSES, HarnessInput, limits_for, plan_launch
+from services.runner.harness import DEFAULT_PATH, HARNESSES, HarnessInput, limits_for, plan_launch
 
 
 def harness_input(**extra_env: str) -> HarnessInput:
@@ -22,7 +23,13 @@ def test_claude_code_sends_no_agent_header_so_the_proxy_tells_its_sub_agents_apa
     assert not any("x-gyre-agent" in value.lower() for value in env.values()), env
     assert "ANTHROPIC_CUSTOM_HEADERS" not in env
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:18080"
-    assert env["API_TIMEOUT_MS"] == "3600000"  # the deadline: a slow call is never sent twice
+    for name in ("API_TIMEOUT_MS", "CLAUDE_STREAM_IDLE_TIMEOUT_MS", "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS"):
+        assert env[name] == "3600000", name  # the deadline: a slow first call is never sent twice
+
+
+def test_runtime_folders_lead_the_harness_path() -> None:
+    plan = plan_launch("claude-code", replace(harness_input(), runtime=("/opt/claude",)))
+    assert plan.env["PATH"] == f"/opt/claude:/v/bin:{DEFAULT_PATH}"
 
 
 def test_claude_codes_sandbox_gets_the_address_space_its_runtime_needs() -> None:

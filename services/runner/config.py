@@ -44,7 +44,8 @@ class RunnerSettings(BaseSettings):
     """URL prefixes git templates may come from (e.g. `https://github.com/org/`); empty: none."""
     sandbox_runtime: list[str] = []
     """More read-only paths every harness sandbox sees at the same place (a harness installed
-    outside /usr, e.g. `/opt/node`); the Python installation and the built-in agent are always there."""
+    outside /usr, e.g. the folder of Claude Code's `claude`); they lead the harness's PATH. The
+    Python installation and the built-in agent are always there."""
     agent_model: str = "gyre-policy"
     harness_env: dict[str, str] = {}
     """Variables every harness gets (JSON object), e.g. the built-in agent's budget

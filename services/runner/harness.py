@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gyre.sandbox.limits import SandboxLimits
@@ -26,6 +26,8 @@ class HarnessInput:
     """Interpreter that runs the built-in agent (the runner's own)."""
     model: str
     extra_env: Mapping[str, str]
+    runtime: Sequence[str] = ()
+    """Folders of harnesses installed outside /usr (the runner's `sandbox_runtime`): they lead PATH."""
     timeout_s: float = 3600.0
     """The execution's deadline: a harness waits that long for one model call (a long first
     prompt on a CPU engine takes minutes) rather than dropping it and asking again."""
@@ -67,6 +69,7 @@ def _gyre_agent(i: HarnessInput) -> LaunchPlan:
 
 
 def _claude_code(i: HarnessInput) -> LaunchPlan:
+    deadline_ms = str(max(1000, round(i.timeout_s * 1000)))
     # Claude Code's sub-agents and compaction happen inside it with one set of headers, so it sends
     # no X-Gyre-Agent-* header (one would override the proxy's detection and merge every
     # sub-agent into one agent id); the proxy tells main/sub/summary apart from the requests.
@@ -85,8 +88,11 @@ def _claude_code(i: HarnessInput) -> LaunchPlan:
             "ANTHROPIC_MODEL": i.model,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
-            # Its own default gives up on a call after minutes and sends it again from the start.
-            "API_TIMEOUT_MS": str(max(1000, round(i.timeout_s * 1000))),
+            # Its own defaults give up on a call after 5 minutes without a stream event (a long first
+            # prompt on a CPU engine) and send it again from the start: wait up to the deadline.
+            "API_TIMEOUT_MS": deadline_ms,
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": deadline_ms,
+            "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": deadline_ms,
         },
     )
 
@@ -158,7 +164,7 @@ def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
     """
     plan = REGISTRY[harness].plan(i)
     env = {
-        "PATH": f"{posixpath.dirname(i.python)}:{DEFAULT_PATH}",
+        "PATH": ":".join([*i.runtime, posixpath.dirname(i.python), DEFAULT_PATH]),
         **i.extra_env,
         **plan.env,
         "GYRE_PROMPT_FILE": i.prompt_file,

@@ -165,6 +165,7 @@ class Supervisor:
                 python=sys.executable,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
+                runtime=tuple(self.settings.sandbox_runtime),
                 timeout_s=launch.timeout_s,
             ),
         )
