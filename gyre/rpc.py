@@ -25,6 +25,7 @@ from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavaila
 from gyre.logs import bind_ids
 from gyre.outages import InternalError, translate
 from gyre.rpc_telemetry import TelemetryInterceptor
+from gyre.tls import add_port
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +157,7 @@ class GrpcServer:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.port = add_port(self.server, f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"could not bind gRPC server to {host}:{port}")
         self.address = f"{host}:{self.port}"

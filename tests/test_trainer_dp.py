@@ -17,7 +17,10 @@ from services.trainer.microbatch import plan_microbatches
 @pytest.fixture
 def core() -> Iterator[DataParallelCore]:
     model = tiny_model()
-    yield DataParallelCore(model_config=model.config, loss_config=LossConfig(), timeout_s=90)
+    # Satellites start with the step (imports under load): joining may take as long as forming a group.
+    yield DataParallelCore(
+        model_config=model.config, loss_config=LossConfig(), timeout_s=90, join_timeout_s=90
+    )
 
 
 def start_satellite(core: DataParallelCore, cell_id: str) -> subprocess.Popen[bytes]:
@@ -73,7 +76,11 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
 def test_a_killed_satellite_costs_an_attempt_not_the_step_nor_its_exactness() -> None:
     model = tiny_model()
     core = DataParallelCore(
-        model_config=model.config, loss_config=LossConfig(), timeout_s=60, dead_after_s=1.0
+        model_config=model.config,
+        loss_config=LossConfig(),
+        timeout_s=60,
+        dead_after_s=1.0,
+        join_timeout_s=60,
     )
     microbatches = plan_microbatches(tree_samples(model, num_executions=6), max_tokens=10_000)
     alone = core.compute_step_gradient(model, microbatches, version=1)

@@ -29,6 +29,7 @@ from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavaila
 from gyre.rpc import ERROR_FIELD_TRAILER, MAX_MESSAGE_BYTES
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from gyre.tls import aio_channel
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 from gyre_app.client.addresses import ServiceAddresses, how_to_start
@@ -126,7 +127,7 @@ class GyreClient:
 
     def _channel(self, service: str) -> grpc.aio.Channel:
         if service not in self._channels:
-            self._channels[service] = grpc.aio.insecure_channel(
+            self._channels[service] = aio_channel(
                 self.addresses.of(service),
                 options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],  # packed samples
             )

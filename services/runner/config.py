@@ -51,9 +51,11 @@ class RunnerSettings(BaseSettings):
     `{"GYRE_AGENT_MAX_TOKENS": "96"}`; an execution's own `harness_env` wins over these."""
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
-    keep_workspace_s: float = 900.0
-    """How long an ended execution's sandbox (its workspace) is kept for grading; all are
-    released when the runner stops, and leftovers of a crashed runner when it starts."""
+    keep_workspace_s: float = 6 * 3600.0
+    """How long an ended execution's sandbox (its workspace) is kept at most when no grade comes:
+    it is released as soon as its RewardAssigned arrives (a grader killed mid-grading is
+    redelivered and still finds it), all are released when the runner stops, and a restarted
+    runner keeps the ones still waiting."""
     token_grace_s: float = 600.0
     """How long after the deadline a token still works (calls in flight)."""
     revoke_retry_s: float = 300.0

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import grpc
 import torch
 
 from gyre.ids import new_uuid7
+from gyre.tls import sync_channel
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from services.trainer.dp import run_satellite
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return _standby(ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
     rendezvous = ns.rendezvous
     if ns.trainer:
-        with grpc.insecure_channel(ns.trainer) as channel:
+        with sync_channel(ns.trainer) as channel:
             answer = trainer_pb2_grpc.TrainerServiceStub(channel).JoinStep(
                 trainer_pb2.JoinStepRequest(request_id=new_uuid7(), cell_id=ns.cell_id), timeout=ns.timeout_s
             )

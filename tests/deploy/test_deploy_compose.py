@@ -156,3 +156,27 @@ def test_the_image_holds_every_package_and_installs_it_in_place() -> None:
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= copied
     assert any(line.startswith("RUN pip install") and " -e ." in line for line in dockerfile)
+
+
+def test_services_talk_mutual_tls_and_the_servers_ask_for_passwords_by_default(
+    compose: dict[str, Any],
+) -> None:
+    grpc_clients = [
+        n for n, s in compose.items() if service_module(s.get("command") or []) or n == "register-engine"
+    ]
+    assert len(grpc_clients) >= 8
+    for name in grpc_clients:
+        env = compose[name]["environment"]
+        assert env["GYRE_TLS_CA_FILE"] == "/secrets/ca.pem", name
+        assert env["GYRE_TLS_CERT_FILE"] == f"/secrets/{name}.pem", name
+        assert env["GYRE_TLS_KEY_FILE"] == f"/secrets/{name}.key", name
+        assert any(v.startswith("secrets:/secrets") for v in compose[name]["volumes"]), name
+        if "GYRE_NATS_URL" in env:
+            assert env["GYRE_NATS_PASSWORD_FILE"] == "/secrets/nats.password", name
+        if "GYRE_DATABASE_URL" in env:
+            assert env["GYRE_DATABASE_PASSWORD_FILE"] == "/secrets/postgres.password", name
+    made = compose["certs"]["command"][-1]
+    assert all(f"--name {n}" in made for n in grpc_clients)
+    assert "/secrets/nats-auth.conf" in compose["nats"]["command"]
+    postgres = compose["postgres"]["environment"]
+    assert "POSTGRES_HOST_AUTH_METHOD" not in postgres and postgres["POSTGRES_PASSWORD_FILE"]

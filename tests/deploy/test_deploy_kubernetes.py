@@ -111,6 +111,8 @@ def test_the_schema_validator_refuses_an_unknown_field(tmp_path: Path) -> None:
 
 
 def test_every_service_runs_in_a_workload_with_grpc_probes_on_its_port(docs: list[dict[str, Any]]) -> None:
+    """The probes run `gyre.healthcheck` in the container: the kubelet's own gRPC probe speaks no
+    TLS, and every service asks its clients for a certificate."""
     found = {}
     for _, container in containers(docs):
         module = service_module(container.get("command", []))
@@ -120,8 +122,34 @@ def test_every_service_runs_in_a_workload_with_grpc_probes_on_its_port(docs: lis
     assert set(found) == {f"services.{name}" for name in SERVICES} | {"services.engine", "services.cell"}
     for module, container in found.items():
         port = int(flag(container["command"], "--port"))
-        assert container["readinessProbe"]["grpc"]["port"] == port, module
-        assert container["livenessProbe"]["grpc"]["port"] == port, module
+        check = ["python", "-m", "gyre.healthcheck", f"127.0.0.1:{port}"]
+        assert container["readinessProbe"]["exec"]["command"] == check, module
+        assert container["livenessProbe"]["exec"]["command"] == check, module
+
+
+def test_services_talk_mutual_tls_and_the_servers_ask_for_passwords_by_default(
+    docs: list[dict[str, Any]],
+) -> None:
+    config = named(docs, "ConfigMap")["gyre-config"]["data"]
+    assert config["GYRE_TLS_CA_FILE"] == "/etc/gyre/secrets/ca.pem"
+    assert config["GYRE_NATS_PASSWORD_FILE"] == "/etc/gyre/secrets/nats.password"
+    assert config["GYRE_DATABASE_PASSWORD_FILE"] == "/etc/gyre/secrets/postgres.password"
+    checked = 0
+    for workload, container in containers(docs):
+        if not any(
+            ref.get("configMapRef", {}).get("name") == "gyre-config" for ref in container.get("envFrom", [])
+        ):
+            continue
+        mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in pod_spec(workload).get("volumes", [])}
+        assert mounts.get("secrets") == "/etc/gyre/secrets", container["name"]
+        assert volumes["secrets"]["secret"]["secretName"] == "gyre-secrets", container["name"]
+        if service_module(container.get("command", [])) is not None:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env["GYRE_TLS_CERT_FILE"].startswith("/etc/gyre/secrets/"), container["name"]
+            assert env["GYRE_TLS_KEY_FILE"] == env["GYRE_TLS_CERT_FILE"].replace(".pem", ".key")
+            checked += 1
+    assert checked == len(SERVICES) + 3  # every service, the cells' engine and agent, the core's agent
 
 
 def test_the_migrations_job_runs_gyre_migrate(docs: list[dict[str, Any]]) -> None:
