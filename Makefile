@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(BIN)/gyre demo
+	$(BIN)/gyre demo --learn
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest

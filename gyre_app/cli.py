@@ -133,13 +133,20 @@ def demo(
     ] = False,
     quick: Annotated[bool, typer.Option(help="the narrated one-task loop (the default)")] = False,
     steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 15,
-    group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 4,
+    group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 6,
     timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 15,
     mode: Annotated[
         str, typer.Option(help="--learn: scheduling mode (colocate, async, gyre, burst)")
     ] = "gyre",
-    families: Annotated[str, typer.Option(help="--learn: task families, comma-separated, or all")] = "all",
-    count: Annotated[int, typer.Option(help="--learn: instances per family (every 4th held out)", min=4)] = 8,
+    families: Annotated[
+        str, typer.Option(help="--learn: families of the task set trained on, comma-separated, or all")
+    ] = "terminal",
+    count: Annotated[
+        int, typer.Option(help="--learn: instances per family (every 4th held out)", min=4)
+    ] = 16,
+    warm_start_families: Annotated[
+        str, typer.Option(help="--learn: families the warm start imitates, comma-separated, or all")
+    ] = "all",
     warm_start_count: Annotated[
         int, typer.Option(help="--learn: instances per family the warm start imitates", min=4)
     ] = 48,
@@ -158,13 +165,15 @@ def demo(
         from gyre_app.warmstart.build import WarmStartConfig
         from services.evaluator.generate.families import parse_families
 
-        warm = WarmStartConfig(families=tuple(parse_families(families)), count_per_family=warm_start_count)
+        warm = WarmStartConfig(
+            families=tuple(parse_families(warm_start_families)), count_per_family=warm_start_count
+        )
         config = LearnConfig(
             steps=steps,
             group_size=group_size,
             timeout_s=timeout_s,
             mode=mode,
-            families=warm.families,
+            families=tuple(parse_families(families)),
             count_per_family=count,
             warm_start=dataclasses.replace(
                 warm, train=dataclasses.replace(warm.train, steps=warm_start_steps)
