@@ -151,6 +151,7 @@ def demo(
         int, typer.Option(help="--learn: instances per family the warm start imitates", min=4)
     ] = 48,
     warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 80,
+    learning_rate: Annotated[float, typer.Option(help="--learn: the trainer's learning rate", min=0)] = 2e-4,
 ) -> None:
     """Run the end-to-end slice on the local stack and narrate it (`--learn`: a training run)."""
     if learn and quick:
@@ -174,6 +175,7 @@ def demo(
             timeout_s=timeout_s,
             mode=mode,
             families=tuple(parse_families(families)),
+            learning_rate=learning_rate,
             count_per_family=count,
             warm_start=dataclasses.replace(
                 warm, train=dataclasses.replace(warm.train, steps=warm_start_steps)

@@ -74,3 +74,17 @@ def test_an_unknown_mode_is_refused_before_anything_starts() -> None:
     )
     assert done.returncode == 2
     assert "--mode: one of colocate, async, gyre, burst, got 'nope'" in done.stderr
+
+
+def test_an_unknown_family_is_refused_naming_the_field() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre_app.cli", "demo", "--learn", "--families", "poetry"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "family: unknown family poetry: expected repo-gen, repair, terminal or all" in done.stderr
