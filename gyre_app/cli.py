@@ -152,6 +152,7 @@ def demo(
     ] = 48,
     warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 80,
     learning_rate: Annotated[float, typer.Option(help="--learn: the trainer's learning rate", min=0)] = 2e-4,
+    temperature: Annotated[float, typer.Option(help="--learn: the agent's temperature", min=0)] = 0.7,
 ) -> None:
     """Run the end-to-end slice on the local stack and narrate it (`--learn`: a training run)."""
     if learn and quick:
@@ -176,6 +177,7 @@ def demo(
             mode=mode,
             families=tuple(parse_families(families)),
             learning_rate=learning_rate,
+            temperature=temperature,
             count_per_family=count,
             warm_start=dataclasses.replace(
                 warm, train=dataclasses.replace(warm.train, steps=warm_start_steps)
