@@ -62,29 +62,24 @@ def test_the_agent_sends_its_temperature_only_when_configured(
     assert bodies[0].get("temperature", "absent") == sent
 
 
-def test_an_unknown_mode_is_refused_before_anything_starts() -> None:
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (["--mode", "nope"], 2, "--mode: one of colocate, async, gyre, burst, got 'nope'"),
+        (["--families", "poetry"], 1, "family: unknown family poetry: expected repo-gen, repair, terminal"),
+    ],
+)
+def test_bad_options_are_refused_naming_them_before_anything_starts(
+    args: list[str], code: int, expected: str
+) -> None:
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "gyre_app.cli", "demo", "--learn", "--mode", "nope"],
+        [sys.executable, "-m", "gyre_app.cli", "demo", "--learn", *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 2
-    assert "--mode: one of colocate, async, gyre, burst, got 'nope'" in done.stderr
-
-
-def test_an_unknown_family_is_refused_naming_the_field() -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "gyre_app.cli", "demo", "--learn", "--families", "poetry"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1
-    assert "family: unknown family poetry: expected repo-gen, repair, terminal or all" in done.stderr
+    assert done.returncode == code
+    assert expected in done.stderr
