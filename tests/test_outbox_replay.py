@@ -33,9 +33,10 @@ async def rewarded(server_urls: tuple[str, str]) -> AsyncIterator[tuple[asyncpg.
         engine = make_engine(kernel.database_url)
         ids = [str(uuid.uuid4()) for _ in range(3)]
         task_id = str(uuid.uuid4())
+        sessions = make_sessionmaker(engine)
         for i, e in enumerate(ids):
             grade = evaluator_pb2.Grade(execution_id=e, task_id=task_id, score=i / 2, assessable=i > 0)
-            async with make_sessionmaker(engine)() as session, session.begin():
+            async with sessions() as session, session.begin():
                 assert await store_reward(session, grade, request_id=f"r{i}", causation_id="c")
         await engine.dispose()
         pg = await asyncpg.connect(libpq_url(kernel.database_url))

@@ -158,6 +158,21 @@ def test_the_image_holds_every_package_and_installs_it_in_place() -> None:
     assert any(line.startswith("RUN pip install") and " -e ." in line for line in dockerfile)
 
 
+def test_the_image_carries_the_real_harnesses_at_the_tested_versions() -> None:
+    """The runner starts `claude` and `mini` from the image's PATH; the versions are the ones the
+    tests run (tests/harness_install.py, the dev extra's pin)."""
+    from harness_install import CLAUDE_CODE_VERSION  # tests/ is on the path (its conftest.py)
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    assert f"ARG CLAUDE_CODE_VERSION={CLAUDE_CODE_VERSION}" in dockerfile
+    assert "nodejs npm" in dockerfile
+    assert 'npm install -g --no-audit --no-fund "@anthropic-ai/claude-code@' in dockerfile
+    pin = pyproject.split('"mini-swe-agent==', 1)[1].split('"', 1)[0]
+    assert f"ARG MINI_SWE_AGENT_VERSION={pin}" in dockerfile
+    assert "ln -s /usr/local/lib/mini-swe-agent/bin/mini /usr/local/bin/mini" in dockerfile
+
+
 def test_services_talk_mutual_tls_and_the_servers_ask_for_passwords_by_default(
     compose: dict[str, Any],
 ) -> None:
