@@ -365,6 +365,18 @@ async def test_a_filled_workspace_is_private_to_its_execution_and_wiped_on_relea
     assert not box.work.exists() and not box.path.exists()
 
 
+async def publish_scheduled(runner: Runner, ref: ids_pb2.ExecutionRef, *, prompt: str, harness: str) -> None:
+    """An ExecutionScheduled on the bus, as the scheduler would publish it."""
+    bus = await Bus.connect(BusConfig(url=runner.kernel.nats_url or "", prefix=runner.kernel.bus_prefix))
+    try:
+        scheduled = scheduler_events_pb2.ExecutionScheduled(
+            execution=ref, family="terminal", prompt=prompt, harness=harness, timeout_s=60
+        )
+        await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
+    finally:
+        await bus.close()
+
+
 async def test_an_execution_cancelled_before_it_was_scheduled_here_never_starts(runner: Runner) -> None:
     """CancelTask reaches the runner before the runner took the ExecutionScheduled up: when that
     event comes, the execution ends cancelled without starting (no harness, no workspace)."""
@@ -375,14 +387,7 @@ async def test_an_execution_cancelled_before_it_was_scheduled_here_never_starts(
     answer = (await runner.stub.CancelExecution(cancel)).execution
     assert answer.state == runner_pb2.EXECUTION_STATE_CANCELLED
     assert (await runner.stub.CancelExecution(cancel)).execution == answer  # the same answer again
-    bus = await Bus.connect(BusConfig(url=runner.kernel.nats_url or "", prefix=runner.kernel.bus_prefix))
-    try:
-        scheduled = scheduler_events_pb2.ExecutionScheduled(
-            execution=ref, family="terminal", prompt="Sleep.", harness="gyre-agent", timeout_s=60
-        )
-        await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
-    finally:
-        await bus.close()
+    await publish_scheduled(runner, ref, prompt="Sleep.", harness="gyre-agent")
     ended = await wait_ended(runner, ref.execution_id)
     assert ended.state == runner_pb2.EXECUTION_STATE_CANCELLED
     assert not ended.HasField("started_at") and ended.workspace_uri == ""
@@ -399,14 +404,7 @@ async def test_a_refused_launch_is_stored_as_its_event_says(runner: Runner) -> N
     """An ExecutionScheduled the runner refuses (an unknown harness) ends failed; the row holds the
     reason its ExecutionFailed carries, so replaying the runner's events rebuilds every row."""
     ref = ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4()))
-    bus = await Bus.connect(BusConfig(url=runner.kernel.nats_url or "", prefix=runner.kernel.bus_prefix))
-    try:
-        scheduled = scheduler_events_pb2.ExecutionScheduled(
-            execution=ref, family="terminal", prompt="x", harness="no-such-harness", timeout_s=60
-        )
-        await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
-    finally:
-        await bus.close()
+    await publish_scheduled(runner, ref, prompt="x", harness="no-such-harness")
     ended = await wait_ended(runner, ref.execution_id)
     assert ended.state == runner_pb2.EXECUTION_STATE_FAILED
     assert ended.failure.reason.startswith("bad scheduled execution: harness")
