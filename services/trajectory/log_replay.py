@@ -287,16 +287,20 @@ async def diff_projections(
 
 
 async def replay_and_diff(pg: Any, log_range: LogRange, *, keep_scratch: bool = False) -> LogReplay:
-    """Replay the range into `trajectory_replay_<hex>` and diff it against the live projections."""
-    execution_ids = await select_executions(pg, log_range.check())
-    schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
-    await create_scratch(pg, schema)
-    try:
+    """Replay the range into `trajectory_replay_<hex>` and diff it against the live projections.
+
+    One repeatable-read transaction reads the log and the live projections, so calls ingested
+    meanwhile (log rows and projections commit together) cannot make them disagree. Without
+    `keep_scratch` the scratch schema is dropped in it; an error rolls all of it back.
+    """
+    async with pg.transaction(isolation="repeatable_read"):
+        execution_ids = await select_executions(pg, log_range.check())
+        schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
+        await create_scratch(pg, schema)
         t0 = time.perf_counter()
         num_calls = await replay_into(pg, schema, execution_ids)
         replay_s = time.perf_counter() - t0
         diffs = await diff_projections(pg, schema, execution_ids)
-    finally:
         if not keep_scratch:
             await pg.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return LogReplay(
