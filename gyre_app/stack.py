@@ -46,9 +46,15 @@ MODES = ("colocate", "async", "gyre", "burst")
 SATELLITE_SLOTS = 4
 DEMO_GROUPS_PER_STEP = 1
 """The local stack trains after every group, so one submitted task shows a whole step."""
-LOCAL_AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "128", "GYRE_AGENT_MAX_TURNS": "4"}
-"""The built-in agent's budget on the tiny random model, which never ends a reply by itself:
-short replies and few turns keep an execution to seconds on a CPU."""
+LOCAL_AGENT_ENV = {
+    "GYRE_AGENT_MAX_TOKENS": "128",
+    "GYRE_AGENT_MAX_TURNS": "4",
+    "GYRE_HARNESS_MAX_OUTPUT_TOKENS": "128",
+    "GYRE_HARNESS_MAX_TURNS": "4",
+}
+"""The harnesses' budget on the tiny random model, which never ends a reply by itself: short
+replies and few turns keep an execution short on a CPU (the built-in agent's own variables, and
+the ones Claude Code's and mini-swe-agent's adapters pass on)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

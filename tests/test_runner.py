@@ -282,6 +282,7 @@ async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_k
         ({"workspace_template": "taskset:nope/hello"}, "workspace_template"),
         ({"workspace_template": "task:no-such-task"}, "workspace_template"),
         ({"harness_env": {"OPENAI_API_KEY": "x"}}, "harness_env['OPENAI_API_KEY']"),
+        ({"harness_env": {"GYRE_HARNESS_MAX_TURNS": "-1"}}, "harness_env['GYRE_HARNESS_MAX_TURNS']"),
         ({"execution": ids_pb2.ExecutionRef(task_id="t", execution_id="e")}, "execution.task_id"),
     ],
 )
