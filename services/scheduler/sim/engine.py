@@ -35,6 +35,7 @@ Cell-time accounting: `result.Result.shares`.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -490,11 +491,7 @@ class Simulation:
         per_version = [0] * self.w.steps
         for group in range(self.admitted):
             per_version[self.group_version[group]] += 1
-        out, total = [], 0
-        for count in per_version:
-            total += count
-            out.append(total)
-        return out
+        return list(itertools.accumulate(per_version))
 
     def _switch_remaining(self, cell: int) -> float:
         ends = [t for t, _, kind, ref, _ in self.heap if kind == _SWITCH_END and ref == cell]
