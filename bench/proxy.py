@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -63,7 +65,8 @@ async def _wait_http(url: str, timeout_s: float = 60) -> None:
     raise RuntimeError(f"proxy at {url} did not come up")
 
 
-async def _register(stub: proxy_pb2_grpc.ProxyServiceStub, n: int) -> list[str]:
+async def _register(stub: proxy_pb2_grpc.ProxyServiceStub, n: int) -> list[tuple[str, str]]:
+    """n fresh executions, each with its own token: (token, execution_id) pairs."""
     tokens = []
     for i in range(n):
         token = "bench-" + secrets.token_hex(20)
@@ -73,7 +76,7 @@ async def _register(stub: proxy_pb2_grpc.ProxyServiceStub, n: int) -> list[str]:
         request.execution.execution_id = str(uuid.uuid4())
         request.expires_at.FromDatetime(datetime.now(UTC) + timedelta(hours=1))
         await stub.RegisterExecutionToken(request)  # type: ignore[misc]
-        tokens.append(token)
+        tokens.append((token, request.execution.execution_id))
     return tokens
 
 
@@ -141,6 +144,7 @@ async def measure(
     nats_url: str,
     database_url: str,
     *,
+    prefix: str,
     requests: int,
     sessions: int,
     output_tokens: int,
@@ -156,7 +160,6 @@ async def measure(
     text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]
     prompt_ids: list[int] = tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
     engine_port, paced_port, grpc_port, http_port = free_port(), free_port(), free_port(), free_port()
-    prefix = f"benchproxy{uuid.uuid4().hex[:6]}"
     env = {
         **os.environ,
         "GYRE_NATS_URL": nats_url,
@@ -192,7 +195,7 @@ async def measure(
                 address=f"127.0.0.1:{engine_port}",
             )
         )
-        tokens = await _register(proxy, sessions)
+        tokens = [token for token, _ in await _register(proxy, sessions)]
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
             for _ in range(10):  # warm both paths
@@ -289,21 +292,17 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
-async def main_async(ns: argparse.Namespace) -> dict[str, float | int]:
+@contextlib.asynccontextmanager
+async def scratch_servers(tag: str) -> AsyncIterator[tuple[str, str, str]]:
+    """(nats_url, database_url, bus prefix) in a fresh database and bus prefix, removed afterwards."""
     nats_url, admin_url = servers()
-    name = f"gyre_bench_proxy_{uuid.uuid4().hex[:10]}"
+    name = f"gyre_bench_{tag}_{uuid.uuid4().hex[:10]}"
+    prefix = f"bench{tag}{uuid.uuid4().hex[:6]}"
     admin = await asyncpg.connect(libpq_url(admin_url))
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
     try:
-        return await measure(
-            nats_url,
-            with_database(admin_url, name),
-            requests=ns.requests,
-            sessions=ns.sessions,
-            output_tokens=ns.output_tokens,
-            token_interval_s=ns.token_interval_s,
-        )
+        yield nats_url, with_database(admin_url, name), prefix
     finally:
         admin = await asyncpg.connect(libpq_url(admin_url))
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -311,11 +310,23 @@ async def main_async(ns: argparse.Namespace) -> dict[str, float | int]:
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
         for info in await js.streams_info():
-            if (info.config.name or "").startswith("BENCHPROXY") or (info.config.name or "").startswith(
-                "OBJ_benchproxy"
-            ):
-                await js.delete_stream(info.config.name or "")
+            stream = info.config.name or ""
+            if stream.startswith(prefix.upper()) or stream.startswith(f"OBJ_{prefix}"):
+                await js.delete_stream(stream)
         await nc.close()
+
+
+async def main_async(ns: argparse.Namespace) -> dict[str, float | int]:
+    async with scratch_servers("proxy") as (nats_url, database_url, prefix):
+        return await measure(
+            nats_url,
+            database_url,
+            prefix=prefix,
+            requests=ns.requests,
+            sessions=ns.sessions,
+            output_tokens=ns.output_tokens,
+            token_interval_s=ns.token_interval_s,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

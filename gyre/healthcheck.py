@@ -13,10 +13,12 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gyre.tls import sync_channel
+
 
 def check(address: str, *, service: str = "", timeout_s: float = 3.0) -> str | None:
     """None when SERVING; otherwise why not (the status, or the RPC error)."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address) as channel:
         try:
             answer = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s

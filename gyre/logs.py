@@ -9,12 +9,18 @@ an event payload names (`bind_ids`), so a service's log lines can be grepped by 
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 from google.protobuf import descriptor, message
 
 LOGGED_IDS = ("task_id", "execution_id", "call_id")
+SECRET_KEYS = frozenset({"token", "password", "secret", "authorization", "api_key", "x-api-key"})
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)([^@\s]+)(@)", re.IGNORECASE)
+_BEARER = re.compile(r"(\bBearer\s+)([^\s'\"]+)", re.IGNORECASE)
 
 
 def configure_logging(*, fmt: str = "console", level: str = "info") -> None:
@@ -28,6 +34,7 @@ def configure_logging(*, fmt: str = "console", level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
@@ -54,3 +61,23 @@ def bind_ids(msg: message.Message) -> None:
                     found.setdefault(inner.name, inner_value)
     if found:
         structlog.contextvars.bind_contextvars(**found)
+
+
+def redact(text: str) -> str:
+    """Hide the password of a URL and a bearer token inside `text`.
+
+    Example:
+        redact("postgresql://postgres:hunter2@db:5432/gyre") -> "postgresql://postgres:***@db:5432/gyre"
+    """
+    return _BEARER.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\3", text))
+
+
+def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: no log line carries a password or credential, whatever a caller passed
+    (a URL with its password, an exception quoting one, a field named like a secret)."""
+    for key, value in event.items():
+        if key.lower() in SECRET_KEYS and value:
+            event[key] = "***"
+        elif isinstance(value, str) and ("://" in value or "earer" in value):
+            event[key] = redact(value)
+    return event

@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 
 import grpc
 from opentelemetry.trace import SpanKind
 
 from gyre.metrics import RPC_SECONDS
+from gyre.tls import aio_channel
 from gyre.tracing import continued_from, current_carrier
 
 
@@ -104,12 +105,9 @@ CLIENT_INTERCEPTORS = (_TraceUnaryUnary, _TraceUnaryStream, _TraceStreamUnary, _
 
 
 def channel(address: str, *, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
-    """An insecure aio channel whose calls carry the caller's trace context."""
-    return grpc.aio.insecure_channel(
+    """An aio channel whose calls carry the caller's trace context (mutual TLS when configured)."""
+    return aio_channel(
         address,
         options=options,
-        # grpc's stubs type this list loosely; every item is one of grpc.aio's client interceptors.
-        interceptors=cast(
-            Any, [_TraceUnaryUnary(), _TraceUnaryStream(), _TraceStreamUnary(), _TraceStreamStream()]
-        ),
+        interceptors=[_TraceUnaryUnary(), _TraceUnaryStream(), _TraceStreamUnary(), _TraceStreamStream()],
     )

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -29,6 +30,10 @@ class KernelSettings(BaseSettings):
     """NATS server with JetStream, e.g. nats://127.0.0.1:4222; unset: the local stack's."""
     database_url: str | None = None
     """SQLAlchemy URL, e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/gyre; unset: the local stack's."""
+    nats_password_file: Path | None = None
+    """A file holding the NATS password, added to `nats_url` (deploy/ mounts it from a secret)."""
+    database_password_file: Path | None = None
+    """A file holding the Postgres password, added to `database_url`."""
     bus_prefix: str = "gyre"
     """First token of every subject and stream name; tests use their own to run side by side."""
     stream_max_age_s: float = DEFAULT_MAX_AGE_S
@@ -72,4 +77,29 @@ def resolve_urls(settings: KernelSettings) -> Endpoints:
             n for n, v in (("GYRE_NATS_URL", nats_url), ("GYRE_DATABASE_URL", database_url)) if v is None
         ]
         raise Unavailable(f"{' and '.join(missing)} unset and no local stack at {state_path}: run `gyre up`")
-    return Endpoints(nats_url=nats_url, database_url=database_url)
+    return Endpoints(
+        nats_url=_with_password(nats_url, settings.nats_password_file, "GYRE_NATS_PASSWORD_FILE"),
+        database_url=_with_password(
+            database_url, settings.database_password_file, "GYRE_DATABASE_PASSWORD_FILE"
+        ),
+    )
+
+
+def _with_password(url: str, password_file: Path | None, setting: str) -> str:
+    """`url` with the password read from `password_file` (and its user, `gyre` when it names none).
+
+    Example: _with_password("nats://nats:4222", Path("/run/pw"), ...) -> "nats://gyre:<pw>@nats:4222"
+    """
+    if password_file is None:
+        return url
+    try:
+        password = password_file.read_text().strip()
+    except OSError as exc:
+        raise Unavailable(f"{setting} {password_file} cannot be read: {exc.strerror}") from exc
+    parts = urlsplit(url)
+    user = unquote(parts.username or "gyre")
+    host = parts.hostname or ""
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (
+        f":{parts.port}" if parts.port else ""
+    )
+    return urlunsplit(parts._replace(netloc=netloc))

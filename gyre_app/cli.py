@@ -10,12 +10,14 @@ import importlib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from typer.exceptions import TyperException
 
 from gyre.errors import GyreError
+from gyre.logs import redact
 from gyre.settings import KernelSettings
 from gyre_app import cli_replay, cli_report, cli_tasks, cli_trace
 
@@ -39,6 +41,10 @@ def up(
     mode: Annotated[
         str, typer.Option(help="scheduling mode at start: colocate, async, gyre or burst")
     ] = "gyre",
+    secure: Annotated[
+        bool,
+        typer.Option(help="mutual TLS between services; embedded NATS and Postgres ask for passwords"),
+    ] = False,
 ) -> None:
     """Start NATS, Postgres (embedded unless configured), every service and the cells."""
     from gyre_app.stack import MODES
@@ -46,12 +52,13 @@ def up(
 
     if mode not in MODES:
         raise typer.BadParameter(f"must be one of {', '.join(MODES)}, got {mode!r}", param_hint="--mode")
-    state = stack_up(KernelSettings(), metrics=metrics, cells=cells, mode=mode)
+    state = stack_up(KernelSettings(), metrics=metrics, cells=cells, mode=mode, secure=secure)
     print(
         json.dumps(
             {
-                "nats_url": state.nats_url,
-                "database_url": state.database_url,
+                "nats_url": redact(state.nats_url),
+                "database_url": redact(state.database_url),
+                **({"tls": state.tls} if state.tls else {}),
                 "services": {s.name: s.address for s in state.services},
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
@@ -61,6 +68,21 @@ def up(
             indent=2,
         )
     )
+
+
+@app.command()
+def certs(
+    folder: Annotated[Path, typer.Argument(help="where to write them (made 0700; files 0600)")],
+    name: Annotated[list[str], typer.Option(help="a process to certify (repeat); `client` is always made")],
+    host: Annotated[list[str] | None, typer.Option(help="another name every certificate holds")] = None,
+) -> None:
+    """Make a CA, a certificate per process and the NATS and Postgres passwords (deploy/ secrets)."""
+    from gyre.devstack.credentials import nats_auth_config
+    from gyre_app.secure import make_keys
+
+    keys = make_keys(folder, name, hosts=tuple(host or ()))
+    nats_auth_config(folder, (keys.nats_user, keys.nats_password))
+    print(f"wrote a CA, {len(name) + 1} certificates and the passwords in {folder}")
 
 
 @app.command()

@@ -29,11 +29,13 @@ from gyre.engine.v1 import events_pb2 as engine_events
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent, UndecodableEvent, parse_envelope, type_map, unpack_payload
+from gyre.logs import redact
 from gyre.proxy.v1 import events_pb2 as proxy_events
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
+from gyre.tls import aio_channel
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
@@ -267,9 +269,9 @@ async def run_loop(state: StackState, prefix: str) -> Tally:
     tally = Tally()
     try:
         async with (
-            grpc.aio.insecure_channel(state.address_of("scheduler")) as sch,
-            grpc.aio.insecure_channel(state.address_of("trajectory")) as trj,
-            grpc.aio.insecure_channel(state.address_of("engine-cell-1")) as eng,
+            aio_channel(state.address_of("scheduler")) as sch,
+            aio_channel(state.address_of("trajectory")) as trj,
+            aio_channel(state.address_of("engine-cell-1")) as eng,
         ):
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(sch)
             trajectory = trajectory_pb2_grpc.TrajectoryServiceStub(trj)
@@ -344,7 +346,8 @@ def main(kernel: KernelSettings, *, keep: bool = False) -> int:
     started = time.monotonic()
     try:
         state = up(kernel)
-        say(f"  NATS {state.nats_url}\n  Postgres {state.database_url}\n  model {state.model_dir}")
+        say(f"  NATS {redact(state.nats_url)}\n  Postgres {redact(state.database_url)}")
+        say(f"  model {state.model_dir}")
         for s in state.services:
             say(f"  {s.name:<10} pid {s.pid:<7} grpc {s.address}  log {s.log_path}")
         say(f"  proxy HTTP {state.proxy_http_url}/v1 (OpenAI) and /v1/messages (Anthropic)")

@@ -14,10 +14,11 @@ import sys
 import grpc
 
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.tls import sync_channel
 
 
 def register_engine(proxy_address: str, *, cell_id: str, engine_id: str, address: str) -> None:
-    with grpc.insecure_channel(proxy_address) as channel:
+    with sync_channel(proxy_address) as channel:
         proxy_pb2_grpc.ProxyServiceStub(channel).RegisterEngine(
             proxy_pb2.RegisterEngineRequest(
                 request_id=f"gyre-up:{cell_id}:{engine_id}:{address}",

@@ -28,6 +28,8 @@ from gyre.devstack.processes import failure, is_our_process, read_json, spawn_de
 from gyre.sandbox.roots import SHARED_TEMP
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
+from gyre.tls import sync_channel
+from gyre_app import secure as secure_stack
 from gyre_app.migrations import upgrade_all
 from gyre_app.stack_servers import ensure_database, servers_back
 
@@ -44,9 +46,15 @@ MODES = ("colocate", "async", "gyre", "burst")
 SATELLITE_SLOTS = 4
 DEMO_GROUPS_PER_STEP = 1
 """The local stack trains after every group, so one submitted task shows a whole step."""
-LOCAL_AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "128", "GYRE_AGENT_MAX_TURNS": "4"}
-"""The built-in agent's budget on the tiny random model, which never ends a reply by itself:
-short replies and few turns keep an execution to seconds on a CPU."""
+LOCAL_AGENT_ENV = {
+    "GYRE_AGENT_MAX_TOKENS": "128",
+    "GYRE_AGENT_MAX_TURNS": "4",
+    "GYRE_HARNESS_MAX_OUTPUT_TOKENS": "128",
+    "GYRE_HARNESS_MAX_TURNS": "4",
+}
+"""The harnesses' budget on the tiny random model, which never ends a reply by itself: short
+replies and few turns keep an execution short on a CPU (the built-in agent's own variables, and
+the ones Claude Code's and mini-swe-agent's adapters pass on)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +86,9 @@ class StackState:
     """The checkpoint folder the engines serve and the trainer starts from."""
     mode: str = ""
     """The scheduling mode the scheduler started in."""
+    tls: dict[str, str] = field(default_factory=dict)
+    """`gyre up --secure`: the client certificate files the `gyre` command presents (gyre.tls);
+    empty: the services talk plaintext."""
 
     def address_of(self, service: str) -> str:
         return next(s.address for s in self.services if s.name == service)
@@ -194,6 +205,7 @@ def up(
     metrics: bool = False,
     agent_env: dict[str, str] | None = None,
     supervise: bool = True,
+    secure: bool = False,
 ) -> StackState:
     """Start (or find running) servers, services and cells; returns what runs. Idempotent.
 
@@ -206,6 +218,8 @@ def up(
     agent's settings (`LOCAL_AGENT_ENV`) for this start (a `restart` goes back to the defaults).
     A stack found running with some services dead gets those alone started again, in place; with
     `supervise` a detached supervisor (`gyre_app.supervise`) does that on its own from then on.
+    With `secure`, gRPC between processes is mutual TLS and the embedded NATS and Postgres ask
+    for passwords (`gyre_app.secure`); configured servers are used with the URLs given.
     """
     from gyre_app.supervise import revive, start_supervisor, supervisor_pid
 
@@ -215,11 +229,13 @@ def up(
         raise ValueError(f"mode: one of {', '.join(MODES)}, got {mode!r}")
     planned = processes(cells) if set(services) == set(SERVICES) else [(name, name) for name in services]
     state_dir = kernel.state_dir.resolve()
+    secure = secure or (state_dir / "secure").is_dir()  # its Postgres and clients know no other way
     current = load_state(state_dir)
     if (
         current is not None
         and [s.name for s in current.services] == [name for name, _ in planned]
         and current.mode == mode
+        and bool(current.tls) == secure
         and servers_back(current, state_dir)
     ):
         revive(kernel)  # only what died; NATS, Postgres and the rest keep running
@@ -231,11 +247,14 @@ def up(
     if current is not None:
         down(kernel)  # half a stack is worse than a clean restart
     state_dir.mkdir(parents=True, exist_ok=True)
+    names = [name for name, _ in planned]
+    keys = secure_stack.prepare(state_dir, names) if secure else None
     # Recorded before each start, so `gyre down` stops what did start even if a later start fails.
     partial = {"nats_url": "", "database_url": "", "embedded_nats": False, "embedded_postgres": False}
     if kernel.nats_url is None:
         write_json(stack_state_path(state_dir), {**partial, "embedded_nats": True})
-    nats_url = kernel.nats_url or start_nats(state_dir / "nats").url
+    nats_auth = (keys.nats_user, keys.nats_password) if keys else None
+    nats_url = kernel.nats_url or start_nats(state_dir / "nats", auth=nats_auth).url
     database_url = kernel.database_url
     if database_url is None:
         write_json(
@@ -247,11 +266,13 @@ def up(
                 "embedded_postgres": True,
             },
         )
-        database_url = ensure_database(start_postgres(state_dir / "postgres").url, STACK_DATABASE)
+        pg_password = keys.postgres_password if keys else None
+        database_url = ensure_database(
+            start_postgres(state_dir / "postgres", password=pg_password).url, STACK_DATABASE
+        )
     upgrade_all(database_url)
     # Every port first, so each service can be told where the others will be.
     metrics = metrics or kernel.metrics_port is not None
-    names = [name for name, _ in planned]
     *service_ports, proxy_http_port = distinct_free_ports(len(names) * (2 if metrics else 1) + 1)
     ports = dict(zip(names, service_ports[: len(names)], strict=True))
     metrics_ports = dict(zip(names, service_ports[len(names) :], strict=False))
@@ -264,6 +285,7 @@ def up(
         proxy_http_url=f"http://127.0.0.1:{proxy_http_port}",
         model_dir=str(state_dir / "model"),
         mode=mode,
+        tls=keys.client_files() if keys else {},
     )
     env = kernel_env(nats_url, database_url, kernel.bus_prefix)
     (state_dir / "logs").mkdir(exist_ok=True)
@@ -279,6 +301,7 @@ def up(
             proxy_http_port=proxy_http_port,
             metrics_port=metrics_ports.get(name),
             mode=mode,
+            secure=secure,
             extra_env=(
                 {"GYRE_RUNNER_HARNESS_ENV": json.dumps({**LOCAL_AGENT_ENV, **agent_env})}
                 if agent_env and name == "runner"
@@ -326,6 +349,7 @@ def spawn_service(
     metrics_port: int | None,
     module: str,
     mode: str,
+    secure: bool = False,
     extra_env: dict[str, str] | None = None,
 ) -> ServiceProcess:
     """Start one service (or a cell agent: `module` names its package), detached, on its port,
@@ -341,6 +365,7 @@ def spawn_service(
             **env,
             **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode),
             **metrics_env,
+            **(secure_stack.process_tls_env(state_dir, name) if secure else {}),
             **(extra_env or {}),
         },
     )
@@ -409,6 +434,7 @@ def _restart(
         metrics_port=metrics_port,
         module=old.module or name,
         mode=state.mode or "gyre",
+        secure=bool(state.tls),
     )
     state.services[state.services.index(old)] = service
     write_json(stack_state_path(state_dir), asdict(state))
@@ -419,7 +445,7 @@ def _restart(
 def wait_cells_registered(state: StackState, cells: int, deadline: float) -> None:
     """Until the scheduler knows every cell (each agent registers its own; the scheduler then
     routes the satellites' engines itself)."""
-    with grpc.insecure_channel(state.address_of("scheduler")) as channel:
+    with sync_channel(state.address_of("scheduler")) as channel:
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         while time.monotonic() < deadline:
             known = stub.GetCells(scheduler_pb2.GetCellsRequest(), timeout=5.0).cells
@@ -433,7 +459,7 @@ def wait_cells_registered(state: StackState, cells: int, deadline: float) -> Non
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:
     """Poll the gRPC health service until SERVING; fail with the service's log if it dies or stalls."""
-    with grpc.insecure_channel(service.address) as channel:
+    with sync_channel(service.address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if not is_our_process(service.pid, service.marker):

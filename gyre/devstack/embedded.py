@@ -27,10 +27,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import nats
 import nats.errors
 
+from gyre.devstack.credentials import nats_auth_config, nats_url, password_file, trusts_anyone
 from gyre.devstack.processes import (
     POLL_S,
     as_int,
@@ -100,11 +102,17 @@ def _port_for_restart(previous: int | None) -> int:
 # --- NATS ---------------------------------------------------------------------------------------
 
 
-def start_nats(data_dir: Path, *, timeout_s: float = 15.0) -> EmbeddedServer:
-    """Start nats-server with JetStream stored in `data_dir`, or return the one already running there."""
+def start_nats(
+    data_dir: Path, *, timeout_s: float = 15.0, auth: tuple[str, str] | None = None
+) -> EmbeddedServer:
+    """Start nats-server with JetStream stored in `data_dir`, or return the one already running there.
+
+    With `auth` (user, password) the server accepts only that user (a config file written in
+    `data_dir`, 0600), and the returned URL carries the credentials.
+    """
     data_dir = data_dir.resolve()
     deadline = time.monotonic() + timeout_s
-    running = _recorded_nats(data_dir)
+    running = _recorded_nats(data_dir, auth)
     if running is not None:
         _wait_nats_ready(running, deadline, timeout_s)
         return running
@@ -114,9 +122,11 @@ def start_nats(data_dir: Path, *, timeout_s: float = 15.0) -> EmbeddedServer:
     previous = read_json(data_dir / _NATS_STATE_FILE) or {}
     port = _port_for_restart(as_int(previous.get("port")))
     argv = [str(_nats_binary()), "-a", _LOOPBACK, "-p", str(port), "-js", "-sd", str(data_dir / "jetstream")]
+    if auth is not None:
+        argv += ["-c", str(nats_auth_config(data_dir, auth))]
     pid = spawn_detached(argv, log_path=log_path, cwd=data_dir)
     server = EmbeddedServer(
-        name="nats", pid=pid, url=f"nats://{_LOOPBACK}:{port}", data_dir=data_dir, log_path=log_path
+        name="nats", pid=pid, url=nats_url(port, auth), data_dir=data_dir, log_path=log_path
     )
     # Recorded before waiting, so that stop_nats can end a server that never became ready.
     write_json(data_dir / _NATS_STATE_FILE, {"pid": pid, "port": port})
@@ -163,7 +173,7 @@ def _nats_marker(data_dir: Path) -> str:
     return str(data_dir / "jetstream")
 
 
-def _recorded_nats(data_dir: Path) -> EmbeddedServer | None:
+def _recorded_nats(data_dir: Path, auth: tuple[str, str] | None = None) -> EmbeddedServer | None:
     state = read_json(data_dir / _NATS_STATE_FILE)
     if state is None:
         return None
@@ -175,7 +185,7 @@ def _recorded_nats(data_dir: Path) -> EmbeddedServer | None:
     return EmbeddedServer(
         name="nats",
         pid=pid,
-        url=f"nats://{_LOOPBACK}:{port}",
+        url=nats_url(port, auth),
         data_dir=data_dir,
         log_path=data_dir / "nats.log",
     )
@@ -227,8 +237,12 @@ async def _probe_jetstream(url: str) -> None:
 # --- PostgreSQL ---------------------------------------------------------------------------------
 
 
-def start_postgres(data_dir: Path, *, timeout_s: float = 60.0) -> EmbeddedServer:
-    """Initialise `data_dir` if needed and start PostgreSQL there, or return the one already running."""
+def start_postgres(data_dir: Path, *, timeout_s: float = 60.0, password: str | None = None) -> EmbeddedServer:
+    """Initialise `data_dir` if needed and start PostgreSQL there, or return the one already running.
+
+    With `password`, a fresh `data_dir` is initialised with password authentication (SCRAM) for
+    every connection and the returned URL carries it; a folder initialised without one is refused.
+    """
     data_dir = data_dir.resolve()
     deadline = time.monotonic() + timeout_s
     log_path = data_dir / "postgres.log"
@@ -238,8 +252,7 @@ def start_postgres(data_dir: Path, *, timeout_s: float = 60.0) -> EmbeddedServer
         account = _postgres_account(data_dir)
         _prepare_data_dir(data_dir, bin_dir, account)
         if not (data_dir / "PG_VERSION").exists():
-            initdb_args = ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", _PG_SUPERUSER]
-            _run_pg(bin_dir / "initdb", ["-D", str(data_dir), *initdb_args], account, deadline, log_path=None)
+            _initdb(data_dir, bin_dir, account, deadline, password)
         port = _port_for_restart(_previous_postgres_port(data_dir))
         socket_dir = _socket_dir(data_dir, account)
         options = f"-h {_LOOPBACK} -p {port} -k {shlex.quote(str(socket_dir))}"
@@ -249,10 +262,15 @@ def start_postgres(data_dir: Path, *, timeout_s: float = 60.0) -> EmbeddedServer
         postmaster = _wait_postmaster_ready(data_dir, deadline, timeout_s)
         if postmaster is None:
             raise failure(f"postgres in {data_dir} exited right after pg_ctl reported it started", log_path)
+    if password is not None and trusts_anyone(data_dir):
+        raise failure(
+            f"postgres in {data_dir} was initialised without a password; remove the folder", log_path
+        )
+    credentials = _PG_SUPERUSER if password is None else f"{_PG_SUPERUSER}:{quote(password, safe='')}"
     return EmbeddedServer(
         name="postgres",
         pid=postmaster.pid,
-        url=f"postgresql+asyncpg://{_PG_SUPERUSER}@{_LOOPBACK}:{postmaster.port}/postgres",
+        url=f"postgresql+asyncpg://{credentials}@{_LOOPBACK}:{postmaster.port}/postgres",
         data_dir=data_dir,
         log_path=log_path,
     )
@@ -276,6 +294,18 @@ def stop_postgres(data_dir: Path, *, timeout_s: float = 30.0) -> None:
     _run_pg(_postgres_bin_dir() / "pg_ctl", pg_ctl_args, account, deadline, log_path=log_path)
     if not wait_gone(postmaster.pid, _KILL_WAIT_S):
         raise failure(f"postgres (pid {postmaster.pid}) still runs after pg_ctl stop", log_path)
+
+
+def _initdb(
+    data_dir: Path, bin_dir: Path, account: pwd.struct_passwd | None, deadline: float, password: str | None
+) -> None:
+    if password is None:
+        args = ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", _PG_SUPERUSER]
+        _run_pg(bin_dir / "initdb", ["-D", str(data_dir), *args], account, deadline, log_path=None)
+        return
+    with password_file(password, account) as pwfile:
+        args = ["--auth=scram-sha-256", "--encoding=utf8", "-U", _PG_SUPERUSER, f"--pwfile={pwfile}"]
+        _run_pg(bin_dir / "initdb", ["-D", str(data_dir), *args], account, deadline, log_path=None)
 
 
 def _postgres_bin_dir() -> Path:

@@ -103,8 +103,11 @@ def read_json(path: Path) -> dict[str, object] | None:
 
 
 def write_json(path: Path, data: dict[str, object]) -> None:
+    """Replace `path` atomically; readable by its owner only (a secure stack's URLs hold passwords)."""
     staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(data))
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data))
     staging.replace(path)
 
 

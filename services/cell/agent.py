@@ -28,9 +28,12 @@ from gyre.ids import new_uuid7, validate_request_id
 from gyre.rpc import Context
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.scheduler.v1 import scheduler_pb2_grpc
+from gyre.tls import aio_channel
 from services.cell.config import CellSettings
 
 log = structlog.get_logger(__name__)
+RELEASE_WAIT_S = 5.0
+"""How long `StartTraining` waits for the worker to report the end of its previous session."""
 WORKER_MODULE = "services.trainer.satellite"  # run as a process: the agent imports no other service
 
 
@@ -85,6 +88,10 @@ class TrainingWorker:
     async def train(self, rendezvous_uri: str, *, timeout_s: float = 10.0) -> None:
         if not self.alive:
             raise Unavailable(f"the training worker of {self.settings.cell_id} is not running")
+        for _ in range(int(RELEASE_WAIT_S / 0.01)):  # a release the worker has yet to report
+            if not self.training:
+                break
+            await asyncio.sleep(0.01)
         if self.training:
             raise Conflict(f"{self.settings.cell_id} is already training; the trainer must release it first")
         assert self.proc is not None and self.proc.stdin is not None
@@ -154,7 +161,7 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
             return pb.RegisterCellRequest(
                 request_id=new_uuid7(), cell_id=s.cell_id, core=True, agent_address=s.trainer_address
             )
-        async with grpc.aio.insecure_channel(s.engine_address) as channel:
+        async with aio_channel(s.engine_address) as channel:
             stats = await engine_pb2_grpc.EngineServiceStub(channel).GetEngineStats(  # type: ignore[misc]
                 engine_pb2.GetEngineStatsRequest(), timeout=30
             )
@@ -179,7 +186,7 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Register, then beat until stopped; register again whenever the scheduler lost the cell."""
-        async with grpc.aio.insecure_channel(self.settings.scheduler_address) as channel:
+        async with aio_channel(self.settings.scheduler_address) as channel:
             scheduler: scheduler_pb2_grpc.SchedulerServiceAsyncStub = scheduler_pb2_grpc.SchedulerServiceStub(
                 channel
             )  # type: ignore[assignment]

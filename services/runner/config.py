@@ -44,7 +44,8 @@ class RunnerSettings(BaseSettings):
     """URL prefixes git templates may come from (e.g. `https://github.com/org/`); empty: none."""
     sandbox_runtime: list[str] = []
     """More read-only paths every harness sandbox sees at the same place (a harness installed
-    outside /usr, e.g. `/opt/node`); the Python installation and the built-in agent are always there."""
+    outside /usr, e.g. the folder of Claude Code's `claude`); they lead the harness's PATH. The
+    Python installation and the built-in agent are always there."""
     agent_model: str = "gyre-policy"
     harness_env: dict[str, str] = {}
     """Variables every harness gets (JSON object), e.g. the built-in agent's budget
@@ -64,11 +65,11 @@ class RunnerSettings(BaseSettings):
     start_wait_s: float = 60.0
     """How long StartExecution waits for the harness process before answering `starting`."""
     cpu_s: int = 3600
-    memory_mb: int = 4096
-    """Memory of the sandbox (cgroup) and address space per process: Claude Code's runtime
-    reserves about 4 GiB."""
+    memory_mb: int = 2048
+    """Memory of the sandbox (cgroup) and address space per process."""
     address_space_mb: int = 0
-    """Address space per process when it must differ from memory_mb (0: the same)."""
+    """Address space per process when it must differ from memory_mb (0: the same); a harness
+    whose runtime needs more (Claude Code) raises it for its own sandboxes (`harness.REGISTRY`)."""
     max_procs: int = 256
     file_size_mb: int = 512
     disk_mb: int = 1024

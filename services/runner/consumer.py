@@ -70,8 +70,15 @@ class ScheduledEvents:
             validate_launch(launch, harnesses=HARNESSES, reserved_env=RESERVED_ENV)
         except InvalidArgument as exc:  # the execution ends as failed, so its group still completes
             problem = str(exc)
+        await repo.lock_execution(session, launch.execution_id)  # vs. a CancelExecution before it
         if not await repo.insert_execution(session, launch):
             log.info("execution_already_known", execution_id=launch.execution_id)
+            return
+        early = await repo.cancelled_before_start(session, launch.execution_id)
+        if early is not None:
+            await self._cancel_now(session, launch, reason=early[0], request_id=early[1])
+            after_commit(session, self.relay.poke)
+            log.info("scheduled_execution_cancelled_before_start", execution_id=launch.execution_id)
             return
         if problem:
             await self._fail_now(session, launch, problem, event.event_id)
@@ -79,6 +86,27 @@ class ScheduledEvents:
             log.warning("scheduled_execution_refused", execution_id=launch.execution_id, problem=problem)
             return
         after_commit(session, lambda: self.supervisor.start(launch))
+
+    async def _cancel_now(
+        self, session: AsyncSession, launch: Launch, *, reason: str, request_id: str
+    ) -> None:
+        """It was cancelled before it came: it ends cancelled without starting (no workspace, no call)."""
+        await repo.update_execution(
+            session, launch.execution_id, state="cancelled", ended_at=datetime.now(UTC)
+        )
+        cancelled = events_pb2.ExecutionCancelled(
+            execution=execution_ref(launch),
+            reason=reason,
+            request_id=request_id,
+            family=launch.family,
+            task=launch.task,
+            num_calls_recorded=0,
+        )
+        await enqueue(
+            session,
+            repo.outbox,
+            new_event(cancelled, producer=PRODUCER, correlation_id=launch.task_id, causation_id=request_id),
+        )
 
     async def _fail_now(self, session: AsyncSession, launch: Launch, problem: str, causation: str) -> None:
         kind = "harness_launch" if problem.startswith("harness") else "workspace"

@@ -42,6 +42,15 @@ requests = RequestLog(requests_table(metadata))
 """StartExecution's and CancelExecution's answers by request id (revision 0002 moved the older
 table, which kept only the execution id, onto this shape)."""
 
+cancelled_early = sa.Table(
+    "cancelled_early",
+    metadata,
+    sa.Column("execution_id", sa.Uuid, primary_key=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
 
@@ -91,3 +100,28 @@ async def ended_since(session: AsyncSession, within_s: float) -> list[Any]:
         executions.c.ended_at > sa.func.now() - sa.text("make_interval(secs => :s)").bindparams(s=within_s),
     )
     return list((await session.execute(stmt)).all())
+
+
+async def lock_execution(session: AsyncSession, execution_id: str) -> None:
+    """Serialise, per execution, a cancel that comes before the runner knows it with its start."""
+    await session.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(execution_id))))
+
+
+async def cancel_early(session: AsyncSession, execution_id: str, *, reason: str, request_id: str) -> None:
+    await session.execute(
+        insert(cancelled_early)
+        .values(execution_id=uuid.UUID(execution_id), reason=reason, request_id=request_id)
+        .on_conflict_do_nothing()
+    )
+
+
+async def cancelled_before_start(session: AsyncSession, execution_id: str) -> tuple[str, str] | None:
+    """(reason, request_id) when a CancelExecution came before the execution was scheduled here."""
+    row = (
+        await session.execute(
+            sa.select(cancelled_early.c.reason, cancelled_early.c.request_id).where(
+                cancelled_early.c.execution_id == uuid.UUID(execution_id)
+            )
+        )
+    ).first()
+    return None if row is None else (row.reason, row.request_id)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gyre.common.v1 import ids_pb2
 from gyre.errors import Conflict, InvalidArgument, NotFound
 from gyre.ids import require_uuid, validate_request_id
 from gyre.rpc import Context
@@ -48,13 +50,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                 raise Conflict(f"execution {launch.execution_id} was already started by another request")
             return _naming(launch.execution_id, runner_pb2.StartExecutionResponse)
 
-        answer, fresh = await repo.requests.answer_once(
-            self.sessions,
-            method="StartExecution",
-            request=request,
-            cls=runner_pb2.StartExecutionResponse,
-            act=accept,
-        )
+        answer, fresh = await self._once("StartExecution", request, runner_pb2.StartExecutionResponse, accept)
         if fresh:
             self.supervisor.start(launch)
             log.info("execution_accepted", execution_id=launch.execution_id, harness=launch.harness)
@@ -65,37 +61,55 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     async def CancelExecution(
         self, request: runner_pb2.CancelExecutionRequest, context: Context
     ) -> runner_pb2.CancelExecutionResponse:
+        """Stop the execution. One this runner does not know yet (its ExecutionScheduled not taken
+        up) is cancelled before it starts: when it comes, it ends at once as cancelled."""
         validate_request_id(request.request_id)
         require_uuid("execution_id", request.execution_id, what="an execution")
         if len(request.reason) > MAX_REASON_CHARS:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_CHARS} characters")
+        row: Any = None
 
         async def accept(session: AsyncSession) -> runner_pb2.CancelExecutionResponse:
+            nonlocal row
+            await repo.lock_execution(session, request.execution_id)  # vs. its ExecutionScheduled
+            row = await repo.load_execution(session, request.execution_id)
+            if row is None:
+                await repo.cancel_early(
+                    session,
+                    request.execution_id,
+                    reason=request.reason or "cancelled",
+                    request_id=request.request_id,
+                )
             return _naming(request.execution_id, runner_pb2.CancelExecutionResponse)
 
-        first = await repo.requests.answered(
-            self.sessions, method="CancelExecution", request=request, cls=runner_pb2.CancelExecutionResponse
-        )
-        if first is None:
-            row = await self._row(request.execution_id)
-            _, fresh = await repo.requests.answer_once(
-                self.sessions,
-                method="CancelExecution",
-                request=request,
-                cls=runner_pb2.CancelExecutionResponse,
-                act=accept,
+        _, fresh = await self._once("CancelExecution", request, runner_pb2.CancelExecutionResponse, accept)
+        if fresh and row is not None and row.state not in ENDED:
+            await self.supervisor.cancel(
+                request.execution_id, reason=request.reason, request_id=request.request_id
             )
-            if fresh and row.state not in ENDED:
-                await self.supervisor.cancel(
-                    request.execution_id, reason=request.reason, request_id=request.request_id
+        async with self.sessions() as session:
+            now = await repo.load_execution(session, request.execution_id)
+        if now is None:  # cancelled before it was scheduled here
+            return runner_pb2.CancelExecutionResponse(
+                execution=runner_pb2.Execution(
+                    execution=ids_pb2.ExecutionRef(execution_id=request.execution_id),
+                    state=runner_pb2.EXECUTION_STATE_CANCELLED,
                 )
-        return runner_pb2.CancelExecutionResponse(execution=await self._load(request.execution_id))
+            )
+        return runner_pb2.CancelExecutionResponse(execution=execution_to_proto(now))
 
     async def GetExecution(
         self, request: runner_pb2.GetExecutionRequest, context: Context
     ) -> runner_pb2.GetExecutionResponse:
         require_uuid("execution_id", request.execution_id, what="an execution")
         return runner_pb2.GetExecutionResponse(execution=await self._load(request.execution_id))
+
+    async def _once(
+        self, method: str, request: Message, cls: type[M], act: Callable[[AsyncSession], Awaitable[M]]
+    ) -> tuple[M, bool]:
+        return await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=cls, act=act
+        )
 
     async def _row(self, execution_id: str) -> Any:
         async with self.sessions() as session:

@@ -41,7 +41,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch
-from services.runner.harness import HarnessInput, plan_launch
+from services.runner.harness import HarnessInput, limits_for, plan_launch
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -128,7 +128,8 @@ class Supervisor:
     async def _run(self, run: Running) -> None:
         launch = run.launch
         try:
-            run.box = box = await self.host.create(launch.execution_id, self.settings.limits())
+            limits = limits_for(launch.harness, self.settings.limits())
+            run.box = box = await self.host.create(launch.execution_id, limits)
         except (OSError, subprocess.SubprocessError, GyreError) as exc:
             raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
         try:
@@ -164,6 +165,8 @@ class Supervisor:
                 python=sys.executable,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
+                runtime=tuple(self.settings.sandbox_runtime),
+                timeout_s=launch.timeout_s,
             ),
         )
         del token

@@ -168,16 +168,31 @@ class CellControl:
 
         async def act(session: AsyncSession) -> tuple[scheduler_pb2.SetModeResponse, list[Message]]:
             previous, _ = await repo.load_cluster(session, default_mode=self.default_mode, for_update=True)
-            await repo.save_cluster(session, mode=mode)
             answer = scheduler_pb2.SetModeResponse(previous_mode=MODE_TO_PROTO[previous], mode=request.mode)
-            event = events_pb2.ModeChanged(
-                previous_mode=MODE_TO_PROTO[previous], mode=request.mode, request_id=request.request_id
-            )
-            return answer, [event]
+            if mode != previous and await repo.step_in_progress(session):
+                # Strictly between steps: the driver applies it once the running step completed.
+                await repo.save_pending_mode(session, mode, request_id=request.request_id)
+                return answer, []
+            await repo.save_cluster(session, mode=mode)
+            await repo.save_pending_mode(session, None)
+            return answer, [_mode_changed(previous, mode, request.request_id)]
 
         answer = await self._idempotent("SetMode", request, scheduler_pb2.SetModeResponse, act)
         log.info("mode_set", mode=mode)
         return answer
+
+    async def apply_pending_mode(self, session: AsyncSession) -> str | None:
+        """Between steps: the mode a SetMode asked for during the last one takes effect now (its
+        ModeChanged goes out in this transaction); returns it, None when none was waiting."""
+        mode, request_id = await repo.pending_mode(session)
+        if mode is None or await repo.step_in_progress(session):
+            return None
+        previous, _ = await repo.load_cluster(session, default_mode=self.default_mode, for_update=True)
+        await repo.save_cluster(session, mode=mode)
+        await repo.save_pending_mode(session, None)
+        await self._publish(session, _mode_changed(previous, mode, request_id), cause=request_id)
+        log.info("mode_applied_between_steps", previous=previous, mode=mode)
+        return mode
 
     async def SwitchCell(
         self, request: scheduler_pb2.SwitchCellRequest, context: object
@@ -326,3 +341,9 @@ class CellControl:
                 await asyncio.wait_for(stop.wait(), timeout=min(1.0, self.lost_after_s / 4))
             except TimeoutError:
                 pass
+
+
+def _mode_changed(previous: str, mode: str, request_id: str) -> events_pb2.ModeChanged:
+    return events_pb2.ModeChanged(
+        previous_mode=MODE_TO_PROTO[previous], mode=MODE_TO_PROTO[mode], request_id=request_id
+    )

@@ -21,6 +21,7 @@ from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
 from services.scheduler.runnable import Catalog, check_runnable
 from services.scheduler.task_control import cancel_task, list_executions
+from services.scheduler.task_list import list_tasks
 from services.scheduler.tasks import execution_limit_s, plan_tasks, validate_deadlines, validate_specs
 
 log = structlog.get_logger(__name__)
@@ -118,6 +119,11 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         self, request: scheduler_pb2.ListExecutionsRequest, context: Context
     ) -> scheduler_pb2.ListExecutionsResponse:
         return await list_executions(self.sessions, request)
+
+    async def ListTasks(
+        self, request: scheduler_pb2.ListTasksRequest, context: Context
+    ) -> scheduler_pb2.ListTasksResponse:
+        return await list_tasks(self.sessions, request)
 
     async def CancelTask(
         self, request: scheduler_pb2.CancelTaskRequest, context: Context

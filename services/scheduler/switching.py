@@ -30,6 +30,7 @@ from gyre.cell.v1 import cell_pb2, cell_pb2_grpc
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2 as pb
+from gyre.tls import aio_channel
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from services.scheduler.cells import CellRecord
 
@@ -52,7 +53,7 @@ class _Channels:
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self.open.get(address)
         if channel is None:
-            channel = self.open[address] = grpc.aio.insecure_channel(address)
+            channel = self.open[address] = aio_channel(address)
         return channel
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.ids import require_uuid
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2 as pb
+from gyre.tls import aio_channel
 from services.scheduler import repo
 
 MAX_LIST = 10000
@@ -87,7 +88,7 @@ async def cancel_task(
             raise Unavailable(
                 "the scheduler has no runner address (GYRE_SCHEDULER_RUNNER_ADDRESS) to stop harnesses"
             )
-        async with grpc.aio.insecure_channel(runner_address) as channel:
+        async with aio_channel(runner_address) as channel:
             runner = runner_pb2_grpc.RunnerServiceStub(channel)
             for execution_id in scheduled:
                 try:
@@ -100,10 +101,9 @@ async def cancel_task(
                         timeout=30,
                     )
                 except grpc.aio.AioRpcError as exc:
-                    # NOT_FOUND: the runner has not taken its ExecutionScheduled yet. It still will,
-                    # and start the harness: a known gap (the runner is not told to skip it).
-                    if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        raise Unavailable(f"runner: {exc.code().name} {exc.details()}") from None
+                    # One the runner has not taken up yet is cancelled there before it starts:
+                    # when its ExecutionScheduled comes, it ends cancelled, never started.
+                    raise Unavailable(f"runner: {exc.code().name} {exc.details()}") from None
     await session.execute(sa.update(repo.tasks).where(t.task_id == key).values(state="cancelled"))
     await session.execute(
         sa.update(repo.executions).where(e.task_id == key, e.state.in_(CANCELLABLE)).values(state="cancelled")

@@ -22,6 +22,7 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from gyre.settings import KernelSettings
+from gyre.tls import TlsSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -91,7 +92,7 @@ def settings_classes() -> dict[str, type[BaseSettings]]:
     """Env prefix -> settings class, for the kernel and every service (`services/<name>/config.py`)."""
     import importlib
 
-    found: dict[str, type[BaseSettings]] = {"GYRE_": KernelSettings}
+    found: dict[str, type[BaseSettings]] = {"GYRE_": KernelSettings, "GYRE_TLS_": TlsSettings}
     for config in sorted((ROOT / "services").glob("*/config.py")):
         module = importlib.import_module(f"services.{config.parent.name}.config")
         for value in vars(module).values():

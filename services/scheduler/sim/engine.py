@@ -488,6 +488,7 @@ class Simulation:
         )
 
     def _admitted_by_version(self) -> list[int]:
+        """How many groups were admitted by each version (cumulative), for the run's own bound."""
         per_version = [0] * self.w.steps
         for group in range(self.admitted):
             per_version[self.group_version[group]] += 1
