@@ -47,7 +47,7 @@ from gyre_app.stack import StackState, down, load_state, up
 
 GROUPS, GROUP_SIZE = 2, 2
 OUTAGE_S = 15.0
-SETTLE_S = 420.0
+SETTLE_S = 300.0
 AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "96", "GYRE_AGENT_MAX_TURNS": "4"}
 
 

@@ -45,5 +45,5 @@ def validate_request_id(request_id: str, field: str = "request_id") -> str:
     if not request_id:
         raise InvalidArgument(field, "is required: a client-chosen idempotency key")
     if not REQUEST_ID_RE.fullmatch(request_id):
-        raise InvalidArgument(field, f"must be 1..128 characters of [A-Za-z0-9_.:-], got {request_id!r}")
+        raise InvalidArgument(field, f"must be 1..128 characters of [A-Za-z0-9_.:-], got {request_id[:64]!r}")
     return request_id

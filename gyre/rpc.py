@@ -40,6 +40,7 @@ STATUS_OF: dict[type[GyreError], grpc.StatusCode] = {
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 ERROR_FIELD_TRAILER = "gyre-error-field"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MIN_SECONDS, _MAX_SECONDS = -62135596800, 253402300799  # 0001-01-01 .. 9999-12-31, what datetime holds
 
 
 def status_of(exc: GyreError) -> grpc.StatusCode:
@@ -68,7 +69,35 @@ def _parse(deserializer: Callable[[bytes], Any] | None, raw: bytes) -> Any:
         raise InvalidArgument("request", f"body is not a valid protobuf message: {exc}") from exc
     if isinstance(request, message.Message):
         bind_ids(request)
+        bad = invalid_field(request)
+        if bad is not None:
+            raise InvalidArgument(*bad)
     return request
+
+
+def invalid_field(msg: message.Message, prefix: str = "") -> tuple[str, str] | None:
+    """(path, what is wrong) of the first field of a request no service can store, or None: a
+    string holding NUL (Postgres text cannot), a Timestamp no datetime can hold.
+
+    Example: SubmitTasksRequest(tasks=[TaskSpec(deadline=Timestamp(nanos=-1))]) -> ("tasks[0].deadline", ...)
+    """
+    for field, value in msg.ListFields():
+        kind = field.message_type
+        items = (
+            list(enumerate(value)) if field.is_repeated and not isinstance(value, str) else [(None, value)]
+        )
+        for i, item in items:
+            path = f"{prefix}{field.name}" + ("" if i is None else f"[{i}]")
+            if isinstance(item, str) and "\x00" in item:
+                return path, "must not contain NUL characters"
+            if kind is None or kind.GetOptions().map_entry:
+                continue
+            if kind.full_name == "google.protobuf.Timestamp":
+                if not (_MIN_SECONDS <= item.seconds <= _MAX_SECONDS and 0 <= item.nanos < 1_000_000_000):
+                    return path, "is not a valid timestamp (0001-01-01..9999-12-31, nanos 0..999999999)"
+            elif (found := invalid_field(item, f"{path}.")) is not None:
+                return found
+    return None
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
@@ -111,32 +140,34 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
 
 def _wrap_request_streaming(handler: Any, method: str) -> Any:
-    """Client-streaming methods: grpc parses each message itself; errors map as for the others."""
+    """Client-streaming methods: each message is parsed here too (a body that is not protobuf
+    answers INVALID_ARGUMENT), and errors map as for the others."""
     deserialize, serialize = handler.request_deserializer, handler.response_serializer
+
+    async def parsed(raw_requests: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        async for raw in raw_requests:
+            yield _parse(deserialize, raw)
+
     if handler.stream_unary:
         inner = handler.stream_unary
 
-        async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
+        async def stream_unary(requests: AsyncIterator[bytes], context: Context) -> Any:
             try:
-                return await inner(requests, context)
+                return await inner(parsed(requests), context)
             except Exception as exc:
                 await _abort(context, exc, method)
 
-        return grpc.stream_unary_rpc_method_handler(
-            stream_unary, request_deserializer=deserialize, response_serializer=serialize
-        )
+        return grpc.stream_unary_rpc_method_handler(stream_unary, response_serializer=serialize)
     inner_stream = handler.stream_stream
 
-    async def stream_stream(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+    async def stream_stream(requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[Any]:
         try:
-            async for item in inner_stream(requests, context):
+            async for item in inner_stream(parsed(requests), context):
                 yield item
         except Exception as exc:
             await _abort(context, exc, method)
 
-    return grpc.stream_stream_rpc_method_handler(
-        stream_stream, request_deserializer=deserialize, response_serializer=serialize
-    )
+    return grpc.stream_stream_rpc_method_handler(stream_stream, response_serializer=serialize)
 
 
 class GrpcServer:

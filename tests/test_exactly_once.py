@@ -235,3 +235,22 @@ async def test_concurrent_calls_with_one_request_id_run_the_work_once(scratch: S
     assert await scratch.count(scratch.effects, task_id=request.task_id) == 1, (
         "the loser's writes rolled back"
     )
+
+
+async def test_work_after_the_commit_that_fails_leaves_the_event_applied(scratch: Scratch) -> None:
+    event = submitted("hooked")
+    ran: list[str] = []
+
+    async def write_then_hooks(session: AsyncSession, event: DecodedEvent) -> None:
+        await inbox_of(scratch).handlers[events_pb2.TaskSubmitted](session, event)
+        after_commit(session, lambda: 1 / 0)  # e.g. a process that could not start
+        after_commit(session, lambda: ran.append("next"))
+
+    inbox = Inbox(
+        sessions=scratch.sessions,
+        table=scratch.inbox_table,
+        handlers={events_pb2.TaskSubmitted: write_then_hooks},
+    )
+    assert await apply_batch(inbox, "c", [event]) == [APPLIED]
+    assert ran == ["next"]
+    assert await scratch.count(scratch.effects, task_id=event.payload.task.task_id) == 1

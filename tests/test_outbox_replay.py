@@ -1,5 +1,5 @@
 """Replaying a service's outbox into a scratch schema (the evaluator's rewards, written by its real
-`publish_reward`), on a real Postgres database of the test's own: ranges, diffs, bad ranges."""
+`store_reward`), on a real Postgres database of the test's own: ranges, diffs, bad ranges."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gyre.devstack.scratch import scratch_kernel
 from gyre.errors import InvalidArgument, NotFound
 from gyre.evaluator.v1 import evaluator_pb2
 from gyre_app.migrations import upgrade
-from services.evaluator.consumer import publish_reward
+from services.evaluator.consumer import store_reward
 from services.evaluator.event_projection import PROJECTION
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -33,11 +33,11 @@ async def rewarded(server_urls: tuple[str, str]) -> AsyncIterator[tuple[asyncpg.
         engine = make_engine(kernel.database_url)
         ids = [str(uuid.uuid4()) for _ in range(3)]
         task_id = str(uuid.uuid4())
+        sessions = make_sessionmaker(engine)
         for i, e in enumerate(ids):
             grade = evaluator_pb2.Grade(execution_id=e, task_id=task_id, score=i / 2, assessable=i > 0)
-            assert await publish_reward(
-                make_sessionmaker(engine), grade, request_id=f"r{i}", causation_id="c"
-            )
+            async with sessions() as session, session.begin():
+                assert await store_reward(session, grade, request_id=f"r{i}", causation_id="c")
         await engine.dispose()
         pg = await asyncpg.connect(libpq_url(kernel.database_url))
         try:

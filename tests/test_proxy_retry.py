@@ -220,3 +220,22 @@ async def test_a_plain_retry_of_a_call_recorded_but_not_delivered_gets_that_answ
     again = await complete(rig.http_url, token)
     assert again["choices"][0]["message"]["content"] == "Answer 2."
     assert await revoke(rig.stub, execution_id) == 2
+
+
+async def test_a_retry_with_its_key_while_the_first_attempt_runs_joins_it(rig: Rig) -> None:
+    token, execution_id = await rig.register_execution()
+    engine = rig.engines[0][1]
+    engine.token_interval_s = 0.05  # the first attempt is still generating when the retry comes
+    try:
+        first = asyncio.create_task(complete(rig.http_url, token, **{"Idempotency-Key": "slow"}))
+        for _ in range(500):  # bounded: 5 s, until the first attempt generates
+            if rig.proxy.calls.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert rig.proxy.calls.in_flight
+        retried = await complete(rig.http_url, token, **{"Idempotency-Key": "slow"})
+        assert retried == await first
+    finally:
+        engine.token_interval_s = 0.0
+    assert len(engine.prompts) == 1
+    assert await revoke(rig.stub, execution_id) == 1

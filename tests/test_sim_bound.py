@@ -13,6 +13,7 @@ import pytest
 from services.scheduler.sim.bound import (
     admission_bound,
     all_reduce,
+    cap_admission_bound,
     first_batch_costs,
     group_costs,
     lower_bounds,
@@ -20,7 +21,7 @@ from services.scheduler.sim.bound import (
 )
 from services.scheduler.sim.chain_bound import fifo_chain
 from services.scheduler.sim.modes import ABLATION, MODES, simulate
-from services.scheduler.sim.path_bound import fifo_paths
+from services.scheduler.sim.path_bound import at_cap, fifo_paths
 from services.scheduler.sim.workload import Executions, draw_executions, parse_workload
 
 ALL_MODES = sorted(set(MODES) | set(ABLATION))
@@ -77,6 +78,8 @@ def test_no_simulated_mode_beats_the_bound_on_random_workloads(seed: int) -> Non
     x = draw_executions(w)
     bound = max(lower_bounds(w, x).values())
     splits = {w.async_rollout_cells, 1 if w.executions_per_cell >= w.group_size else w.async_rollout_cells}
+    cap = at_cap(steps=w.steps, groups_per_step=w.groups_per_step, max_staleness=w.max_staleness)
+    cap_bound = cap_admission_bound(w, x)
     runs = {mode: simulate(mode, w, x) for mode in ALL_MODES}
     runs |= {f"async@{a}": simulate("async", w, x, rollout_cells=a) for a in splits}
     for mode, run in runs.items():
@@ -84,6 +87,8 @@ def test_no_simulated_mode_beats_the_bound_on_random_workloads(seed: int) -> Non
         # The run's own admission sequence bounds it too (and the sequence obeys the cap).
         own = admission_bound(w, x, run.admitted_by_version)
         assert run.wall_s >= own * (1 - 1e-9), f"{mode} ran in {run.wall_s:.2f}s below its path {own:.2f}s"
+        if run.admitted_by_version == cap:
+            assert run.wall_s >= cap_bound * (1 - 1e-9), f"{mode}: {run.wall_s:.2f}s below {cap_bound:.2f}s"
 
 
 def test_update_gaps_charges_training_cells_idle_through_updates() -> None:
@@ -214,6 +219,20 @@ def test_groups_past_the_rollout_slots_start_only_as_earlier_executions_end() ->
     x = Executions(duration_s=(5.0, 1.0, 3.0, 2.0), tokens=(0, 0, 0, 0), timed_out=(False,) * 4)
     assert first_batch_costs(w, x) == [5.0, 1.0, 4.0, 5.0]
     assert group_costs(w, x) == [5.0, 1.0, 3.0, 2.0]
+
+
+def test_cap_admission_fixes_each_steps_groups_and_charges_their_release() -> None:
+    # 2 cells, S=2, B=1, K=0, O=1; groups ready after 5 and 2 s, 3 cell-s of training each.
+    # Admitting at the cap, step 0 trains group 0 (P_1 >= 5 + 3/2 + 1) and step 1 group 1,
+    # admitted at P_1: P_2 >= 7.5 + 2 + 1.5 + 1 = 12.
+    w = parse_workload(
+        {**random_workload(0), "cells": 2, "steps": 2, "groups_per_step": 1, "group_size": 1,
+         "max_staleness": 0, "async_rollout_cells": 1, "rollout": {"executions_per_cell": 1},
+         "training": {"tokens_per_s_per_cell": 1000, "step_overhead_s": 1}},
+        base_dir=Path("."),
+    )  # fmt: skip
+    x = Executions(duration_s=(5.0, 2.0), tokens=(3000, 3000), timed_out=(False, False))
+    assert cap_admission_bound(w, x) == pytest.approx(12.0)
 
 
 def test_all_reduce_charges_every_token_trained_beside_another_cell() -> None:

@@ -60,12 +60,16 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
         left = core.request_leave("cell-1").result(timeout=30)
         assert core.members() == ("cell-0", "cell-2")
         assert satellites[0].wait(timeout=30) == 0
-        again = core.compute_step_gradient(model, microbatches, version=3)  # core and cell-2 from the start
-        assert again.max_world_size == 2
+        # A new cell-1 process, started after the leave, waits for the next join (not the last one).
+        satellites[0] = start_satellite(core, "cell-1")
+        assert core.request_join("cell-1").admitted
+        again = core.compute_step_gradient(model, microbatches, version=3)  # all three from the start
+        assert again.max_world_size == 3 and again.lost_cells == ()
         assert float((again.grad_P - alone.grad_P).abs().max()) / scale <= 1e-6
         assert left.num_micro_batches_completed >= 0
         core.request_leave("cell-2").result(timeout=30)
-        assert satellites[1].wait(timeout=30) == 0
+        core.request_leave("cell-1").result(timeout=30)
+        assert satellites[1].wait(timeout=30) == 0 and satellites[0].wait(timeout=30) == 0
     finally:
         for p in satellites:
             if p.poll() is None:

@@ -120,9 +120,11 @@ async def apply_batch(inbox: Inbox, consumer: str, events: Sequence[DecodedEvent
                 else:
                     for i in todo:
                         outcomes[i] = await _apply_one(session, inbox, consumer, events[i])
-        except Exception as exc:  # the commit (or the batch handler) failed: all is rolled back
+        except BaseException as exc:  # the commit (or the batch handler) failed: all is rolled back
             await _run(session.info.pop(_ROLLBACK_HOOKS, []))
             session.info.pop(_COMMIT_HOOKS, None)
+            if not isinstance(exc, Exception):  # cancelled: the consumer is stopping
+                raise
             log.warning("batch_failed", consumer=consumer, size=len(events), error=repr(exc))
             failed = Outcome(Fate.FAILED, f"{type(exc).__name__}: {exc}")
             return [failed] * len(events)  # the claims rolled back too: every event is retried
@@ -186,7 +188,12 @@ async def give_up(inbox: Inbox, event: DecodedEvent, reason: str) -> None:
 
 
 async def _run(hooks: list[Callable[[], Any]]) -> None:
+    """Run hooks in order; one that fails is logged and the rest still run (what they follow is
+    committed, or rolled back, either way)."""
     for fn in hooks:
-        result = fn()
-        if isinstance(result, Awaitable):
-            await result
+        try:
+            result = fn()
+            if isinstance(result, Awaitable):
+                await result
+        except Exception:
+            log.exception("inbox_hook_failed", hook=getattr(fn, "__qualname__", repr(fn)))

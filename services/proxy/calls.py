@@ -255,6 +255,12 @@ class Calls:
         )
         key = call_key(headers, request, agent)
         state = await self.load_state(execution_id)
+        if key.explicit:  # the same key while the first attempt still runs: wait for its answer
+            first = next((r for r in state.runs if r.key == key and not r.ended.is_set()), None)
+            if first is not None:
+                await first.ended.wait()
+                if first.durable is not None:
+                    await asyncio.wait([first.durable])
         stored = state.answers.get(key.value)
         if stored is not None and replayable(stored):
             log.info("call_answered_from_record", call_id=stored.call_id, explicit_key=key.explicit)

@@ -264,8 +264,12 @@ async def _whole(
 ) -> web.StreamResponse:
     """Send a whole (not streamed) answer; once it is out, the call counts as delivered."""
     response = web.json_response(body)
-    await response.prepare(request)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:  # the harness hung up: the answer stays a retry's to take
+        log.info("harness_disconnected", call_id=run.call_id)
+        return response
     request.app[CALLS_KEY].delivered(run)
     return response
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -49,13 +50,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                 raise Conflict(f"execution {launch.execution_id} was already started by another request")
             return _naming(launch.execution_id, runner_pb2.StartExecutionResponse)
 
-        answer, fresh = await repo.requests.answer_once(
-            self.sessions,
-            method="StartExecution",
-            request=request,
-            cls=runner_pb2.StartExecutionResponse,
-            act=accept,
-        )
+        answer, fresh = await self._once("StartExecution", request, runner_pb2.StartExecutionResponse, accept)
         if fresh:
             self.supervisor.start(launch)
             log.info("execution_accepted", execution_id=launch.execution_id, harness=launch.harness)
@@ -87,13 +82,7 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
                 )
             return _naming(request.execution_id, runner_pb2.CancelExecutionResponse)
 
-        _, fresh = await repo.requests.answer_once(
-            self.sessions,
-            method="CancelExecution",
-            request=request,
-            cls=runner_pb2.CancelExecutionResponse,
-            act=accept,
-        )
+        _, fresh = await self._once("CancelExecution", request, runner_pb2.CancelExecutionResponse, accept)
         if fresh and row is not None and row.state not in ENDED:
             await self.supervisor.cancel(
                 request.execution_id, reason=request.reason, request_id=request.request_id
@@ -114,6 +103,13 @@ class RunnerServicer(runner_pb2_grpc.RunnerServiceServicer):
     ) -> runner_pb2.GetExecutionResponse:
         require_uuid("execution_id", request.execution_id, what="an execution")
         return runner_pb2.GetExecutionResponse(execution=await self._load(request.execution_id))
+
+    async def _once(
+        self, method: str, request: Message, cls: type[M], act: Callable[[AsyncSession], Awaitable[M]]
+    ) -> tuple[M, bool]:
+        return await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=cls, act=act
+        )
 
     async def _row(self, execution_id: str) -> Any:
         async with self.sessions() as session:

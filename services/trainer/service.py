@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
-from gyre.ids import new_uuid7, validate_request_id
+from gyre.ids import REQUEST_ID_RE, new_uuid7, validate_request_id
 from gyre.rpc import Context
 from gyre.trainer.v1 import events_pb2, trainer_pb2, trainer_pb2_grpc
 from services.trainer import repo
@@ -94,8 +94,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request: trainer_pb2.JoinStepRequest, context: Context
     ) -> trainer_pb2.JoinStepResponse:
         validate_request_id(request.request_id)
-        if not request.cell_id:
-            raise InvalidArgument("cell_id", "must name the satellite cell, got ''")
+        _validate_cell_id(request.cell_id)
         async with self.lock:
             first = await self._first("JoinStep", request, trainer_pb2.JoinStepResponse)
             if first is not None:
@@ -132,6 +131,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self, request: trainer_pb2.LeaveStepRequest, context: Context
     ) -> trainer_pb2.LeaveStepResponse:
         validate_request_id(request.request_id)
+        _validate_cell_id(request.cell_id)
         if request.immediate:
             raise InvalidArgument(
                 "immediate", "not supported: a satellite leaves after its microbatch in progress (send false)"
@@ -263,3 +263,11 @@ def _checkpoint_proto(row: object) -> trainer_pb2.Checkpoint:
     )
     c.saved_at.FromDatetime(row.saved_at)  # type: ignore[attr-defined]
     return c
+
+
+def _validate_cell_id(cell_id: str) -> None:
+    """A cell id travels to the rendezvous store, whose keys are short: refused here, not there."""
+    if not REQUEST_ID_RE.fullmatch(cell_id):
+        raise InvalidArgument(
+            "cell_id", f"must name the satellite cell: 1..128 of [A-Za-z0-9_.:-], got {cell_id[:64]!r}"
+        )

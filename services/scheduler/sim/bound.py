@@ -81,7 +81,7 @@ import math
 from typing import Any
 
 from services.scheduler.sim.chain_bound import fifo_chain
-from services.scheduler.sim.path_bound import fifo_paths, longest_path
+from services.scheduler.sim.path_bound import at_cap, fifo_paths, longest_path
 from services.scheduler.sim.workload import Executions, Workload
 
 LAMBDA_GRID = 200
@@ -193,6 +193,51 @@ def admission_bound(w: Workload, x: Executions, admitted: list[int]) -> float:
         max_staleness=w.max_staleness,
         overhead_s=w.step_overhead_s,
     )
+
+
+def cap_admission_bound(w: Workload, x: Executions) -> float:
+    """A lower bound on every schedule that admits as the staleness cap allows, a(v) =
+    min((v+K+1)*B, S*B) (`path_bound.at_cap`): the larger of that sequence's longest path and
+    a recurrence over its steps' publication times.
+
+    With that sequence, for t >= K the groups due by step t (admitted at versions <= t-K) number
+    a(t-K) = (t+1)*B, exactly what steps 0..t train, and they are the first (t+1)*B of the queue;
+    so for t >= K+1 step t trains exactly groups t*B .. (t+1)*B-1, all of batch t-K, while steps
+    0..K share batch 0 ((K+1)*B groups) in some way. Recurrence, P_0 = 0:
+    - t <= K: steps 0..t have trained (t+1)*B groups of batch 0 by P_{t+1} - O, so
+      P_{t+1} >= max(P_t + O, O + the ((t+1)*B)-th smallest c_g of batch 0, with the start
+      limit of `first_batch_costs`);
+    - t >= K+1: group g of step t is admitted at or after P_{t-K} and ready D_g later; step t
+      trains only after P_t (it needs version t), its tokens take w_g cell-seconds on at most C
+      cells, and P_{t+1} is O after the last. With release r_g = max(P_t, P_{t-K} + D_g), for
+      every threshold the work released at or after it is done after it:
+      P_{t+1} >= O + max over g of (r_g + (sum of w_j with r_j >= r_g) / C).
+    Each P bound uses only bounds on earlier ones (all nondecreasing in them), so P_S bounds the
+    wall time of every schedule in the class.
+
+    Example: S=2, B=1, K=0, C=1, O=1, groups ready after 5 and 2 with 3 cell-s of training each:
+    P_1 >= 1 + 5 + 3 = 9 (t = 0 <= K), P_2 >= 1 + max(9, 9 + 2) + 3 = 15
+    """
+    g, b, k, o = w.group_size, w.groups_per_step, w.max_staleness, w.step_overhead_s
+    ready = [max(x.duration_s[i * g : i * g + g]) for i in range(w.total_groups)]
+    work = [sum(x.tokens[i * g : i * g + g]) / w.tokens_per_s_per_cell for i in range(w.total_groups)]
+    batch0 = sorted(first_batch_costs(w, x)[: min(w.total_groups, (k + 1) * b)])
+    published = [0.0]
+    for t in range(w.steps):
+        if t <= k:
+            nth = batch0[min(len(batch0), (t + 1) * b) - 1]
+            published.append(max(published[t] + o, o + nth))
+            continue
+        released = sorted(
+            (max(published[t], published[t - k] + ready[i]), work[i]) for i in range(t * b, (t + 1) * b)
+        )
+        last, after = 0.0, 0.0
+        for release, cell_s in reversed(released):
+            after += cell_s
+            last = max(last, release + after / w.cells)
+        published.append(last + o)
+    cap = at_cap(steps=w.steps, groups_per_step=b, max_staleness=k)
+    return max(published[-1], admission_bound(w, x, cap))
 
 
 def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:

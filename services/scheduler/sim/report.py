@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.scheduler.sim.bound import admission_bound, lower_bounds
+from services.scheduler.sim.bound import cap_admission_bound, lower_bounds
 from services.scheduler.sim.modes import ABLATION, FIXED_SPLIT, best_split, simulate
 from services.scheduler.sim.path_bound import at_cap
 from services.scheduler.sim.result import Result
@@ -59,7 +59,7 @@ def compare(w: Workload, x: Executions, runs: dict[str, tuple[Result, int | None
     gyre = runs["gyre"][0].wall_s
     # The bound of the class every mode here belongs to: admitting as the staleness cap allows.
     cap = at_cap(steps=w.steps, groups_per_step=w.groups_per_step, max_staleness=w.max_staleness)
-    cap_bound = admission_bound(w, x, cap)
+    cap_bound = cap_admission_bound(w, x)
     at_cap_modes = sorted(name for name, (r, _) in runs.items() if r.admitted_by_version == cap)
     baselines = {name: r.wall_s for name, (r, _) in runs.items() if name != "gyre"}
     best_baseline = min(baselines, key=lambda k: baselines[k])

@@ -53,10 +53,12 @@ def run_satellite(
     timeout_s: float = 120.0,
     idle_timeout_s: float = 3600.0,
     device: str = "cpu",
+    before_join: bool = False,
 ) -> int:
     """A satellite's training loop: wait to be admitted, then compute and reduce until released.
 
-    Returns the number of microbatches it computed.
+    `before_join`: this process may have started before the core admitted its join (see
+    `_session`). Returns the number of microbatches it computed.
     """
     host, port = parse_rendezvous(rendezvous_uri)
     stop = threading.Event()
@@ -75,6 +77,7 @@ def run_satellite(
             timeout_s=timeout_s,
             idle_timeout_s=idle_timeout_s,
             device_plan=DevicePlan(device=device),
+            before_join=before_join,
         )
     finally:
         stop.set()
@@ -82,11 +85,18 @@ def run_satellite(
 
 
 def _satellite_loop(
-    host: str, port: int, *, cell_id: str, timeout_s: float, idle_timeout_s: float, device_plan: DevicePlan
+    host: str,
+    port: int,
+    *,
+    cell_id: str,
+    timeout_s: float,
+    idle_timeout_s: float,
+    device_plan: DevicePlan,
+    before_join: bool,
 ) -> int:
     check_device(device_plan)
     store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
-    session, epoch = _session(store, cell_id, idle_timeout_s=idle_timeout_s)
+    session, epoch = _session(store, cell_id, idle_timeout_s=idle_timeout_s, before_join=before_join)
     config = Qwen2Config.from_dict(json.loads(store.get("model/config")))
     loss_fields = json.loads(store.get("loss/config"))
     packed = bool(loss_fields.pop("packed"))
@@ -132,17 +142,22 @@ def _started(store: TCPStore, epoch: int, *, timeout_s: float, is_released: Call
     return True
 
 
-def _session(store: TCPStore, cell_id: str, *, idle_timeout_s: float) -> tuple[int, int]:
-    """This satellite's session (the latest admitted join) and the first epoch it may take.
+def _session(store: TCPStore, cell_id: str, *, idle_timeout_s: float, before_join: bool) -> tuple[int, int]:
+    """This satellite's session and the first epoch it may take.
 
-    A satellite started before its first join (`--rendezvous` with the core in-process) waits for it.
+    Admitted already (a warm worker handed the rendezvous after `JoinStep`, or `--trainer`): the
+    latest session, even one released since (the loop then ends at once). `before_join` (a
+    process started with `--rendezvous`, possibly before its join): the first session not
+    released yet, so a process started after the cell left waits for its next join.
     """
     deadline = time.monotonic() + idle_timeout_s
-    while (session := int(store.add(f"session/{cell_id}", 0))) == 0:
+    while True:
+        session = int(store.add(f"session/{cell_id}", 0))
+        if session and not (before_join and store.check([f"released/{cell_id}/{session}"])):
+            return session, int(store.get(f"join/{cell_id}/{session}"))
         if time.monotonic() > deadline:
             raise TimeoutError(f"{cell_id} was never admitted within {idle_timeout_s} s")
         time.sleep(0.01)
-    return session, int(store.get(f"join/{cell_id}/{session}"))
 
 
 def _next_plan(
