@@ -37,6 +37,7 @@ class LiveCells:
     agents: dict[str, ServiceHost]
     """Each satellite's agent (stopping one takes its training worker down: a failure to inject)."""
     scheduler_address: str = ""
+    trainer_address: str = ""
 
     async def register_execution(self, *, execution_id: str = "", task_id: str = "") -> str:
         """A token for an execution, a fresh one unless named (what the runner does for a harness)."""
@@ -205,6 +206,7 @@ async def live_cells(
             satellites=names,
             agents=dict(zip(names, started, strict=True)),
             scheduler_address=scheduler.address,
+            trainer_address=trainer.address,
         )
 
         async def all_registered() -> bool:

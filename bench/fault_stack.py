@@ -103,6 +103,59 @@ class Service:
             return False
 
 
+class Link:
+    """A loopback link the suite can cut: 127.0.0.1:<port> relayed to `target` (the proxy reaches
+    the engine through it). `cut` drops every open connection and refuses new ones until
+    `restore`, as a broken network path would."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.up = True
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.address = ""
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if not self.up:
+            w.transport.abort()
+            return
+        try:
+            out_r, out_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            w.transport.abort()
+            return
+        self.writers |= {w, out_w}
+        await asyncio.gather(self._pump(r, out_w), self._pump(out_r, w), return_exceptions=True)
+        self.writers -= {w, out_w}
+
+    @staticmethod
+    async def _pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        finally:
+            w.transport.abort()
+
+    def cut(self) -> None:
+        self.up = False
+        for w in list(self.writers):
+            w.transport.abort()  # a reset, as a broken path gives
+
+    def restore(self) -> None:
+        self.up = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+
+
 @dataclass(slots=True, kw_only=True)
 class Execution:
     execution_id: str
@@ -120,6 +173,7 @@ class Stack:
         self.work = work
         self.services: dict[str, Service] = {}
         self.engine: GrpcServer | None = None
+        self.link: Link | None = None
         self.bus: Bus | None = None
         self.proxy_url = ""
         self.proxy_address = ""
@@ -182,13 +236,15 @@ class Stack:
         await asyncio.gather(*(s.wait_ready() for s in self.services.values()))
         assert self.kernel.nats_url
         self.bus = await Bus.connect(BusConfig(url=self.kernel.nats_url, prefix=self.kernel.bus_prefix))
+        self.link = Link(self.engine.address)
+        await self.link.start()
         async with grpc.aio.insecure_channel(self.proxy_address) as channel:
             await proxy_pb2_grpc.ProxyServiceStub(channel).RegisterEngine(  # type: ignore[misc]
                 proxy_pb2.RegisterEngineRequest(
                     request_id="faults-engine",
                     cell_id="cell-1",
                     engine_id="engine-1",
-                    address=self.engine.address,
+                    address=self.link.address,
                 )
             )
 
@@ -202,6 +258,8 @@ class Stack:
             service.stop()
         if self.bus is not None:
             await self.bus.close()
+        if self.link is not None:
+            await self.link.close()
         if self.engine is not None:
             await self.engine.stop(0.5)
 
@@ -308,29 +366,23 @@ class Stack:
 
     async def events(self, service: str, cls: type[message.Message]) -> list[Any]:
         """Every event of one type on a producer's stream, in order."""
-        nc = await nats.connect(str(self.kernel.nats_url))
-        try:
-            js = nc.jetstream()
-            subject = f"{self.kernel.bus_prefix}.{service}.v1.{cls.DESCRIPTOR.name}"
-            try:
-                sub = await js.subscribe(
-                    subject, stream=stream_name(service, prefix=self.kernel.bus_prefix), ordered_consumer=True
-                )
-            except nats.js.errors.NotFoundError:
-                return []
-            out = []
-            for _ in range(100_000):  # bounded: the suite publishes far fewer
-                try:
-                    msg = await sub.next_msg(timeout=0.5)
-                except TimeoutError:
-                    break
-                event = cls()
-                envelope_pb2.Envelope.FromString(msg.data).payload.Unpack(event)
-                out.append(event)
-            await sub.unsubscribe()
-            return out
-        finally:
-            await nc.close()
+        return await read_events(str(self.kernel.nats_url), self.kernel.bus_prefix, service, cls)
+
+    async def replay_steps(self) -> tuple[int, int]:
+        """(steps, mismatches): every step's batch re-derived from the log (`gyre replay step`)."""
+        from gyre_app.client import GyreClient
+        from gyre_app.client.addresses import ServiceAddresses
+        from gyre_app.replay_step import replay_step
+
+        versions = sorted(
+            {s.version.steps for s in await self.events("trainer", trainer_events.StepCompleted)}
+        )
+        known = {"trajectory": self.trajectory_address, "trainer": self.services["trainer"].ready}
+        bad = 0
+        async with GyreClient(ServiceAddresses(known=known), timeout_s=60.0) as client:
+            for version in versions:
+                bad += int(not (await replay_step(client, version)).matches)
+        return len(versions), bad
 
     async def group_ready_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -344,3 +396,29 @@ class Stack:
             for task_id in step.task_ids:
                 counts[task_id] = counts.get(task_id, 0) + 1
         return counts
+
+
+async def read_events(nats_url: str, prefix: str, service: str, cls: type[message.Message]) -> list[Any]:
+    """Every event of one type on a producer's stream, in order (an ordered consumer)."""
+    nc = await nats.connect(nats_url)
+    try:
+        subject = f"{prefix}.{service}.v1.{cls.DESCRIPTOR.name}"
+        try:
+            sub = await nc.jetstream().subscribe(
+                subject, stream=stream_name(service, prefix=prefix), ordered_consumer=True
+            )
+        except nats.js.errors.NotFoundError:
+            return []
+        out = []
+        for _ in range(100_000):  # bounded: a run publishes far fewer
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                break
+            event = cls()
+            envelope_pb2.Envelope.FromString(msg.data).payload.Unpack(event)
+            out.append(event)
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()

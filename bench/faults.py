@@ -55,6 +55,8 @@ class Outcome:
     duplicate_trained_groups: int
     unrecovered: int
     recovery_s: float
+    failed_executions: int = 0
+    """Executions that ended failed (not finished or timed out): counted in `unrecovered` too."""
 
 
 async def _after_answers(executions: list[Execution], n: int, timeout_s: float = 60.0) -> None:
@@ -62,6 +64,21 @@ async def _after_answers(executions: list[Execution], n: int, timeout_s: float =
         if sum(len(e.answered) for e in executions) >= n:
             return
         await asyncio.sleep(0.05)
+
+
+def cut_engine_link(*, when_answered: int, outage_s: float = 5.0) -> Fault:
+    """Cut the proxy's link to its engine mid-run (calls in flight break), restore it later."""
+
+    async def fault(stack: Stack, executions: list[Execution]) -> float:
+        await _after_answers(executions, when_answered)
+        assert stack.link is not None
+        stack.link.cut()
+        cut_at = time.monotonic()
+        await asyncio.sleep(outage_s)
+        stack.link.restore()
+        return cut_at
+
+    return fault
 
 
 def kill_and_restart(name: str, *, when_answered: int) -> Fault:
@@ -195,9 +212,12 @@ def _named(outcome: Outcome, name: str, recovery_s: float) -> Outcome:
 
 
 async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, object]:
-    """Every scenario of the set on (NATS URL, Postgres admin URL); the figures `--json` prints."""
+    """Every scenario of the set on (NATS URL, Postgres admin URL); the figures `--json` prints.
+    `full` adds the last roled scenarios and the whole-stack rig (`bench.fault_live`), which runs
+    on embedded servers of its own (it restarts them)."""
     nats_url, admin_url = urls or servers()
     outcomes: list[Outcome] = []
+    steps = mismatches = 0
     with tempfile.TemporaryDirectory(prefix="gyre-faults-") as work:
         async with scratch_kernel(nats_url, admin_url, label="faults") as kernel:
             stack = Stack(kernel, Path(work))
@@ -217,8 +237,19 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
                     outcomes.append(
                         await run_live(stack, "kill_trainer", trainer_fault, fault_after_end=True)
                     )
+                    outcomes.append(
+                        await run_live(stack, "cut_engine_link", cut_engine_link(when_answered=3))
+                    )
+                steps, mismatches = await stack.replay_steps()
             finally:
                 await stack.close()
+        if full:
+            from bench.fault_live import run_rig
+
+            live, live_steps, live_mismatches = await run_rig(Path(work) / "live")
+            outcomes += [Outcome(**o) for o in live]
+            steps += live_steps
+            mismatches += live_mismatches
     return {
         "scenarios": len(outcomes),
         "lost_calls": sum(o.lost_calls for o in outcomes),
@@ -226,6 +257,8 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
         "duplicate_trained_groups": sum(o.duplicate_trained_groups for o in outcomes),
         "unrecovered": sum(o.unrecovered for o in outcomes),
         "recovery_s_max": max(o.recovery_s for o in outcomes),
+        "steps_replayed": steps,
+        "replay_mismatches": mismatches,
         "by_scenario": [asdict(o) for o in outcomes],
     }
 

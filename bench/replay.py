@@ -5,8 +5,9 @@
 - events_per_s: recorded calls folded per second when `gyre replay` rebuilds the trajectory
   service's projections (execution headers, trajectories, tree_calls) from a call log of `--calls`
   synthetic calls (default 100,000: seeded agent executions of ~100 calls each, with sub-agents,
-  retries and compaction) into a scratch schema: read and decompress the log rows, fold each
-  execution's tree, COPY the projection rows. Ingesting the log is set-up, not timed. The diff
+  retries and compaction) into a scratch schema: stream the log rows' headers through one
+  server-side cursor (no projection depends on a token, so no payload is read or decoded), fold
+  each execution's tree shape, COPY the projection rows. Ingesting the log is set-up, not timed. The diff
   against the live projections runs after the timing and is reported as `projections_match`.
 - step_checksum_match: a recorded run on the real trajectory service and trainer (in-process,
   real NATS and Postgres, the tiny torch model): `--steps` steps of 2 groups each, whose calls
@@ -54,7 +55,7 @@ from services.trainer.config import TrainerSettings
 from services.trainer.main import build as build_trainer
 from services.trajectory.call_log import CallLog
 from services.trajectory.config import TrajectorySettings
-from services.trajectory.log_replay import diff_projections, replay_into
+from services.trajectory.log_replay import create_scratch, diff_projections, replay_into
 from services.trajectory.main import build as build_trajectory
 from services.trajectory.synthetic import SyntheticConfig, generate_execution
 
@@ -98,9 +99,7 @@ async def replay_speed(kernel: KernelSettings, num_calls: int) -> dict[str, Any]
     pg = await asyncpg.connect(libpq_url(url))
     try:
         schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
-        await pg.execute(f'CREATE SCHEMA "{schema}"')
-        for table in ("executions", "trajectories", "tree_calls"):
-            await pg.execute(f'CREATE TABLE "{schema}".{table} (LIKE trajectory.{table} INCLUDING DEFAULTS)')
+        await create_scratch(pg, schema)
         t0 = time.perf_counter()
         replayed = await replay_into(pg, schema, executions)
         replay_s = time.perf_counter() - t0

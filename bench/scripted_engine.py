@@ -211,6 +211,19 @@ async def start_scripted_engine(
     return server, engine
 
 
+def continuing(reply: list[int]) -> Script:
+    """A script that answers `reply`, or the rest of it when the prompt already ends with its
+    beginning (a call resumed here after another engine died part-way through it)."""
+
+    def script(prompt: Sequence[int]) -> list[int]:
+        for done in range(min(len(prompt), len(reply) - 1), 0, -1):
+            if list(prompt[-done:]) == reply[:done]:
+                return reply[done:]
+        return reply
+
+    return script
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m bench.scripted_engine --port N`: serve a fixed reply of `--tokens` ids (benchmarks)."""
     import argparse
@@ -220,14 +233,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16, help="output ids per generation")
     parser.add_argument("--token-interval-s", type=float, default=0.0)
     parser.add_argument("--stop-id", type=int, required=True, help="the model's end-of-turn id, last")
+    parser.add_argument("--engine-id", default="bench-engine")
+    parser.add_argument("--cell-id", default="cell-1")
+    parser.add_argument(
+        "--continue", dest="resume", action="store_true", help="a resumed call gets the rest of the reply"
+    )
     ns = parser.parse_args(argv)
     reply = [100 + i % 200 for i in range(ns.tokens - 1)] + [ns.stop_id]
 
     async def serve() -> None:
         engine = ScriptedEngine(
-            lambda prompt: reply,
-            engine_id="bench-engine",
-            cell_id="cell-1",
+            continuing(reply) if ns.resume else (lambda prompt: reply),
+            engine_id=ns.engine_id,
+            cell_id=ns.cell_id,
             token_interval_s=ns.token_interval_s,
         )
         server = GrpcServer(

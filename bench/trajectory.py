@@ -34,10 +34,12 @@ import uuid
 import asyncpg
 
 from gyre.db.engine import libpq_url, make_engine, make_sessionmaker, with_database
+from gyre.db.inbox import apply_batch
 from gyre.events import new_event, parse_envelope, type_map, unpack_payload
 from gyre.proxy.v1 import events_pb2 as proxy_events
+from gyre.settle import Fate
 from gyre_app.migrations import upgrade
-from services.trajectory.call_events import apply_events
+from services.trajectory.call_events import CALLS_CONSUMER, CallEvents
 from services.trajectory.call_log import CallLog
 from services.trajectory.messages import record_to_proto, sample_to_proto
 from services.trajectory.replay import load_samples
@@ -70,7 +72,8 @@ async def run(num_executions: int, target_tokens: int) -> dict[str, object]:
         engine = make_engine(url)
         sessions = make_sessionmaker(engine)
         calls = CallLog()
-        new_tokens = 0
+        call_events = CallEvents(sessions, calls)
+        inbox = call_events.inbox()
         t0 = time.perf_counter()
         for i in range(0, len(envelopes), BATCH):
             events = []
@@ -79,9 +82,8 @@ async def run(num_executions: int, target_tokens: int) -> dict[str, object]:
                 decoded = unpack_payload(env, env.payload, TYPES)
                 assert decoded is not None
                 events.append(decoded)
-            outcome = await apply_events(sessions, calls, events)
-            assert not outcome.invalid, outcome.invalid
-            new_tokens += outcome.result.new_tokens
+            outcomes = await apply_batch(inbox, CALLS_CONSUMER, events)
+            assert all(o.fate is Fate.APPLIED for o in outcomes), outcomes
         ingest_s = time.perf_counter() - t0
 
         pg = await asyncpg.connect(libpq_url(url))
@@ -126,7 +128,7 @@ async def run(num_executions: int, target_tokens: int) -> dict[str, object]:
             "calls": len(envelopes),
             "unique_tokens": int(unique),
             "flat_tokens": int(flat),
-            "ingest_tokens_per_s": round(new_tokens / ingest_s),
+            "ingest_tokens_per_s": round(call_events.new_tokens / ingest_s),
             "replay_tokens_per_s": round(sample_tokens / replay_s),
             "replay_batch_sample_tokens": batch_tokens,
             "replay_batch_ms": iteration_ms,

@@ -2,19 +2,24 @@
 
 The contract (DESIGN section 5): a handler applies an event and records `(consumer, event_id)`
 in the same transaction (see `gyre.db.inbox`); the message is acked only after that commit.
-A crash before the ack means redelivery, which the inbox turns into a no-op. A message that can
-never be decoded is dead-lettered with the reason at once; one whose handler keeps failing is
-retried with back-off and dead-lettered after `max_deliver` attempts, unless it raises
-`InvalidArgument` or `UndecodableEvent` (the event itself is wrong), which dead-letters at once.
-Nothing is dropped silently.
+A crash before the ack means redelivery, which the inbox turns into a no-op. A consumer with an
+`Inbox` (every database-backed one) applies each fetched batch in one transaction through
+`gyre.db.inbox.apply_batch`; one without (an engine following weights) runs plain handlers one
+message at a time. A message that can never be decoded is dead-lettered with the reason at
+once; one whose handler keeps failing is retried with back-off and dead-lettered after
+`max_deliver` attempts, unless it raises `InvalidArgument` or `UndecodableEvent` (the event
+itself is wrong), which dead-letters at once. Nothing is dropped silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
+import nats.errors
 import structlog
 from google.protobuf import message
 from nats.aio.msg import Msg
@@ -23,6 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gyre.bus import Bus
+from gyre.db.inbox import Inbox, apply_batch, give_up
 from gyre.errors import InvalidArgument
 from gyre.events import (
     DecodedEvent,
@@ -35,11 +41,13 @@ from gyre.events import (
 )
 from gyre.logs import bind_ids
 from gyre.metrics import CONSUMER_PENDING, EVENTS_HANDLED
+from gyre.settle import APPLIED, Action, Fate, Limits, Outcome, settle
 from gyre.tracing import TRACE_HEADERS, continued_from
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[DecodedEvent], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,14 +56,24 @@ class ConsumerSpec:
     """Durable consumer name, unique per (consuming service, purpose), e.g. `trajectory-tasks`."""
     producer: str
     """The producing service whose stream is read."""
-    handlers: Mapping[type[message.Message], Handler]
-    """One handler per event class; the consumer filters the stream to exactly these subjects."""
+    handlers: Mapping[type[message.Message], Handler] = field(default_factory=dict)
+    """Plain handlers, one per event class (for a consumer without a database)."""
+    inbox: Inbox | None = None
+    """In-transaction handlers with the exactly-once record; the stream is filtered to the
+    event classes of `handlers` and of the inbox."""
     batch: int = 64
     max_deliver: int = 5
     ack_wait_s: float = 60.0
     fetch_timeout_s: float = 1.0
     retry_base_s: float = 1.0
     """First back-off after a handler failure; doubles per delivery, capped at 30 s."""
+    progress_every_s: float = 0.0
+    """When > 0, a handler still running tells the server every this many seconds that it is in
+    progress, so a long handler (grading) can keep a short `ack_wait_s`: a consumer killed
+    mid-handler is redelivered after `ack_wait_s`, not after the longest handler could take."""
+    subscribe_retry_max_s: float = 30.0
+    """Longest back-off between attempts to create the stream or the consumer (a busy server
+    times out): they are retried until the service stops, never given up."""
     max_wait_deliver: int = 0
     """Deliveries an event may spend waiting for an earlier one it depends on (a consumer that
     naks it as not applicable yet) before it is dead-lettered; 0: as `max_deliver`. With the
@@ -67,7 +85,15 @@ class ConsumerSpec:
         return max(self.max_deliver, self.max_wait_deliver) + 1
 
     def retry_delay_s(self, num_delivered: int) -> float:
-        return float(min(30.0, self.retry_base_s * 2.0 ** max(0, num_delivered - 1)))
+        return self.limits.delay_s(num_delivered)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_deliver, self.max_wait_deliver, self.retry_base_s)
+
+    @property
+    def event_types(self) -> list[type[message.Message]]:
+        return [*self.handlers, *(self.inbox.types if self.inbox else ())]
 
 
 class Consumer:
@@ -76,7 +102,7 @@ class Consumer:
     def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
         self.bus = bus
         self.spec = spec
-        self.types = type_map(spec.handlers)
+        self.types = type_map(spec.event_types)
         self.handlers = {cls.DESCRIPTOR.full_name: h for cls, h in spec.handlers.items()}
         self.processed = 0
         self.dead_lettered = 0
@@ -101,9 +127,30 @@ class Consumer:
             subjects[0], durable=self.spec.durable, stream=stream, config=config
         )
 
+    async def _subscribe_retrying(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+        """`_subscribe`, retried with a bounded back-off until it works or `stop` is set."""
+        for attempt in range(1_000_000):  # bounded by `stop`; the back-off caps each wait
+            try:
+                return await self._subscribe()
+            except (TimeoutError, nats.errors.Error) as exc:
+                delay_s = min(self.spec.subscribe_retry_max_s, 0.5 * 2.0**attempt)
+                log.warning(
+                    "consumer_subscribe_failed",
+                    consumer=self.spec.durable,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in_s=delay_s,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
+                if stop.is_set():
+                    return None
+        return None
+
     async def run(self, stop: asyncio.Event) -> None:
         """Process messages until `stop` is set; every fetch is bounded by `fetch_timeout_s`."""
-        sub = await self._subscribe()
+        sub = await self._subscribe_retrying(stop)
+        if sub is None:
+            return
         log.info("consumer_started", consumer=self.spec.durable, producer=self.spec.producer)
         while not stop.is_set():
             try:
@@ -111,8 +158,11 @@ class Consumer:
             except (TimeoutError, NatsTimeoutError):
                 CONSUMER_PENDING.labels(consumer=self.spec.durable).set(0)  # nothing was waiting
                 continue
-            for msg in msgs:
-                await self.handle(msg)
+            if self.spec.inbox is not None:
+                await self.handle_batch(msgs)
+            else:
+                for msg in msgs:
+                    await self.handle(msg)
             if msgs:  # each message's metadata counts what is left behind it
                 CONSUMER_PENDING.labels(consumer=self.spec.durable).set(msgs[-1].metadata.num_pending)
         await sub.unsubscribe()
@@ -143,23 +193,75 @@ class Consumer:
         return headers or dict(event.envelope.trace_context)
 
     async def _apply(self, msg: Msg, event: DecodedEvent) -> str:
-        """Run the handler; ack, retry later or dead-letter. Returns which of the three happened."""
+        """Run a plain handler; ack, retry later or dead-letter. Returns which happened."""
         try:
-            await self.handlers[event.envelope.event_type](event)
+            await self._with_progress([msg], self.handlers[event.envelope.event_type](event))
+            outcome = APPLIED
         except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
-            await self._give_up(msg, f"invalid event: {exc}")
-            return "dead_lettered"
+            outcome = Outcome(Fate.INVALID, str(exc))
         except Exception as exc:  # retried: the handler's transaction rolled back
-            delivered = msg.metadata.num_delivered
-            if delivered >= self.spec.max_deliver:
-                await self._give_up(msg, f"handler failed {delivered} times: {type(exc).__name__}: {exc}")
-                return "dead_lettered"
-            log.warning("handler_failed", consumer=self.spec.durable, attempt=delivered, error=repr(exc))
-            await msg.nak(delay=self.spec.retry_delay_s(delivered))
-            return "retried"
-        await msg.ack()
-        self.processed += 1
-        return "ok"
+            outcome = Outcome(Fate.FAILED, f"{type(exc).__name__}: {exc}")
+            log.warning("handler_failed", consumer=self.spec.durable, error=repr(exc))
+        return await self._settle(msg, outcome)
+
+    async def handle_batch(self, msgs: list[Msg]) -> None:
+        """Decode a fetch, apply it in one transaction with the inbox, then settle each message."""
+        assert self.spec.inbox is not None
+        structlog.contextvars.clear_contextvars()
+        decoded: list[tuple[Msg, DecodedEvent]] = []
+        for msg in msgs:
+            try:
+                event = await self._decode(msg)
+            except UndecodableEvent as exc:
+                await self._give_up(msg, f"undecodable: {exc}")
+                continue
+            if event is None:
+                await msg.ack()
+            else:
+                decoded.append((msg, event))
+        if not decoded:
+            return
+        outcomes = await self._with_progress(
+            [m for m, _ in decoded], apply_batch(self.spec.inbox, self.spec.durable, [e for _, e in decoded])
+        )
+        for (msg, event), outcome in zip(decoded, outcomes, strict=True):
+            structlog.contextvars.bind_contextvars(event_id=event.event_id)
+            label = await self._settle(msg, outcome, event)
+            EVENTS_HANDLED.labels(
+                consumer=self.spec.durable, event_type=event.envelope.event_type, outcome=label
+            ).inc()
+
+    async def _settle(self, msg: Msg, outcome: Outcome, event: DecodedEvent | None = None) -> str:
+        action: Action = settle(outcome, num_delivered=msg.metadata.num_delivered, limits=self.spec.limits)
+        if action.kind == "ack":
+            await msg.ack()
+            self.processed += 1
+        elif action.kind == "nak":
+            if outcome.fate is Fate.WAITING:
+                log.info("event_waits", consumer=self.spec.durable, reason=outcome.reason)
+            await msg.nak(delay=action.delay_s)
+        else:
+            if event is not None and self.spec.inbox is not None and outcome.fate is not Fate.INVALID:
+                await give_up(self.spec.inbox, event, action.reason)
+            await self._give_up(msg, action.reason)
+        return action.label
+
+    async def _with_progress(self, msgs: list[Msg], work: Awaitable[T]) -> T:
+        """Await `work`, telling the server every `progress_every_s` that `msgs` are in hand, so a
+        long handler is not redelivered while it runs but is soon after its process dies."""
+        handling = asyncio.ensure_future(work)
+        every_s = self.spec.progress_every_s
+        try:
+            while every_s > 0:  # bounded: ends with the handler
+                done, _ = await asyncio.wait({handling}, timeout=every_s)
+                if done:
+                    break
+                for msg in msgs:
+                    with contextlib.suppress(TimeoutError, nats.errors.Error):  # server away: redelivered
+                        await msg.in_progress()
+            return await handling
+        finally:
+            handling.cancel()  # only when this consumer was cancelled mid-handler
 
     async def _decode(self, msg: Msg) -> DecodedEvent | None:
         envelope = parse_envelope(msg.data)

@@ -23,6 +23,7 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
     asyncpg.InterfaceError,
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,

@@ -8,6 +8,7 @@ in-process and call `start`/`stop`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gyre.bus import Bus, BusConfig
 from gyre.db.engine import make_engine, make_sessionmaker
 from gyre.db.migrate import upgrade
+from gyre.outages import is_outage
 from gyre.rpc import GrpcServer, stop_on_signals
 from gyre.settings import KernelSettings, resolve_urls
 
 log = structlog.get_logger(__name__)
+DATABASE_OUTAGE_S = 600.0
+"""How long a worker keeps being restarted while Postgres (or NATS) is away before the process
+gives up."""
 
 Worker = Callable[[asyncio.Event], Awaitable[None]]
 
@@ -73,13 +78,25 @@ class ServiceHost:
         log.info("service_started", service=self.name, address=self.address)
 
     async def _guard(self, worker: Worker) -> None:
-        """A worker that dies takes the process down: a half-working service is worse than none."""
-        try:
-            await worker(self.stop_event)
-        except Exception:
-            log.exception("worker_crashed", service=self.name)
-            self.stop_event.set()
-            raise
+        """A worker that dies takes the process down: a half-working service is worse than none.
+        One that died because Postgres or NATS went away (`is_outage`: a restart) is started again
+        after a back-off instead, for up to `DATABASE_OUTAGE_S` of failures in a row."""
+        outage_started: float | None = None
+        for attempt in range(1_000_000):  # bounded by the outage limit below
+            ran_from = time.monotonic()
+            try:
+                await worker(self.stop_event)
+                return
+            except Exception as exc:
+                now = time.monotonic()
+                if outage_started is None or now - ran_from > DATABASE_OUTAGE_S:  # a new outage
+                    outage_started = now
+                if not is_outage(exc) or now - outage_started > DATABASE_OUTAGE_S or self.stop_event.is_set():
+                    log.exception("worker_crashed", service=self.name)
+                    self.stop_event.set()
+                    raise
+                log.warning("worker_dependency_unavailable", service=self.name, error=type(exc).__name__)
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.stop_event.set()

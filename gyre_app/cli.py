@@ -93,7 +93,7 @@ def down(
 ) -> None:
     """Stop what `gyre up` started."""
     from gyre_app.stack import down as stack_down
-    from gyre_app.stack import stop_embedded_servers
+    from gyre_app.stack_servers import stop_embedded_servers
 
     kernel = KernelSettings()
     stopped = stack_down(kernel)

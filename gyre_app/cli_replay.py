@@ -10,76 +10,66 @@ from typing import Annotated, Any
 import typer
 from google.protobuf import timestamp_pb2
 
-from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavailable
+from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound
 from gyre_app.cli_tasks import JsonOpt, run
 from gyre_app.client import GyreClient
 from gyre_app.output import console, pairs, print_json, table
+from gyre_app.replay_services import HELP, check_service, on_database, projection_of, replay_service_log
 from gyre_app.replay_step import StepReplay, replay_step
 from gyre_app.staleness import Timeline, distribution, version_runs, waited_most_for, waits
 
 replay_app = typer.Typer(help="Replay the event log: a step's exact batch, or a service's projections.")
-REPLAYABLE = ("trajectory",)
 
 
-def _projection_replay(
-    log_range: Any, keep_scratch: bool
-) -> Any:  # services.trajectory.log_replay.LogReplay, imported only when asked for
-    import asyncio
-
-    import asyncpg
-
-    from gyre.db.engine import libpq_url
-    from gyre.settings import KernelSettings
-    from services.trajectory.cli import database_url
+def _projection_replay(log_range: Any, keep_scratch: bool) -> Any:
+    """The trajectory call log's replay (services.trajectory.log_replay.LogReplay)."""
     from services.trajectory.log_replay import replay_and_diff
 
-    async def go() -> Any:
-        url = database_url(KernelSettings())
-        try:
-            pg = await asyncpg.connect(libpq_url(url), timeout=10)
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise Unavailable(
-                f"the trajectory service's database is not reachable ({exc}): start the stack with "
-                "`gyre up`, or point GYRE_DATABASE_URL at it"
-            ) from None
-        try:
-            return await replay_and_diff(pg, log_range, keep_scratch=keep_scratch)
-        except asyncpg.UndefinedTableError:
-            raise Unavailable("the database holds no trajectory tables: run `gyre migrate`") from None
-        finally:
-            await pg.close()
-
-    return asyncio.run(go())
+    return on_database("trajectory", lambda pg: replay_and_diff(pg, log_range, keep_scratch=keep_scratch))
 
 
 @replay_app.callback(invoke_without_command=True)
 def replay_projections(
     ctx: typer.Context,
-    service: Annotated[
-        str, typer.Option(help="whose projections to rebuild (the trajectory service's)")
-    ] = "trajectory",
+    service: Annotated[str, typer.Option(help=HELP)] = "trajectory",
     since: Annotated[
-        datetime | None, typer.Option(help="executions with a call recorded at or after this time (UTC)")
+        datetime | None,
+        typer.Option(help="the rows an event (a call) recorded at or after this time touches (UTC)"),
     ] = None,
     from_position: Annotated[
-        int | None, typer.Option(help="executions with a call at or after this log position (0 = first)")
+        int | None, typer.Option(help="the rows an event at or after this log position touches (0 = first)")
     ] = None,
-    execution: Annotated[list[str] | None, typer.Option(help="this execution (repeatable)")] = None,
+    execution: Annotated[
+        list[str] | None, typer.Option(help="trajectory: this execution (repeatable)")
+    ] = None,
     keep_scratch: Annotated[bool, typer.Option(help="keep the scratch schema to inspect it")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild a service's projections from its event log into a scratch schema and diff them against
-    the live ones (exit 1 when they differ). `gyre replay step N` audits one training step instead."""
+    the live ones (exit 1 when they differ). `gyre replay step N` audits one training step instead.
+
+    Replayable: trajectory (execution headers, trajectories, tree_calls from its call log); scheduler,
+    runner, evaluator, trainer (the columns their own events determine, from their outboxes). The
+    proxy, engines and cell agents keep no event-sourced projection."""
     if ctx.invoked_subcommand is not None:
         return
-    if service not in REPLAYABLE:
-        raise InvalidArgument(
-            "--service", f"replaying {service!r} is not built; replayable: {', '.join(REPLAYABLE)}"
-        )
-    from services.trajectory.log_replay import LogRange
-
+    check_service(service)
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
+    if service != "trajectory":
+        if execution:
+            raise InvalidArgument(
+                "--execution", f"names trajectory executions; {service} replays by time or position"
+            )
+        _report_outbox(
+            service,
+            replay_service_log(service, since=since, from_position=from_position, keep_scratch=keep_scratch),
+            keep_scratch,
+            as_json,
+        )
+        return
+    from services.trajectory.log_replay import LogRange
+
     result = _projection_replay(
         LogRange(execution_ids=tuple(execution or ()), since=since, from_position=from_position),
         keep_scratch,
@@ -97,19 +87,48 @@ def replay_projections(
             }
         )
     else:
-        table(
+        _diff_table(
             f"{service}: {result.num_calls} calls of {result.num_executions} executions replayed",
-            ("projection", "live rows", "replayed rows", "only live", "only replayed"),
-            (
-                (d.table, d.num_live, d.num_replayed, len(d.only_live), len(d.only_replayed))
-                for d in result.diffs
-            ),
+            result.diffs,
         )
         if keep_scratch:
             console.print(f"scratch schema kept: {result.schema}")
-    if not result.same:
-        differing = ", ".join(d.table for d in result.diffs if not d.same)
+    _refuse_difference(service, result.diffs, result.same)
+
+
+def _diff_table(title: str, diffs: Any) -> None:
+    table(
+        title,
+        ("projection", "live rows", "replayed rows", "only live", "only replayed"),
+        ((d.table, d.num_live, d.num_replayed, len(d.only_live), len(d.only_replayed)) for d in diffs),
+    )
+
+
+def _refuse_difference(service: str, diffs: Any, same: bool) -> None:
+    if not same:
+        differing = ", ".join(d.table for d in diffs if not d.same)
         raise Conflict(f"the live {differing} projection(s) differ from what the {service} log rebuilds")
+
+
+def _report_outbox(service: str, result: Any, keep_scratch: bool, as_json: bool) -> None:
+    not_replayed = projection_of(service).not_replayed
+    if as_json:
+        print_json(
+            {
+                "service": service,
+                "scratch_schema": result.schema if keep_scratch else None,
+                "num_events": result.num_events,
+                "same": result.same,
+                "diffs": [dataclasses.asdict(d) for d in result.diffs],
+                "not_replayed": not_replayed,
+            }
+        )
+    else:
+        _diff_table(f"{service}: {result.num_events} events replayed from its outbox", result.diffs)
+        console.print(f"not rebuilt from {service}'s events: {not_replayed}")
+        if keep_scratch:
+            console.print(f"scratch schema kept: {result.schema}")
+    _refuse_difference(service, result.diffs, result.same)
 
 
 def _sample_rows(r: StepReplay) -> list[dict[str, Any]]:

@@ -209,9 +209,39 @@ def tasks_generate(ctx: typer.Context) -> None:
 
 
 @tasks_app.command("list")
-def tasks_list(as_json: JsonOpt = False) -> None:
-    """List tasks (needs the scheduler's ListTasks RPC)."""
-    run(lambda c: c.list_tasks())
+def tasks_list(
+    state: Annotated[
+        str, typer.Option(help="only tasks in this state: pending, admitted, running, done, graded, ...")
+    ] = "",
+    limit: Annotated[int, typer.Option(help="at most this many, oldest first (0: every task)")] = 100,
+    page_token: Annotated[
+        str, typer.Option(help="start after this token (a previous listing's next_page_token)")
+    ] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """List tasks, oldest first, with their states (the scheduler's ListTasks, page by page)."""
+    if limit < 0:
+        raise InvalidArgument("--limit", f"must be >= 0, got {limit}")
+    page = run(lambda c: c.all_tasks(state=state, limit=limit, page_token=page_token))
+    if as_json:
+        print_json({"tasks": [task_dict(t) for t in page.tasks], "next_page_token": page.next_page_token})
+        return
+    more = f", more after --page-token {page.next_page_token}" if page.next_page_token else ""
+    table(
+        f"tasks ({len(page.tasks)}{more})",
+        ("task_id", "name", "family", "state", "group", "submitted_at"),
+        (
+            (
+                t.task_id,
+                t.spec.name,
+                t.spec.family,
+                task_dict(t)["state"],
+                t.spec.group_size,
+                t.submitted_at.ToDatetime(),
+            )
+            for t in page.tasks
+        ),
+    )
 
 
 @tasks_app.command("show")

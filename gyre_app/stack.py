@@ -8,29 +8,30 @@ that `gyre down` stops exactly that and nothing else.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gyre.db.engine import libpq_url, with_database
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
-from gyre.sandbox.host import SHARED_TEMP
+from gyre.sandbox.roots import SHARED_TEMP
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
 from gyre.tls import sync_channel
 from gyre_app import secure as secure_stack
 from gyre_app.migrations import upgrade_all
+from gyre_app.stack_servers import ensure_database, servers_back
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
@@ -45,9 +46,15 @@ MODES = ("colocate", "async", "gyre", "burst")
 SATELLITE_SLOTS = 4
 DEMO_GROUPS_PER_STEP = 1
 """The local stack trains after every group, so one submitted task shows a whole step."""
-LOCAL_AGENT_ENV = {"GYRE_AGENT_MAX_TOKENS": "128", "GYRE_AGENT_MAX_TURNS": "4"}
-"""The built-in agent's budget on the tiny random model, which never ends a reply by itself:
-short replies and few turns keep an execution to seconds on a CPU."""
+LOCAL_AGENT_ENV = {
+    "GYRE_AGENT_MAX_TOKENS": "128",
+    "GYRE_AGENT_MAX_TURNS": "4",
+    "GYRE_HARNESS_MAX_OUTPUT_TOKENS": "128",
+    "GYRE_HARNESS_MAX_TURNS": "4",
+}
+"""The harnesses' budget on the tiny random model, which never ends a reply by itself: short
+replies and few turns keep an execution short on a CPU (the built-in agent's own variables, and
+the ones Claude Code's and mini-swe-agent's adapters pass on)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +204,7 @@ def up(
     timeout_s: float = 180.0,
     metrics: bool = False,
     agent_env: dict[str, str] | None = None,
+    supervise: bool = True,
     secure: bool = False,
 ) -> StackState:
     """Start (or find running) servers, services and cells; returns what runs. Idempotent.
@@ -208,9 +216,13 @@ def up(
     127.0.0.1, recorded as its `metrics_url`. `services` short of all of them starts those alone,
     without cells (tests of the stack's plumbing). `agent_env` adds to (or overrides) the built-in
     agent's settings (`LOCAL_AGENT_ENV`) for this start (a `restart` goes back to the defaults).
+    A stack found running with some services dead gets those alone started again, in place; with
+    `supervise` a detached supervisor (`gyre_app.supervise`) does that on its own from then on.
     With `secure`, gRPC between processes is mutual TLS and the embedded NATS and Postgres ask
     for passwords (`gyre_app.secure`); configured servers are used with the URLs given.
     """
+    from gyre_app.supervise import revive, start_supervisor, supervisor_pid
+
     if cells < 2:
         raise ValueError(f"cells: at least 2 (a core and one satellite), got {cells}")
     if mode not in MODES:
@@ -224,9 +236,14 @@ def up(
         and [s.name for s in current.services] == [name for name, _ in planned]
         and current.mode == mode
         and bool(current.tls) == secure
-        and all(is_our_process(s.pid, s.marker) for s in current.services)
+        and servers_back(current, state_dir)
     ):
-        return current
+        revive(kernel)  # only what died; NATS, Postgres and the rest keep running
+        if supervise and supervisor_pid(state_dir) is None:
+            start_supervisor(
+                kernel, kernel_env(current.nats_url, current.database_url, kernel.bus_prefix), REPO_ROOT
+            )
+        return load_state(state_dir) or current
     if current is not None:
         down(kernel)  # half a stack is worse than a clean restart
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -307,6 +324,8 @@ def up(
         wait_serving(agent, deadline)
     if agents:
         wait_cells_registered(state, cells, deadline)
+    if supervise:
+        start_supervisor(kernel, env, REPO_ROOT)
     return state
 
 
@@ -365,12 +384,42 @@ def restart(kernel: KernelSettings, name: str, *, timeout_s: float = 120.0) -> S
     touched (NATS, Postgres and the other services keep running, so executions carry on). A
     service that died is started again; one that runs is stopped first."""
     state_dir = kernel.state_dir.resolve()
+    with _restart_lock(state_dir):
+        started = _restart(kernel, name, state_dir, timeout_s=timeout_s, only_if_dead=False)
+    assert started is not None
+    return started
+
+
+def restart_if_dead(kernel: KernelSettings, name: str, *, timeout_s: float = 120.0) -> ServiceProcess | None:
+    """`restart` for a service whose process is gone; None when it runs (the supervisor's call,
+    serialised with a manual `gyre restart` through a lock file)."""
+    state_dir = kernel.state_dir.resolve()
+    with _restart_lock(state_dir):
+        return _restart(kernel, name, state_dir, timeout_s=timeout_s, only_if_dead=True)
+
+
+@contextlib.contextmanager
+def _restart_lock(state_dir: Path) -> Iterator[None]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / "restart.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _restart(
+    kernel: KernelSettings, name: str, state_dir: Path, *, timeout_s: float, only_if_dead: bool
+) -> ServiceProcess | None:
     state = load_state(state_dir)
     if state is None:
         raise RuntimeError(f"no stack runs from {state_dir} (gyre up starts one)")
     old = next((s for s in state.services if s.name == name), None)
     if old is None:
         raise RuntimeError(f"the stack runs no {name!r}; it runs {', '.join(s.name for s in state.services)}")
+    if only_if_dead and is_our_process(old.pid, old.marker):
+        return None
     terminate(old.pid, old.marker, timeout_s=15.0)
     ports = {s.name: int(s.address.rsplit(":", 1)[1]) for s in state.services}
     metrics_port = int(old.metrics_url.split(":")[2].split("/")[0]) if old.metrics_url else None
@@ -429,7 +478,10 @@ def wait_serving(service: ServiceProcess, deadline: float) -> None:
 
 def down(kernel: KernelSettings, *, timeout_s: float = 15.0) -> list[str]:
     """Stop what `up` started, services first; returns the names stopped."""
+    from gyre_app.supervise import stop_supervisor
+
     state_dir = kernel.state_dir.resolve()
+    stop_supervisor(state_dir)  # first: it would start what is stopped below again
     state = load_state(state_dir)
     if state is None:
         return []
@@ -444,30 +496,3 @@ def down(kernel: KernelSettings, *, timeout_s: float = 15.0) -> list[str]:
     if not relocated.is_relative_to(state_dir):  # the stopped runner and evaluator released their sandboxes
         shutil.rmtree(relocated, ignore_errors=True)
     return stopped
-
-
-def stop_embedded_servers(state_dir: Path) -> list[str]:
-    """Stop the embedded servers the tests and benchmarks leave running under `state_dir`."""
-    stopped = []
-    for folder in sorted(p for p in state_dir.resolve().glob("*-servers") if p.is_dir()):
-        if stop_nats_in(folder / "nats"):
-            stopped.append(f"{folder.name}/nats")
-        if (folder / "postgres" / "postmaster.pid").exists():
-            stop_postgres(folder / "postgres")
-            stopped.append(f"{folder.name}/postgres")
-    return stopped
-
-
-def ensure_database(server_url: str, name: str) -> str:
-    """Create database `name` on the server if missing; return its URL."""
-
-    async def create() -> None:
-        conn = await asyncpg.connect(libpq_url(server_url))
-        try:
-            if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
-                await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    return with_database(server_url, name)

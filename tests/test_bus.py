@@ -14,10 +14,12 @@ from gyre.bus import Bus, BusConfig, dead_letter_subject
 from gyre.common.v1 import envelope_pb2
 from gyre.consume import Consumer, ConsumerSpec
 from gyre.db.engine import make_engine, make_sessionmaker
-from gyre.events import DecodedEvent, new_event, stream_name, subject_of
+from gyre.db.inbox import apply_batch
+from gyre.events import DecodedEvent, new_event, stream_name, subject_of, type_map, unpack_payload
 from gyre.ids import new_uuid7
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2
 from gyre.settings import KernelSettings
+from gyre.settle import APPLIED, Outcome
 from gyre_app.migrations import upgrade
 from services.trajectory import repo
 from services.trajectory.consumer import TaskEvents
@@ -139,9 +141,7 @@ async def test_an_undecodable_message_is_dead_lettered_and_the_consumer_goes_on(
     good = task_submitted()
     await bus.publish(good)
     spec = TaskEvents(task_events.sessions).spec()
-    consumer = Consumer(
-        bus, ConsumerSpec(durable="deadletter-test", producer="scheduler", handlers=spec.handlers)
-    )
+    consumer = Consumer(bus, ConsumerSpec(durable="deadletter-test", producer="scheduler", inbox=spec.inbox))
     await run_until(consumer, lambda: consumer.dead_lettered == 1 and consumer.processed >= 1)
     letters = await read_dead_letters(bus, "deadletter-test")
     assert len(letters) == 1
@@ -219,9 +219,7 @@ async def test_an_event_that_decodes_but_is_invalid_is_dead_lettered_without_ret
     )
     await bus.publish(bad)
     spec = TaskEvents(task_events.sessions).spec()
-    consumer = Consumer(
-        bus, ConsumerSpec(durable="invalid-test", producer="scheduler", handlers=spec.handlers)
-    )
+    consumer = Consumer(bus, ConsumerSpec(durable="invalid-test", producer="scheduler", inbox=spec.inbox))
     await run_until(consumer, lambda: consumer.dead_lettered >= 1)
     letters = [x for x in await read_dead_letters(bus, "invalid-test") if x.msg_id == bad.event_id]
     assert len(letters) == 1 and letters[0].num_delivered == 1
@@ -229,30 +227,26 @@ async def test_an_event_that_decodes_but_is_invalid_is_dead_lettered_without_ret
 
 
 async def test_a_jetstream_redelivery_after_a_lost_ack_is_a_no_op(bus: Bus, task_events: TaskEvents) -> None:
-    """The handler commits, then the ack is lost (here: the first delivery fails after commit)."""
+    """The batch commits, then the ack is lost: JetStream delivers the event again."""
     env = task_submitted(group_size=2)
     await bus.publish(env)
-    real = TaskEvents(task_events.sessions)
+    spec = TaskEvents(task_events.sessions).spec()
+    assert spec.inbox is not None
+    decoded_event = unpack_payload(env, env.payload, type_map(spec.event_types))
+    assert decoded_event is not None
+    # the first delivery's work, committed; its ack never reached the server
+    assert await apply_batch(spec.inbox, "redelivery-test", [decoded_event]) == [APPLIED]
     deliveries: list[str] = []
+    consumer = Consumer(bus, ConsumerSpec(durable="redelivery-test", producer="scheduler", inbox=spec.inbox))
+    real_settle = consumer._settle
 
-    async def commit_then_lose_the_ack(event: DecodedEvent) -> None:
-        if event.event_id != env.event_id:
-            return  # earlier tests' events on the same stream
-        await real.on_task_submitted(event)
-        deliveries.append(event.event_id)
-        if len(deliveries) == 1:
-            raise ConnectionResetError("connection lost before the ack")
+    async def spy(msg: Any, outcome: Outcome, event: DecodedEvent | None = None) -> str:
+        if event is not None and event.event_id == env.event_id:
+            deliveries.append(outcome.fate.value)
+        return await real_settle(msg, outcome, event)
 
-    consumer = Consumer(
-        bus,
-        ConsumerSpec(
-            durable="redelivery-test",
-            producer="scheduler",
-            handlers={events_pb2.TaskSubmitted: commit_then_lose_the_ack},
-            retry_base_s=0.05,
-        ),
-    )
-    await run_until(consumer, lambda: deliveries.count(env.event_id) >= 2)
+    consumer._settle = spy  # type: ignore[method-assign]
+    await run_until(consumer, lambda: bool(deliveries))
     decoded = events_pb2.TaskSubmitted()
     env.payload.Unpack(decoded)
     members = (
@@ -261,4 +255,4 @@ async def test_a_jetstream_redelivery_after_a_lost_ack_is_a_no_op(bus: Bus, task
         .where(repo.group_executions.c.task_id == decoded.task.task_id)
     )
     assert await count(task_events, members) == 2
-    assert deliveries == [env.event_id, env.event_id]
+    assert deliveries == ["duplicate"]

@@ -28,10 +28,13 @@ from trainer_stack import connect_bus, eventually, fresh_kernel, start_trainer, 
 from bench.scripted_model import ScriptedModel
 from gyre.bus import Bus
 from gyre.db.engine import libpq_url
+from gyre.db.outbox_replay import OutboxRange, replay_outbox
+from gyre.errors import InvalidArgument
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from gyre_app.client import GyreClient, ServiceAddresses, TaskProgress
+from gyre_app.replay_services import check_service, projection_of
 from services.runner.config import RunnerSettings
 from services.runner.main import build_with_supervisor
 from services.scheduler.config import SchedulerSettings
@@ -278,9 +281,17 @@ async def test_executions_list_shows_the_schedulers_states(
     assert all(e["state"] not in ("pending", "admitted", "running") for e in listed["executions"])
 
 
-async def test_listing_tasks_names_the_missing_scheduler_rpc(stack: Stack) -> None:
-    rc, _, err = await stack.gyre("tasks", "list")
-    assert rc == 1 and "needs the scheduler's ListTasks RPC" in err
+async def test_tasks_list_pages_through_the_schedulers_tasks(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    listed = await stack.scheduler.ListTasks(scheduler_pb2.ListTasksRequest(page_size=1000))
+    ids = [t.task_id for t in listed.tasks]
+    assert {t.task_id for t in two_steps} <= set(ids)
+    first = await stack.gyre_json("tasks", "list", "--limit", "1")
+    rest = await stack.gyre_json("tasks", "list", "--limit", "0", "--page-token", first["next_page_token"])
+    assert [t["task_id"] for t in first["tasks"] + rest["tasks"]] == ids and not rest["next_page_token"]
+    rc, _, err = await stack.gyre("tasks", "list", "--state", "finished")
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "state" in err and "graded" in err
 
 
 async def test_replay_step_re_derives_the_checksum_the_trainer_recorded(
@@ -317,6 +328,44 @@ async def test_replay_of_a_step_never_trained_is_refused(
     rc, out, err = await stack.gyre("replay", "step", "99")
     assert rc == 1 and out == ""
     assert err.strip() == "gyre replay step: step 99 was never trained: the latest step is 2"
+
+
+async def test_replay_rebuilds_each_services_event_sourced_columns(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    """In-process (the command's own path is run by the test below): every replayed row matches."""
+    pg = await asyncpg.connect(libpq_url(stack.database_url))
+    try:
+        for service in ("scheduler", "runner", "trainer"):
+            result = await replay_outbox(pg, projection_of(service), OutboxRange())
+            assert result.same and result.num_events > 0, (service, result.diffs)
+            assert all(d.num_replayed == d.num_live for d in result.diffs), service
+            assert sum(d.num_replayed for d in result.diffs) > 0, service
+    finally:
+        await pg.close()
+
+
+async def test_replay_reports_a_live_row_its_events_do_not_give(
+    stack: Stack, two_steps: list[scheduler_pb2.Task]
+) -> None:
+    env = {**stack.env, "GYRE_DATABASE_URL": stack.database_url}
+    task_id = two_steps[0].task_id
+    pg = await asyncpg.connect(libpq_url(stack.database_url))
+    try:
+        await pg.execute(
+            "UPDATE scheduler.tasks SET prompt = 'edited' WHERE task_id = $1", uuid.UUID(task_id)
+        )
+        rc, out, err = await stack.gyre("replay", "--service", "scheduler", "--json", env=env)
+    finally:
+        await pg.execute(
+            "UPDATE scheduler.tasks SET prompt = $2 WHERE task_id = $1", uuid.UUID(task_id), "2+2?"
+        )
+        await pg.close()
+    tasks = next(d for d in json.loads(out)["diffs"] if d["table"] == "tasks")
+    assert rc == 1 and [r["prompt"] for r in tasks["only_live"]] == ["edited"]
+    assert "the live tasks projection(s) differ" in err
+    with pytest.raises(InvalidArgument, match="proxy has no event-sourced projection"):
+        check_service("proxy")
 
 
 async def test_staleness_explains_a_stale_sample(stack: Stack, two_steps: list[scheduler_pb2.Task]) -> None:

@@ -2,8 +2,9 @@
 against scripted engine outputs (the tiny model's words are nonsense); the calls are recorded
 token-in/token-out with delta prompts that reuse the engine's output ids.
 
-Both harnesses are installed once into `.gyre/harnesses/` (npm and a venv of their own, so
-neither drags its dependencies into Gyre's). If an install cannot work, the test fails loudly.
+Claude Code is installed once into `.gyre/harnesses/` (tests/harness_install.py; skipped with
+the reason where npm is missing), mini-swe-agent comes with the dev extra. If an install cannot
+work, the test fails loudly.
 """
 
 from __future__ import annotations
@@ -11,79 +12,29 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from harness_install import install_claude_code
+from harness_install import mini_swe_agent as mini_command
 from proxy_support import Rig, prompt_of, start_rig, write_tokenizer
 
 from gyre.proxy.v1 import proxy_pb2
 from gyre.settings import KernelSettings
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow, pytest.mark.e2e]
-REPO_ROOT = Path(__file__).resolve().parent.parent
-HARNESSES = REPO_ROOT / ".gyre" / "harnesses"
-CLAUDE_CODE_VERSION = "2.1.197"
-MINI_SWE_AGENT_VERSION = "2.4.6"
-INSTALL_TIMEOUT_S = 600
-
-
-def _run_install(argv: list[str], what: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
-    if result.returncode != 0:
-        pytest.fail(
-            f"installing {what} failed ({' '.join(argv)}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
-        )
 
 
 @pytest.fixture(scope="session")
 def claude_code() -> Path:
-    """The Claude Code CLI binary, installed from npm into .gyre/harnesses/claude-code once."""
-    prefix = HARNESSES / "claude-code"
-    stamp = prefix / f".installed-{CLAUDE_CODE_VERSION}"
-    if not stamp.exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        _run_install(
-            [
-                "npm",
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-                str(prefix),
-                f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
-            ],
-            "the Claude Code CLI",
-        )
-        stamp.touch()
-    # The package ships its native binary in a per-platform optional dependency.
-    candidates = sorted((prefix / "node_modules" / "@anthropic-ai").glob("claude-code-linux-*/claude"))
-    candidates.append(prefix / "node_modules" / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe")
-    for path in candidates:
-        if (
-            path.is_file()
-            and subprocess.run([str(path), "--version"], capture_output=True, timeout=60).returncode == 0
-        ):
-            return path
-    pytest.fail(f"the Claude Code CLI was installed into {prefix} but no runnable binary was found")
+    return install_claude_code()
 
 
 @pytest.fixture(scope="session")
 def mini_swe_agent() -> Path:
-    """The `mini` command of mini-swe-agent, in a venv of its own under .gyre/harnesses/."""
-    venv = HARNESSES / "mini-swe-agent"
-    stamp = venv / f".installed-{MINI_SWE_AGENT_VERSION}"
-    if not stamp.exists():
-        _run_install([sys.executable, "-m", "venv", str(venv)], "a venv for mini-swe-agent")
-        _run_install(
-            [str(venv / "bin" / "pip"), "install", "--quiet", f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}"],
-            "mini-swe-agent",
-        )
-        stamp.touch()
-    return venv / "bin" / "mini"
+    return mini_command()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

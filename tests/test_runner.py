@@ -16,10 +16,12 @@ import pytest
 import pytest_asyncio
 
 from bench.scripted_model import ScriptedModel
+from gyre.bus import Bus, BusConfig
 from gyre.common.v1 import envelope_pb2, ids_pb2
-from gyre.events import stream_name
+from gyre.events import new_event, stream_name
 from gyre.runner.v1 import events_pb2 as runner_events_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.scheduler.v1 import events_pb2 as scheduler_events_pb2
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.runner.config import BUNDLED_TASKS as BUNDLED
@@ -280,6 +282,7 @@ async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_k
         ({"workspace_template": "taskset:nope/hello"}, "workspace_template"),
         ({"workspace_template": "task:no-such-task"}, "workspace_template"),
         ({"harness_env": {"OPENAI_API_KEY": "x"}}, "harness_env['OPENAI_API_KEY']"),
+        ({"harness_env": {"GYRE_HARNESS_MAX_TURNS": "-1"}}, "harness_env['GYRE_HARNESS_MAX_TURNS']"),
         ({"execution": ids_pb2.ExecutionRef(task_id="t", execution_id="e")}, "execution.task_id"),
     ],
 )
@@ -356,3 +359,33 @@ async def test_a_filled_workspace_is_private_to_its_execution_and_wiped_on_relea
     assert in_workspace(ended, "README.md").exists()
     await runner.supervisor.release(request.execution.execution_id)
     assert not box.work.exists() and not box.path.exists()
+
+
+async def test_an_execution_cancelled_before_it_was_scheduled_here_never_starts(runner: Runner) -> None:
+    """CancelTask reaches the runner before the runner took the ExecutionScheduled up: when that
+    event comes, the execution ends cancelled without starting (no harness, no workspace)."""
+    ref = ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4()))
+    cancel = runner_pb2.CancelExecutionRequest(
+        request_id=f"early-{ref.execution_id[:8]}", execution_id=ref.execution_id, reason="task cancelled"
+    )
+    answer = (await runner.stub.CancelExecution(cancel)).execution
+    assert answer.state == runner_pb2.EXECUTION_STATE_CANCELLED
+    assert (await runner.stub.CancelExecution(cancel)).execution == answer  # the same answer again
+    bus = await Bus.connect(BusConfig(url=runner.kernel.nats_url or "", prefix=runner.kernel.bus_prefix))
+    try:
+        scheduled = scheduler_events_pb2.ExecutionScheduled(
+            execution=ref, family="terminal", prompt="Sleep.", harness="gyre-agent", timeout_s=60
+        )
+        await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
+    finally:
+        await bus.close()
+    ended = await wait_ended(runner, ref.execution_id)
+    assert ended.state == runner_pb2.EXECUTION_STATE_CANCELLED
+    assert not ended.HasField("started_at") and ended.workspace_uri == ""
+    assert ref.execution_id not in runner.supervisor.running
+    types = [
+        e.event_type.rsplit(".", 1)[1]
+        for e in await runner_events(runner.kernel)
+        if e.correlation_id == ref.task_id
+    ]
+    assert types == ["ExecutionCancelled"]

@@ -10,10 +10,19 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.sim.bound import all_reduce, lower_bounds, update_gaps
+from services.scheduler.sim.bound import (
+    admission_bound,
+    all_reduce,
+    cap_admission_bound,
+    first_batch_costs,
+    group_costs,
+    lower_bounds,
+    update_gaps,
+)
 from services.scheduler.sim.chain_bound import fifo_chain
 from services.scheduler.sim.modes import ABLATION, MODES, simulate
-from services.scheduler.sim.workload import draw_executions, parse_workload
+from services.scheduler.sim.path_bound import at_cap, fifo_paths
+from services.scheduler.sim.workload import Executions, draw_executions, parse_workload
 
 ALL_MODES = sorted(set(MODES) | set(ABLATION))
 
@@ -69,10 +78,17 @@ def test_no_simulated_mode_beats_the_bound_on_random_workloads(seed: int) -> Non
     x = draw_executions(w)
     bound = max(lower_bounds(w, x).values())
     splits = {w.async_rollout_cells, 1 if w.executions_per_cell >= w.group_size else w.async_rollout_cells}
-    walls = {mode: simulate(mode, w, x).wall_s for mode in ALL_MODES}
-    walls |= {f"async@{a}": simulate("async", w, x, rollout_cells=a).wall_s for a in splits}
-    for mode, wall in walls.items():
-        assert wall >= bound * (1 - 1e-9), f"{mode} ran in {wall:.2f}s below the bound {bound:.2f}s"
+    cap = at_cap(steps=w.steps, groups_per_step=w.groups_per_step, max_staleness=w.max_staleness)
+    cap_bound = cap_admission_bound(w, x)
+    runs = {mode: simulate(mode, w, x) for mode in ALL_MODES}
+    runs |= {f"async@{a}": simulate("async", w, x, rollout_cells=a) for a in splits}
+    for mode, run in runs.items():
+        assert run.wall_s >= bound * (1 - 1e-9), f"{mode}: {run.wall_s:.2f}s below the bound {bound:.2f}s"
+        # The run's own admission sequence bounds it too (and the sequence obeys the cap).
+        own = admission_bound(w, x, run.admitted_by_version)
+        assert run.wall_s >= own * (1 - 1e-9), f"{mode} ran in {run.wall_s:.2f}s below its path {own:.2f}s"
+        if run.admitted_by_version == cap:
+            assert run.wall_s >= cap_bound * (1 - 1e-9), f"{mode}: {run.wall_s:.2f}s below {cap_bound:.2f}s"
 
 
 def test_update_gaps_charges_training_cells_idle_through_updates() -> None:
@@ -112,21 +128,25 @@ def test_short_math_like_workload_is_bounded_by_update_gaps() -> None:
     assert min(simulate(mode, w, x).wall_s for mode in ALL_MODES) >= max(bounds.values())
 
 
-def _offline_min_longest_path(costs: list[float], steps: int, b: int, k: int, o: float) -> float:
-    """Every admission sequence, its longest path of jump and walk edges, the smallest of them."""
+def _offline_min_longest_path(
+    costs: list[float], steps: int, b: int, k: int, o: float, *, hops: bool
+) -> float:
+    """Every admission sequence, its longest path of jump and walk edges (and, with `hops`, the
+    hops between them), the smallest of them."""
     n = len(costs)
     best = math.inf
 
     def longest(a: list[int]) -> float:
-        length = [0.0] * (steps + 1)
+        length = [0.0] + [-math.inf] * steps
         for v in range(steps):
-            batch = costs[(a[v - 1] if v else 0) : a[v]]
-            must = (v + 1) * b - (a[v - 1] if v else 0)
-            walk = o + (sorted(batch)[must - 1] if must > 0 else 0.0)
-            length[v + 1] = max(length[v + 1], length[v] + walk)
-            land = min(v + k + 1, steps)
-            jump = max(max(batch, default=0.0) + o, (land - v) * o)
-            length[land] = max(length[land], length[v] + jump)
+            batch = sorted(costs[(a[v - 1] if v else 0) : a[v]], reverse=True)
+            for j in range(1, k + 2):
+                if not hops and 1 < j <= k:
+                    continue
+                land = min(v + j, steps)
+                untrained = 0 if (j == k + 1 or land == steps) else a[v + j - 1] - (v + j) * b
+                kth = batch[untrained] if untrained < len(batch) else 0.0
+                length[land] = max(length[land], length[v] + max((land - v) * o, o + kth))
         return length[steps]
 
     def admit(v: int, a: list[int]) -> None:
@@ -143,6 +163,30 @@ def _offline_min_longest_path(costs: list[float], steps: int, b: int, k: int, o:
     return best
 
 
+def _small_chain_case(seed: int) -> tuple[list[float], int, int, int, float]:
+    rng = random.Random(seed)
+    steps, b, k = rng.randint(1, 5), rng.randint(1, 3), rng.randint(0, 3)
+    costs = [0.0 if rng.random() < 0.2 else rng.uniform(0, 100) for _ in range(steps * b)]
+    return costs, steps, b, k, (0.0 if rng.random() < 0.2 else rng.uniform(0, 20))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fifo_paths_is_below_the_longest_path_of_every_admission_sequence(seed: int) -> None:
+    costs, steps, b, k, o = _small_chain_case(seed)
+    paths = fifo_paths(costs=costs, steps=steps, groups_per_step=b, max_staleness=k, overhead_s=o)
+    assert paths is not None
+    assert steps * o - 1e-9 <= paths <= _offline_min_longest_path(costs, steps, b, k, o, hops=True) + 1e-9
+
+
+def test_fifo_paths_charges_a_hop_that_the_online_game_cannot() -> None:
+    # B=1, K=2, c = [1, 5, 5], O = 1: admitting everything at version 0 leaves at most one group
+    # untrained after step 1, so step 1 publishes after a 5 (hop 0 -> 2) and the run takes 7.
+    # The game commits to walk or jump before a(1) is chosen and gets 6.
+    args = {"costs": [1.0, 5.0, 5.0], "steps": 3, "groups_per_step": 1, "max_staleness": 2, "overhead_s": 1.0}
+    assert fifo_paths(**args) == pytest.approx(7.0)
+    assert fifo_chain(**args) == pytest.approx(6.0)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_fifo_chain_is_the_online_game_value_below_every_admission_sequence(seed: int) -> None:
     rng = random.Random(seed)
@@ -150,7 +194,7 @@ def test_fifo_chain_is_the_online_game_value_below_every_admission_sequence(seed
     costs = [rng.uniform(0, 100) for _ in range(steps * b)]
     o = rng.uniform(0, 20)
     game = fifo_chain(costs=costs, steps=steps, groups_per_step=b, max_staleness=k, overhead_s=o)
-    assert game <= _offline_min_longest_path(costs, steps, b, k, o) + 1e-9
+    assert game <= _offline_min_longest_path(costs, steps, b, k, o, hops=False) + 1e-9
     assert game >= steps * o  # at least the updates
 
 
@@ -161,6 +205,34 @@ def test_fifo_chain_follows_a_heavy_batch_that_the_average_of_chains_dilutes() -
     term = fifo_chain(costs=costs, steps=4, groups_per_step=1, max_staleness=1, overhead_s=1.0)
     average = (sum(sorted(costs, reverse=True)) + 4 * 1.0) / 2
     assert term > average
+
+
+def test_groups_past_the_rollout_slots_start_only_as_earlier_executions_end() -> None:
+    # 2 cells of 1 slot, groups of one execution lasting 5, 1, 3, 2 s: the third starts once the
+    # 1 s one ends, the fourth once the 3 s one ends (the second to end). Edges from version 0
+    # see the groups ready by 5, 1, 4, 5.
+    w = parse_workload(
+        {**random_workload(0), "cells": 2, "steps": 4, "groups_per_step": 1, "group_size": 1,
+         "max_staleness": 3, "async_rollout_cells": 1, "rollout": {"executions_per_cell": 1}},
+        base_dir=Path("."),
+    )  # fmt: skip
+    x = Executions(duration_s=(5.0, 1.0, 3.0, 2.0), tokens=(0, 0, 0, 0), timed_out=(False,) * 4)
+    assert first_batch_costs(w, x) == [5.0, 1.0, 4.0, 5.0]
+    assert group_costs(w, x) == [5.0, 1.0, 3.0, 2.0]
+
+
+def test_cap_admission_fixes_each_steps_groups_and_charges_their_release() -> None:
+    # 2 cells, S=2, B=1, K=0, O=1; groups ready after 5 and 2 s, 3 cell-s of training each.
+    # Admitting at the cap, step 0 trains group 0 (P_1 >= 5 + 3/2 + 1) and step 1 group 1,
+    # admitted at P_1: P_2 >= 7.5 + 2 + 1.5 + 1 = 12.
+    w = parse_workload(
+        {**random_workload(0), "cells": 2, "steps": 2, "groups_per_step": 1, "group_size": 1,
+         "max_staleness": 0, "async_rollout_cells": 1, "rollout": {"executions_per_cell": 1},
+         "training": {"tokens_per_s_per_cell": 1000, "step_overhead_s": 1}},
+        base_dir=Path("."),
+    )  # fmt: skip
+    x = Executions(duration_s=(5.0, 2.0), tokens=(3000, 3000), timed_out=(False, False))
+    assert cap_admission_bound(w, x) == pytest.approx(12.0)
 
 
 def test_all_reduce_charges_every_token_trained_beside_another_cell() -> None:

@@ -145,3 +145,11 @@ def test_cli_reports_a_bad_workload_and_exits_2(tmp_path: Path, capsys: pytest.C
     bad.write_text("name: x\n")
     assert main([str(bad)]) == 2
     assert "async_rollout_cells: is required" in capsys.readouterr().err
+
+
+def test_the_cpu_profile_loads_with_its_measured_costs() -> None:
+    w = load_workload(REPO / "bench" / "profiles" / "cpu-cells.yaml")
+    # The figures bench/profiles/cpu-cells.yaml names as measured (bench.role_switch, bench.engine,
+    # bench.trainer), not the simulator's GPU defaults.
+    assert (w.migrate_s, w.kv_bytes_per_token, w.tokens_per_s_per_cell) == (0.30, 1024, 2763)
+    assert w.group_setup_s < 1 and w.link_bytes_per_s < 1e9

@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from gyre.devstack.processes import pid_running, wait_gone
 from gyre.settings import KernelSettings
-from gyre_app.stack import down, load_state, restart, up
+from gyre_app.stack import down, load_state, restart, up, wait_serving
+from gyre_app.supervise import supervisor_pid
+
+
+@pytest.fixture
+def own(kernel: KernelSettings, tmp_path: Path) -> KernelSettings:
+    """A stack of this test's own: its state folder and bus prefix, the session's servers."""
+    return KernelSettings(
+        nats_url=kernel.nats_url,
+        database_url=kernel.database_url,
+        bus_prefix=f"{kernel.bus_prefix}{uuid.uuid4().hex[:6]}",
+        state_dir=tmp_path / "stack",
+    )
 
 
 @pytest.mark.e2e
-def test_a_killed_service_restarts_on_its_port_and_the_others_keep_running(
-    kernel: KernelSettings, tmp_path: Path
-) -> None:
-    own = KernelSettings(
-        nats_url=kernel.nats_url,
-        database_url=kernel.database_url,
-        bus_prefix=f"{kernel.bus_prefix}r",
-        state_dir=tmp_path / "stack",
-    )
+def test_a_killed_service_restarts_on_its_port_and_the_others_keep_running(own: KernelSettings) -> None:
     state = up(own, services=("scheduler", "trajectory"))
     try:
         scheduler, trajectory = state.services
@@ -37,3 +43,39 @@ def test_a_killed_service_restarts_on_its_port_and_the_others_keep_running(
             restart(own, "trainer")
     finally:
         down(own)
+
+
+@pytest.mark.e2e
+def test_the_supervisor_restarts_a_dead_service_in_place_and_up_revives_only_the_dead(
+    own: KernelSettings,
+) -> None:
+    state = up(own, services=("scheduler", "trajectory"))
+    try:
+        scheduler, trajectory = state.services
+        watcher = supervisor_pid(own.state_dir.resolve())
+        assert watcher is not None
+        os.kill(trajectory.pid, signal.SIGKILL)
+        back = None
+        for _ in range(600):  # bounded: 120 s
+            recorded = load_state(own.state_dir.resolve())
+            assert recorded is not None
+            back = recorded.services[1]
+            if back.pid != trajectory.pid and pid_running(back.pid):
+                break
+            time.sleep(0.2)
+        assert back is not None and back.pid != trajectory.pid, "the supervisor never restarted it"
+        wait_serving(back, time.monotonic() + 120)
+        assert back.address == trajectory.address and pid_running(scheduler.pid)
+
+        # Without the supervisor, `gyre up` after a death starts that one again and nothing else.
+        os.kill(watcher, signal.SIGKILL)
+        assert wait_gone(watcher, 10)
+        os.kill(scheduler.pid, signal.SIGKILL)
+        assert wait_gone(scheduler.pid, 10)
+        again = up(own, services=("scheduler", "trajectory"))
+        assert [s.address for s in again.services] == [scheduler.address, trajectory.address]
+        assert again.services[0].pid != scheduler.pid and again.services[1].pid == back.pid
+        assert supervisor_pid(own.state_dir.resolve()) not in (None, watcher)
+    finally:
+        down(own)
+    assert supervisor_pid(own.state_dir.resolve()) is None

@@ -17,7 +17,10 @@ from services.trainer.microbatch import plan_microbatches
 @pytest.fixture
 def core() -> Iterator[DataParallelCore]:
     model = tiny_model()
-    yield DataParallelCore(model_config=model.config, loss_config=LossConfig(), timeout_s=90)
+    # Satellites start with the step (imports under load): joining may take as long as forming a group.
+    yield DataParallelCore(
+        model_config=model.config, loss_config=LossConfig(), timeout_s=90, join_timeout_s=90
+    )
 
 
 def start_satellite(core: DataParallelCore, cell_id: str) -> subprocess.Popen[bytes]:
@@ -57,12 +60,16 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
         left = core.request_leave("cell-1").result(timeout=30)
         assert core.members() == ("cell-0", "cell-2")
         assert satellites[0].wait(timeout=30) == 0
-        again = core.compute_step_gradient(model, microbatches, version=3)  # core and cell-2 from the start
-        assert again.max_world_size == 2
+        # A new cell-1 process, started after the leave, waits for the next join (not the last one).
+        satellites[0] = start_satellite(core, "cell-1")
+        assert core.request_join("cell-1").admitted
+        again = core.compute_step_gradient(model, microbatches, version=3)  # all three from the start
+        assert again.max_world_size == 3 and again.lost_cells == ()
         assert float((again.grad_P - alone.grad_P).abs().max()) / scale <= 1e-6
         assert left.num_micro_batches_completed >= 0
         core.request_leave("cell-2").result(timeout=30)
-        assert satellites[1].wait(timeout=30) == 0
+        core.request_leave("cell-1").result(timeout=30)
+        assert satellites[1].wait(timeout=30) == 0 and satellites[0].wait(timeout=30) == 0
     finally:
         for p in satellites:
             if p.poll() is None:
@@ -73,7 +80,11 @@ def test_step_gradient_is_the_same_whoever_computes_which_microbatch(core: DataP
 def test_a_killed_satellite_costs_an_attempt_not_the_step_nor_its_exactness() -> None:
     model = tiny_model()
     core = DataParallelCore(
-        model_config=model.config, loss_config=LossConfig(), timeout_s=60, dead_after_s=1.0
+        model_config=model.config,
+        loss_config=LossConfig(),
+        timeout_s=60,
+        dead_after_s=1.0,
+        join_timeout_s=60,
     )
     microbatches = plan_microbatches(tree_samples(model, num_executions=6), max_tokens=10_000)
     alone = core.compute_step_gradient(model, microbatches, version=1)

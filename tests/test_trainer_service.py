@@ -135,6 +135,14 @@ async def test_group_ready_to_step_events_and_the_grpc_methods(
             status = await stub.GetStatus(trainer_pb2.GetStatusRequest())
             assert status.last_checkpoint.checkpoint_id == copied.checkpoint.checkpoint_id
 
+            async def checkpoints_saved() -> bool:
+                return len(await events_on_bus(kernel, "trainer", events_pb2.CheckpointSaved)) >= 2
+
+            await eventually(checkpoints_saved, timeout_s=30, what="CheckpointSaved of save-1 and save-2")
+            saved_events = await events_on_bus(kernel, "trainer", events_pb2.CheckpointSaved)
+            # one event per request id, each committed with its checkpoint's row and the stored answer
+            assert sorted(e.request_id for e in saved_events) == ["save-1", "save-2"]
+
             join, leave = trainer_pb2.JoinStepRequest, trainer_pb2.LeaveStepRequest
             save = trainer_pb2.SaveCheckpointRequest
             for call, field in (

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gyre.errors import InvalidArgument
-from services.trajectory.projection import build_tree, call_tokens, place_record
+from services.trajectory.layout import call_shapes
+from services.trajectory.projection import CallHeader, build_shape, build_tree, call_tokens, place_record
 from services.trajectory.records import CallRecord, PromptDelta, record_from_json
 from services.trajectory.synthetic import SyntheticConfig, generate_execution
 from services.trajectory.tree import ExecutionTree
@@ -221,3 +222,36 @@ def test_a_synthetic_execution_rebuilds_exactly_from_its_log_rows() -> None:
         got_prompt, got_output = call_tokens(rebuilt, row.seq)
         assert np.array_equal(got_prompt, prompt) and np.array_equal(got_output, r.output_ids)
     assert tree.num_flat_tokens > 3 * tree.n
+
+
+def test_folding_log_headers_without_tokens_gives_the_trees_projections() -> None:
+    config = SyntheticConfig(
+        seed=7, target_tokens=30_000, compaction_context_tokens=8_000, sub_agent_probability=0.3
+    )
+    tree = ExecutionTree("e1")
+    rows = [place_record(tree, r) for r in generate_execution("e1", config=config)]
+    headers = [
+        CallHeader(
+            seq=s.seq,
+            call_id=s.call_id,
+            agent_role=s.agent_role,
+            agent_id=s.agent_id,
+            prompt_parent=s.prompt_parent,
+            num_shared_prompt=s.num_shared_prompt,
+            num_new_prompt=s.num_new_prompt,
+            output_parent=s.output_parent,
+            num_shared_output=s.num_shared_output,
+            output_len=s.output_len,
+        )
+        for s in rows
+    ]
+    shape = build_shape("e1", headers)
+    assert len({c.agent_role for c in tree.chains}) == 3 and len(tree.chains) > 3
+    assert shape.calls == tree.calls
+    assert [(c.agent_role, c.agent_id, c.call_seqs) for c in shape.chains] == [
+        (c.agent_role, c.agent_id, c.call_seqs) for c in tree.chains
+    ]
+    assert (shape.n, shape.num_flat_tokens) == (tree.n, tree.num_flat_tokens)
+    got, want = call_shapes(shape), call_shapes(tree)
+    for name in ("num_new_prompt", "num_new_output", "prompt_attach", "output_attach", "chain"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name

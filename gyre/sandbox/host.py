@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import pwd
@@ -32,48 +31,23 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import structlog
 
 from gyre.errors import InvalidArgument
 from gyre.sandbox import launcher
-from gyre.sandbox.forward import Forwarder
+from gyre.sandbox.keeper import KEEPER_FILE, OUTCOME_FILE, ForwardStats, kill_keeper, start_time
 from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
 from gyre.sandbox.rootfs import FORWARD_DIR
+from gyre.sandbox.roots import usable_root
 from gyre.sandbox.trees import chown_tree, folder_bytes, remove_tree
 
 log = structlog.get_logger(__name__)
-SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-RELOCATED_ROOTS = Path("/var/lib/gyre/sandboxes")
 WATCH_S = 0.5
-HIDDEN = ("/root", "/home")
-"""Absent inside; a sandbox root under them moves (see `usable_root`)."""
 KILL_WAIT_S = 10.0
 USERADD_UID_TAKEN, USERADD_NAME_TAKEN = 4, 9
-
-
-def usable_root(root: Path) -> Path:
-    """`root`, or where its sandboxes live instead when it lies in a shared temp folder.
-
-    Every sandbox gets private temp folders, which cover the shared ones inside it, and /root and
-    /home are covered too, so a sandbox kept there could not see its own workspace. A checkout (or
-    a test's folder) in those places is common, so as root such a root moves to
-    /var/lib/gyre/sandboxes/<name>-<hash of the path>: the same path always maps to the same
-    place, so sweeping a crashed run's leftovers still works.
-    """
-    root = root.resolve()
-    if not any(root == Path(t) or root.is_relative_to(t) for t in (*SHARED_TEMP, *HIDDEN)):
-        return root
-    if os.geteuid() != 0:
-        raise InvalidArgument(
-            "sandbox_root", f"must not lie under a shared temp or home folder (covered inside), got {root}"
-        )
-    tag = hashlib.sha256(str(root).encode()).hexdigest()[:12]
-    relocated = RELOCATED_ROOTS / f"{root.name}-{tag}"
-    log.info("sandbox_root_relocated", asked=str(root), used=str(relocated))
-    return relocated
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,11 +114,13 @@ class SandboxHost:
             raise
         return box
 
-    def sweep(self) -> int:
-        """Release every sandbox under the root, this process's or a crashed one's (tests, `gyre`
-        operators): unmount, remove cgroups and users, delete folders. Returns how many."""
+    def sweep(self, *, keep: frozenset[str] = frozenset()) -> int:
+        """Release every sandbox under the root but those named in `keep`, this process's or a
+        crashed one's (tests, `gyre` operators, a restarted runner): kill what runs in it,
+        unmount, remove cgroups and users, delete folders. Returns how many."""
         count = 0
-        for path in sorted(p for p in self.root.iterdir() if p.is_dir()):
+        for path in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name not in keep):
+            kill_keeper(path / "log" / KEEPER_FILE)
             owner = (path / "work").stat().st_uid if (path / "work").exists() else 0
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
             with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -230,7 +206,10 @@ class Sandbox:
         self.mounted = False
         self.cgroups: list[Path] = []
         self.proc: asyncio.subprocess.Process | None = None
-        self.forwarder: Forwarder | None = None
+        """The keeper (`gyre.sandbox.keeper`) this process started; None for an adopted sandbox."""
+        self.keeper: tuple[int, int | None] | None = None
+        """(pid, start time) of the keeper, whoever started it."""
+        self.forwarder: ForwardStats | None = None
         self._kill_reason = ""
 
     @property
@@ -312,7 +291,7 @@ class Sandbox:
         """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
         the host holds) are inherited at the same numbers; `read_only`: host-written folders of
         this sandbox (the grader's files) the process may read but not change."""
-        if self.proc is not None:
+        if self.keeper is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         spec: dict[str, object] = {
@@ -326,18 +305,19 @@ class Sandbox:
             "log_fd": log_fd,
             "pass_fds": list(pass_fds),
         }
-        own_fds = [log_fd]  # closed here once the child holds them (or on failure)
+        own_fds = [log_fd]  # closed here once the keeper holds them (or on failure)
+        keeper: dict[str, object] = {"log_dir": str(self.path / "log"), "forward": None}
         try:
             if self.isolation.namespaces:
                 if forward is not None:
-                    self.forwarder = Forwarder(
-                        folder=self.path / "forward",
-                        host=forward.host,
-                        port=forward.port,
-                        max_connections=self.limits.max_connections,
-                        uid=self.uid,
-                    )
-                    await self.forwarder.start()
+                    self.forwarder = ForwardStats(folder=self.path / "forward")
+                    keeper["forward"] = {
+                        "folder": str(self.forwarder.folder),
+                        "host": forward.host,
+                        "port": forward.port,
+                        "max_connections": self.limits.max_connections,
+                        "uid": self.uid,
+                    }
                     spec["forward"] = {
                         "listen_port": forward.listen_port,
                         "socket_path": f"{FORWARD_DIR}/proxy.sock",
@@ -351,25 +331,33 @@ class Sandbox:
             else:
                 spec["cgroup_procs"] = [str(d / "cgroup.procs") for d in self.cgroups]
                 cmd, staging = [sys.executable, "-I", "-S", str(launcher.INIT_SCRIPT)], ""
+            keeper.update(
+                cmd=cmd,
+                init=spec,
+                pass_fds=[*own_fds, *pass_fds],
+                env={
+                    "PATH": os.environ.get("PATH", os.defpath),
+                    "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
+                    "GYRE_STAGE": staging,
+                },
+            )
             with self._open_setup_log() as setup_log:
                 self.proc = await asyncio.create_subprocess_exec(
-                    *cmd,
+                    sys.executable,
+                    "-m",
+                    "gyre.sandbox.keeper",
                     stdin=asyncio.subprocess.PIPE,
                     stdout=setup_log,
                     stderr=setup_log,
-                    start_new_session=True,
+                    start_new_session=True,  # not in the runner's group: a signal to it misses the keeper
                     pass_fds=(*own_fds, *pass_fds),
-                    env={
-                        "PATH": os.environ.get("PATH", os.defpath),
-                        "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
-                        "GYRE_STAGE": staging,
-                    },
                 )
         finally:
             for fd in own_fds:
                 os.close(fd)
+        self.keeper = (self.proc.pid, None)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(spec).encode())
+        self.proc.stdin.write(json.dumps(keeper).encode())
         await self.proc.stdin.drain()
         self.proc.stdin.close()
 
@@ -384,7 +372,7 @@ class Sandbox:
 
     async def wait(self, *, timeout_s: float) -> Outcome:
         """Wait for the process; kill the whole sandbox at the deadline or past the disk quota."""
-        assert self.proc is not None, "launch first"
+        assert self.keeper is not None, "launch (or adopt) first"
         started = time.monotonic()
         deadline = started + timeout_s
         while True:
@@ -392,33 +380,69 @@ class Sandbox:
             if left <= 0:
                 await self.kill("deadline")
                 break
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout=min(WATCH_S, left))
+            if await self._ended(within_s=min(WATCH_S, left)):
                 break
-            except TimeoutError:
-                pass
             if not self.isolation.tmpfs_quota and disk_over_quota(
                 await asyncio.to_thread(folder_bytes, self.path), disk_mb=self.limits.disk_mb
             ):
                 await self.kill("disk_quota")
                 break
         duration = time.monotonic() - started
-        await self._close_forwarder()
         if self._kill_reason:
             return Outcome(exit_code=None, killed=self._kill_reason, duration_s=duration)
-        code = self.proc.returncode
-        return Outcome(exit_code=code, duration_s=duration)
+        ended = self._read_outcome()
+        if ended is not None:
+            forward = ended.get("forward") or {}
+            if self.forwarder is not None and forward:
+                self.forwarder = ForwardStats(folder=self.forwarder.folder, **forward)
+            return Outcome(exit_code=ended["exit_code"], duration_s=duration)
+        if self.proc is not None and self.proc.returncode not in (None, 0):
+            return Outcome(exit_code=self.proc.returncode, duration_s=duration)  # the keeper died
+        return Outcome(exit_code=None, killed="keeper_lost", duration_s=duration)
+
+    async def _ended(self, *, within_s: float) -> bool:
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=within_s)
+                return True
+            except TimeoutError:
+                return False
+        if (self.path / "log" / OUTCOME_FILE).exists() or not self.keeper_alive():
+            return True
+        await asyncio.sleep(within_s)
+        return False
+
+    def keeper_alive(self) -> bool:
+        if self.keeper is None:
+            return False
+        if self.proc is not None:
+            return self.proc.returncode is None
+        pid, started = self.keeper
+        return pid > 0 and started is not None and start_time(pid) == started
+
+    def _read_outcome(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self.path / "log" / OUTCOME_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return data
 
     async def kill(self, reason: str) -> None:
         """Kill every process of the sandbox: pid namespace, cgroups, and everything of its uid."""
-        if self.proc is None or self.proc.returncode is not None:
+        if self.keeper is None or not self.keeper_alive():
             return
         self._kill_reason = self._kill_reason or reason
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap (--die-with-parent takes the rest) or init
+            os.killpg(self.keeper[0], signal.SIGKILL)  # keeper, bwrap (--die-with-parent) or init
         await asyncio.to_thread(self._kill_leftovers)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), timeout=KILL_WAIT_S)
+        for _ in range(int(KILL_WAIT_S / 0.05)):  # bounded: SIGKILLed processes exit in moments
+            if not self.keeper_alive():
+                break
+            if self.proc is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.proc.wait(), timeout=0.05)
+            else:
+                await asyncio.sleep(0.05)
         for _ in range(int(KILL_WAIT_S / 0.05)):  # bounded: SIGKILLed processes exit in moments
             if not any(_cgroup_pids(d) for d in self.cgroups):
                 break
@@ -434,14 +458,8 @@ class Sandbox:
 
     async def release(self) -> None:
         """Remove the folder, the cgroups and the user; the workspace is gone afterwards."""
-        if self.proc is not None and self.proc.returncode is None:
-            await self.kill("released")
-        await self._close_forwarder()
+        await self.kill("released")
         await asyncio.to_thread(self._release)
-
-    async def _close_forwarder(self) -> None:
-        if self.forwarder is not None:
-            await self.forwarder.close()
 
     def _release(self) -> None:
         if self.mounted:

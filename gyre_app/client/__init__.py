@@ -4,7 +4,15 @@ from gyre_app.client import GyreClient, ServiceAddresses, TaskSpec
 """
 
 from gyre_app.client.addresses import ServiceAddresses
-from gyre_app.client.api import ExecutionDetail, GyreClient, RpcNotServed, Task, TaskProgress, TaskSpec
+from gyre_app.client.api import (
+    ExecutionDetail,
+    GyreClient,
+    RpcNotServed,
+    Task,
+    TaskPage,
+    TaskProgress,
+    TaskSpec,
+)
 
 __all__ = [
     "ExecutionDetail",
@@ -12,6 +20,7 @@ __all__ = [
     "RpcNotServed",
     "ServiceAddresses",
     "Task",
+    "TaskPage",
     "TaskProgress",
     "TaskSpec",
 ]

@@ -38,6 +38,7 @@ T = TypeVar("T")
 TaskSpec = scheduler_pb2.TaskSpec
 Task = scheduler_pb2.Task
 ENDED_TASK = scheduler_pb2.TASK_STATE_DONE
+MAX_PAGE_SIZE = 1000  # the scheduler's ListTasks limit
 
 
 class RpcNotServed(GyreError):
@@ -56,6 +57,25 @@ class TaskProgress:
     ready: bool
     """Every execution rewarded: the group can be trained."""
     rewards: tuple[float | None, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskPage:
+    """One page of `list_tasks`."""
+
+    tasks: list[Task]
+    next_page_token: str
+    """Empty on the last page."""
+
+
+def task_state(name: str) -> scheduler_pb2.TaskState.ValueType:
+    """A task state by its name (`pending`, `trained`...); empty: every state (UNSPECIFIED)."""
+    if not name:
+        return scheduler_pb2.TASK_STATE_UNSPECIFIED
+    known = [n.removeprefix("TASK_STATE_").lower() for n in scheduler_pb2.TaskState.keys()[1:]]
+    if name.lower() not in known:
+        raise InvalidArgument("state", f"unknown task state {name!r}; known: {', '.join(known)}")
+    return scheduler_pb2.TaskState.Value(f"TASK_STATE_{name.upper()}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,8 +177,30 @@ class GyreClient:
             f"{purpose} needs the scheduler's {name} RPC, which this scheduler contract does not have yet"
         )
 
-    async def list_tasks(self) -> list[Task]:
-        raise self._unbuilt("ListTasks", "listing tasks")
+    async def list_tasks(self, *, state: str = "", page_size: int = 0, page_token: str = "") -> TaskPage:
+        """One page of tasks, oldest first (`ListTasks`); `state` a name such as `pending`, empty
+        for every state. Pass the page's `next_page_token` back, with the same state, for the next."""
+        response = await self._scheduler_rpc(
+            "ListTasks",
+            "listing tasks",
+            state=task_state(state),
+            page_size=page_size,
+            page_token=page_token,
+        )
+        return TaskPage(tasks=list(response.tasks), next_page_token=response.next_page_token)
+
+    async def all_tasks(self, *, state: str = "", limit: int = 0, page_token: str = "") -> TaskPage:
+        """Tasks page by page, oldest first (after `page_token`), until the last or `limit` (0: none);
+        `next_page_token` is where to go on when `limit` stopped it."""
+        tasks: list[Task] = []
+        token = page_token
+        while True:  # bounded: each page moves past the previous page's last task
+            want = min(MAX_PAGE_SIZE, limit - len(tasks)) if limit else MAX_PAGE_SIZE
+            page = await self.list_tasks(state=state, page_size=want, page_token=token)
+            tasks += page.tasks
+            token = page.next_page_token
+            if not token or (limit and len(tasks) >= limit):
+                return TaskPage(tasks=tasks, next_page_token=token)
 
     async def _scheduler_rpc(self, name: str, purpose: str, **fields: Any) -> Any:
         """Call a scheduler RPC that not every contract version has (issue 12 adds them): by name,

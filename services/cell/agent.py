@@ -32,6 +32,8 @@ from gyre.tls import aio_channel
 from services.cell.config import CellSettings
 
 log = structlog.get_logger(__name__)
+RELEASE_WAIT_S = 5.0
+"""How long `StartTraining` waits for the worker to report the end of its previous session."""
 WORKER_MODULE = "services.trainer.satellite"  # run as a process: the agent imports no other service
 
 
@@ -48,6 +50,7 @@ class TrainingWorker:
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self.training, self.lines = False, asyncio.Queue()  # a restart begins afresh
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -85,6 +88,10 @@ class TrainingWorker:
     async def train(self, rendezvous_uri: str, *, timeout_s: float = 10.0) -> None:
         if not self.alive:
             raise Unavailable(f"the training worker of {self.settings.cell_id} is not running")
+        for _ in range(int(RELEASE_WAIT_S / 0.01)):  # a release the worker has yet to report
+            if not self.training:
+                break
+            await asyncio.sleep(0.01)
         if self.training:
             raise Conflict(f"{self.settings.cell_id} is already training; the trainer must release it first")
         assert self.proc is not None and self.proc.stdin is not None
@@ -115,6 +122,7 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
         self.worker = worker
         self.answers: dict[str, cell_pb2.StartTrainingResponse] = {}
         self.address = ""
+        self._revive: asyncio.Task[None] | None = None
 
     async def StartTraining(
         self, request: cell_pb2.StartTrainingRequest, context: Context
@@ -167,6 +175,15 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
             agent_address=self.address,
         )
 
+    def _revive_worker(self) -> None:
+        """A training worker that died (killed, out of memory) is started again in the background,
+        so the cell can train again; heartbeats go on meanwhile."""
+        w = self.worker
+        if w is None or w.proc is None or w.alive or (self._revive is not None and not self._revive.done()):
+            return
+        log.warning("training_worker_died", cell_id=self.settings.cell_id, returncode=w.proc.returncode)
+        self._revive = asyncio.create_task(w.start())
+
     async def run(self, stop: asyncio.Event) -> None:
         """Register, then beat until stopped; register again whenever the scheduler lost the cell."""
         async with aio_channel(self.settings.scheduler_address) as channel:
@@ -175,6 +192,7 @@ class CellAgent(cell_pb2_grpc.CellServiceServicer):
             )  # type: ignore[assignment]
             registered = False
             while not stop.is_set():
+                self._revive_worker()
                 try:
                     if not registered:
                         answer = await scheduler.RegisterCell(await self.registration(), timeout=60)

@@ -11,6 +11,9 @@ class CellSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 0
     """gRPC port of the CellService; 0 picks a free one."""
+    advertise_address: str = ""
+    """`host:port` the scheduler reaches this agent's CellService at; empty: the address it listens
+    on (right locally; on Kubernetes, where it listens on 0.0.0.0, the pod's stable DNS name)."""
     cell_id: str = "cell-1"
     scheduler_address: str = "127.0.0.1:50051"
     core: bool = False

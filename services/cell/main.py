@@ -27,7 +27,7 @@ async def build(settings: CellSettings, kernel: KernelSettings) -> ServiceHost:
     cell_pb2_grpc.add_CellServiceServicer_to_server(agent, server.server)
 
     async def beat(stop: asyncio.Event) -> None:
-        agent.address = server.address
+        agent.address = settings.advertise_address or server.address
         try:
             await agent.run(stop)
         finally:

@@ -8,7 +8,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.consume import ConsumerSpec
-from gyre.db.inbox import claim_event
+from gyre.db.inbox import Inbox, after_commit
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.evaluator.v1 import evaluator_pb2, events_pb2
 from gyre.events import DecodedEvent, new_event
@@ -39,20 +39,29 @@ class RunnerEvents:
         self.settings = settings
 
     def spec(self) -> ConsumerSpec:
+        ended = (
+            runner_events.ExecutionFinished,
+            runner_events.ExecutionTimedOut,
+            runner_events.ExecutionFailed,
+            runner_events.ExecutionCancelled,
+        )
         return ConsumerSpec(
             durable=RUNNER_CONSUMER,
             producer="runner",
-            handlers={
-                runner_events.ExecutionFinished: self.on_ended,
-                runner_events.ExecutionTimedOut: self.on_ended,
-                runner_events.ExecutionFailed: self.on_ended,
-                runner_events.ExecutionCancelled: self.on_ended,
-            },
-            ack_wait_s=900.0,  # grading runs under the handler: a test suite may take minutes
+            inbox=Inbox(
+                sessions=self.sessions,
+                table=repo.processed_messages,
+                handlers=dict.fromkeys(ended, self.on_ended),
+            ),
+            # Grading runs under the handler (a test suite may take minutes); it reports progress,
+            # so an evaluator killed mid-grading has the event redelivered after ack_wait_s.
+            ack_wait_s=30.0,
+            progress_every_s=10.0,
             batch=1,
         )
 
-    async def on_ended(self, event: DecodedEvent) -> None:
+    async def on_ended(self, session: AsyncSession, event: DecodedEvent) -> None:
+        """Grade in the transaction that records the event (one at a time: `batch=1`)."""
         p: Any = event.payload
         execution_id = require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
         task_id = p.execution.task_id
@@ -86,48 +95,42 @@ class RunnerEvents:
                 grader=f"{p.family or 'unknown'}@0",
                 duration_s=0.0,
             )
-        await publish_reward(
-            self.sessions,
+        await store_reward(
+            session,
             grade,
             request_id="",
             causation_id=event.event_id,
-            inbox_event=event.event_id,
             # Passed on so the trajectory service waits for exactly these calls (DESIGN section 3).
             num_calls_recorded=p.num_calls_recorded if p.HasField("num_calls_recorded") else None,
         )
-        self.relay.poke()
+        after_commit(session, self.relay.poke)
         log.info("reward_assigned", execution_id=execution_id, score=grade.score, assessable=grade.assessable)
 
 
-async def publish_reward(
-    sessions: async_sessionmaker[AsyncSession],
+async def store_reward(
+    session: AsyncSession,
     grade: evaluator_pb2.Grade,
     *,
     request_id: str,
     causation_id: str,
-    inbox_event: str = "",
     num_calls_recorded: int | None = None,
 ) -> bool:
-    """Store the reward and enqueue RewardAssigned in one transaction; False if it was rewarded before."""
+    """Store the reward and enqueue RewardAssigned (in the caller's transaction); False if it was
+    rewarded before."""
     envelope = new_event(
         events_pb2.RewardAssigned(grade=grade, request_id=request_id, num_calls_recorded=num_calls_recorded),
         producer=PRODUCER,
         correlation_id=grade.task_id,
         causation_id=causation_id,
     )
-    async with sessions() as session, session.begin():
-        if inbox_event and not await claim_event(
-            session, repo.processed_messages, consumer=RUNNER_CONSUMER, event_id=inbox_event
-        ):
-            return False
-        inserted = await repo.insert_reward(
-            session,
-            execution_id=grade.execution_id,
-            task_id=grade.task_id,
-            score=grade.score,
-            assessable=grade.assessable,
-            grade=grade.SerializeToString(),
-        )
-        if inserted:
-            await enqueue(session, repo.outbox, envelope)
+    inserted = await repo.insert_reward(
+        session,
+        execution_id=grade.execution_id,
+        task_id=grade.task_id,
+        score=grade.score,
+        assessable=grade.assessable,
+        grade=grade.SerializeToString(),
+    )
+    if inserted:
+        await enqueue(session, repo.outbox, envelope)
     return inserted

@@ -27,6 +27,7 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
         mode=settings.sandbox_mode,
         uid_base=settings.uid_base,
     )
+    sandboxes.sweep()  # a killed evaluator's grading sandboxes: its unacked grades come back anyway
     grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)

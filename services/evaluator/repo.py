@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
 
 SCHEMA = "evaluator"
@@ -24,14 +25,8 @@ rewards = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
-rpc_requests = sa.Table(
-    "rpc_requests",
-    metadata,
-    sa.Column("request_id", sa.Text, primary_key=True),
-    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
-    sa.Column("response", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
-)
+requests = RequestLog(requests_table(metadata))
+"""GradeWorkspace's answers by request id (revision 0002 moved the older table onto this shape)."""
 
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
@@ -54,26 +49,3 @@ async def insert_reward(
         .returning(rewards.c.execution_id)
     )
     return (await session.execute(stmt)).first() is not None
-
-
-async def claim_request(
-    session: AsyncSession, *, request_id: str, fingerprint: bytes, response: bytes
-) -> bool:
-    stmt = (
-        insert(rpc_requests)
-        .values(request_id=request_id, fingerprint=fingerprint, response=response)
-        .on_conflict_do_nothing()
-        .returning(rpc_requests.c.request_id)
-    )
-    return (await session.execute(stmt)).first() is not None
-
-
-async def load_request(session: AsyncSession, request_id: str) -> tuple[bytes, bytes] | None:
-    row = (
-        await session.execute(
-            sa.select(rpc_requests.c.fingerprint, rpc_requests.c.response).where(
-                rpc_requests.c.request_id == request_id
-            )
-        )
-    ).first()
-    return None if row is None else (row.fingerprint, row.response)

@@ -5,14 +5,13 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay
-from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
-from gyre.ids import require_uuid, validate_request_id
+from gyre.ids import require_uuid
 from gyre.rpc import Context
 from services.evaluator import repo
 from services.evaluator.config import EvaluatorSettings
-from services.evaluator.consumer import publish_reward
+from services.evaluator.consumer import store_reward
 from services.evaluator.grading import Grader
 from services.evaluator.rewards import grade_execution, task_for, workspace_path
 
@@ -33,40 +32,39 @@ class EvaluatorServicer(evaluator_pb2_grpc.EvaluatorServiceServicer):
     async def GradeWorkspace(
         self, request: evaluator_pb2.GradeWorkspaceRequest, context: Context
     ) -> evaluator_pb2.GradeWorkspaceResponse:
-        rid = request.request_id
-        validate_request_id(rid)
         require_uuid("execution.execution_id", request.execution.execution_id, what="an execution")
-        digest = request_fingerprint(request)
-        async with self.sessions() as session:
-            first = await repo.load_request(session, rid)
-        if first is not None:
-            if first[0] != digest:
-                raise Conflict(f"request_id {rid!r} was already used for a different request")
-            return evaluator_pb2.GradeWorkspaceResponse.FromString(first[1])
-        # bad input is an error here; in grading (below and from events) it is `not assessable`
-        task_for(request.task, family=request.family, tasks_dir=self.settings.tasks_dir)
-        path = workspace_path(request.workspace_uri)
-        if not path.is_dir():
-            raise InvalidArgument("workspace_uri", f"{str(path)!r} is not a folder")
-        grade = await grade_execution(
-            self.grader,
-            tasks_dir=self.settings.tasks_dir,
-            execution_id=request.execution.execution_id,
-            task_id=request.execution.task_id,
-            family=request.family,
-            task=request.task,
-            workspace_uri=request.workspace_uri,
-            partial=request.partial,
-        )
-        published = False
-        if request.publish_reward:
-            published = await publish_reward(self.sessions, grade, request_id=rid, causation_id=rid)
-            if not published:
-                raise Conflict(f"execution {grade.execution_id} already has a reward")
-            self.relay.poke()
-        response = evaluator_pb2.GradeWorkspaceResponse(grade=grade, reward_published=published)
-        async with self.sessions() as session, session.begin():
-            await repo.claim_request(
-                session, request_id=rid, fingerprint=digest, response=response.SerializeToString()
+
+        async def grade(session: AsyncSession) -> evaluator_pb2.GradeWorkspaceResponse:
+            # bad input is an error here; in grading (below and from events) it is `not assessable`
+            task_for(request.task, family=request.family, tasks_dir=self.settings.tasks_dir)
+            path = workspace_path(request.workspace_uri)
+            if not path.is_dir():
+                raise InvalidArgument("workspace_uri", f"{str(path)!r} is not a folder")
+            graded = await grade_execution(
+                self.grader,
+                tasks_dir=self.settings.tasks_dir,
+                execution_id=request.execution.execution_id,
+                task_id=request.execution.task_id,
+                family=request.family,
+                task=request.task,
+                workspace_uri=request.workspace_uri,
+                partial=request.partial,
             )
+            published = False
+            if request.publish_reward:
+                rid = request.request_id
+                published = await store_reward(session, graded, request_id=rid, causation_id=rid)
+                if not published:
+                    raise Conflict(f"execution {graded.execution_id} already has a reward")
+            return evaluator_pb2.GradeWorkspaceResponse(grade=graded, reward_published=published)
+
+        response, fresh = await repo.requests.answer_once(
+            self.sessions,
+            method="GradeWorkspace",
+            request=request,
+            cls=evaluator_pb2.GradeWorkspaceResponse,
+            act=grade,
+        )
+        if fresh and response.reward_published:
+            self.relay.poke()
         return response

@@ -24,6 +24,7 @@ from gyre.ids import new_uuid7
 from gyre.proxy.v1 import proxy_pb2
 from services.proxy.agents import Agent, detect
 from services.proxy.auth import Unauthenticated
+from services.proxy.call_keys import CallKey, ReplayedRun, StoredAnswer, answer_to_json, call_key, replayable
 from services.proxy.chat import ChatMessage, ChatRequest, request_chars
 from services.proxy.delta import CallHistory
 from services.proxy.detok import IncrementalText
@@ -59,6 +60,8 @@ class ExecutionState:
     runs: set[CallRun] = field(default_factory=set)
     unrecorded: set[asyncio.Future[bool]] = field(default_factory=set)
     """Records of finished calls not yet committed."""
+    answers: dict[str, StoredAnswer] = field(default_factory=dict)
+    """Recorded calls' answers by call key, for the harness's retries (`call_keys`)."""
 
 
 class CallRun:
@@ -73,8 +76,10 @@ class CallRun:
         agent: Agent,
         generation: Generation,
         prompt_text: str,
+        key: CallKey,
     ) -> None:
         self.calls = calls
+        self.key = key
         self.execution_id = execution_id
         self.request = request
         self.agent = agent
@@ -94,6 +99,10 @@ class CallRun:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.generation.prompt_ids)
+
+    @property
+    def created_s(self) -> int:
+        return int(self.started_at.timestamp())
 
     async def text_deltas(self) -> AsyncIterator[str]:
         """Visible text as it is generated; tool-call markup is held back for the outcome."""
@@ -171,12 +180,14 @@ class Calls:
         router: Router,
         recorder: Recorder,
         load_outputs: Callable[[str], Awaitable[list[ReusableOutput]]] | None = None,
+        load_answers: Callable[[str], Awaitable[list[StoredAnswer]]] | None = None,
         load_model: Callable[[], ServedModel | None] | None = None,
     ) -> None:
         self._model = model
         self._load_model = load_model
         self._model_tried_s = time.monotonic()
         self._load_outputs = load_outputs
+        self._load_answers = load_answers
         self.router = router
         self.recorder = recorder
         self.executions: dict[str, ExecutionState] = {}
@@ -208,6 +219,8 @@ class Calls:
             if self._load_outputs is not None:
                 for item in await self._load_outputs(execution_id):
                     state.memory.remember(item)
+            if self._load_answers is not None:
+                state.answers = {a.key.value: a for a in await self._load_answers(execution_id)}
             state = self.executions.setdefault(execution_id, state)
         return state
 
@@ -228,7 +241,10 @@ class Calls:
             render_prompt, model.tokenizer, request, memory, context_window_tokens=model.context_window_tokens
         )
 
-    async def start(self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]) -> CallRun:
+    async def start(
+        self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]
+    ) -> CallRun | ReplayedRun:
+        """A new call, or the recorded answer when this is a retry of a recorded one."""
         if execution_id in self.closed:  # revoked while this request was being authenticated
             raise Unauthenticated("revoked credential: the execution's token was revoked")
         agent = detect(
@@ -237,7 +253,18 @@ class Calls:
             last_user=request.last_user_text,
             headers=headers,
         )
+        key = call_key(headers, request, agent)
         state = await self.load_state(execution_id)
+        if key.explicit:  # the same key while the first attempt still runs: wait for its answer
+            first = next((r for r in state.runs if r.key == key and not r.ended.is_set()), None)
+            if first is not None:
+                await first.ended.wait()
+                if first.durable is not None:
+                    await asyncio.wait([first.durable])
+        stored = state.answers.get(key.value)
+        if stored is not None and replayable(stored):
+            log.info("call_answered_from_record", call_id=stored.call_id, explicit_key=key.explicit)
+            return ReplayedRun(execution_id, stored)
         prompt = await self.render(execution_id, request)
         state.memory.remember_prompt(prompt)
         room = self.model.context_window_tokens - len(prompt.ids)
@@ -260,6 +287,7 @@ class Calls:
             pool=self.router.pool,
             on_move=self.router.moved,
             on_version=self.router.observed_version,
+            on_broken=lambda broken: self.router.failover(execution_id, broken),
         )
         run = CallRun(
             self,
@@ -268,6 +296,7 @@ class Calls:
             agent=agent,
             generation=generation,
             prompt_text=prompt.text,
+            key=key,
         )
         self.in_flight[call_id] = run
         state.runs.add(run)
@@ -332,10 +361,32 @@ class Calls:
             record.output_policy_versions.extend(versions)
         record.started_at.FromDatetime(run.started_at)
         record.finished_at.FromDatetime(datetime.now(UTC))
-        durable = self.recorder.record(record, item)
+        answer = None
+        if run.outcome.finish != "cancelled":  # a cut call is not an answer a retry should get
+            answer = (run.key.value, answer_to_json(run.call_id, run.outcome, created_s=run.created_s))
+        durable = self.recorder.record(record, item, answer)
         state.unrecorded.add(durable)
         durable.add_done_callback(state.unrecorded.discard)
+        if answer is not None:
+            stored = StoredAnswer(
+                key=run.key, call_id=run.call_id, outcome=run.outcome, created_s=run.created_s
+            )
+            durable.add_done_callback(
+                lambda f: (
+                    None
+                    if f.cancelled() or not f.result()
+                    else state.answers.__setitem__(run.key.value, stored)
+                )
+            )
         return durable
+
+    def delivered(self, run: CallRun | ReplayedRun) -> None:
+        """The harness received the whole answer: a derived key's repeat is a new call from now on."""
+        state = self.executions.get(run.execution_id)
+        stored = state.answers.get(run.key.value) if state else None
+        if stored is not None and stored.call_id == run.call_id and not stored.delivered:
+            stored.delivered = True
+            self.recorder.mark_delivered(run.execution_id, run.key.value)
 
     def forget_lost(self, records: Sequence[proxy_pb2.CallRecord]) -> None:
         """Records that never became durable must not be named as delta parents later."""

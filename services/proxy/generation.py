@@ -3,7 +3,10 @@
 A `Generation` streams tokens from the engine it was routed to. When a drain pauses it there,
 the engine's stream ends with FINISH_REASON_PAUSED; the generation then waits for the drain to
 hand it a destination (`move_to`) and continues there with ResumeGeneration (KV imported) or,
-when the KV could not travel, with a fresh GenerateTokens over prompt + output so far. Tokens
+when the KV could not travel, with a fresh GenerateTokens over prompt + output so far. An
+engine that dies mid-generation (its stream breaks: UNAVAILABLE, or it ends with no finish
+reason) is not planned for: the generation asks `on_broken` for another engine and continues
+there the same way, prompt + output so far recomputed (at most `max_resumes` times). Tokens
 are counted by position, so the harness's stream sees each token exactly once.
 """
 
@@ -25,6 +28,8 @@ from services.proxy.routing import Route
 
 log = structlog.get_logger(__name__)
 FR = engine_pb2.FinishReason
+BROKEN = (grpc.StatusCode.UNAVAILABLE,)
+"""Stream errors that mean the engine (or the link to it) is gone, not that the call is wrong."""
 
 
 class EnginePool:
@@ -84,6 +89,11 @@ class Generation:
     migrating: bool = False
     on_move: Callable[[str, str], None] | None = None
     on_version: Callable[[str, int], None] | None = None
+    on_broken: Callable[[Route], Route | None] | None = None
+    """Another engine for this call when its engine's stream broke (None: no other serves)."""
+    max_resumes: int = 3
+    num_resumes: int = 0
+    cancelled: bool = False
     _moves: asyncio.Queue[Move] = field(default_factory=asyncio.Queue)
 
     def move_to(self, move: Move) -> None:
@@ -110,18 +120,30 @@ class Generation:
         position = 0
         try:
             while True:
-                async for message in stream:
-                    tokens = message.tokens
-                    cached = getattr(message, "num_cached_prompt_tokens", 0)  # GenerateTokens only
-                    if cached:
-                        self.num_cached_prompt_tokens = cached
-                    new = self._take(tokens, start=position)
-                    position += len(tokens.token_ids)
-                    if new:
-                        yield new
-                    if tokens.finish_reason != FR.FINISH_REASON_UNSPECIFIED:
-                        self.finish = tokens.finish_reason
-                        break
+                broken = ""
+                try:
+                    async for message in stream:
+                        tokens = message.tokens
+                        cached = getattr(message, "num_cached_prompt_tokens", 0)  # GenerateTokens only
+                        if cached:
+                            self.num_cached_prompt_tokens = cached
+                        new = self._take(tokens, start=position)
+                        position += len(tokens.token_ids)
+                        if new:
+                            yield new
+                        if tokens.finish_reason != FR.FINISH_REASON_UNSPECIFIED:
+                            self.finish = tokens.finish_reason
+                            break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in BROKEN or self.cancelled:
+                        raise
+                    broken = f"{exc.code().name} {exc.details()}"
+                if not broken and self.finish == FR.FINISH_REASON_UNSPECIFIED and not self.cancelled:
+                    broken = "the stream ended mid-call"
+                if broken:
+                    stream = self._resume_elsewhere(broken)
+                    position = len(self.output_ids)
+                    continue
                 if self.finish != FR.FINISH_REASON_PAUSED:
                     if self.finish == FR.FINISH_REASON_UNSPECIFIED:
                         raise Unavailable(
@@ -134,27 +156,51 @@ class Generation:
                     yield new
                 self.finish = FR.FINISH_REASON_UNSPECIFIED
                 position = len(self.output_ids)
-                if move.route.engine_id != self.route.engine_id:
-                    self.num_migrations += 1
-                    if self.on_move is not None:
-                        self.on_move(self.route.engine_id, move.route.engine_id)
-                self.route = move.route
+                self._go_to(move.route)
                 self.migrating = False
                 if move.resume:
                     stream = self.pool.stub(self.route.address).ResumeGeneration(
                         engine_pb2.ResumeGenerationRequest(request_id=self.call_id)
                     )
                 else:  # recompute: the destination prefills prompt + output so far
-                    remaining = engine_pb2.SamplingParams()
-                    remaining.CopyFrom(self.sampling)
-                    remaining.max_tokens = max(self.sampling.max_tokens - len(self.output_ids), 1)
-                    stream = self._open_generate((*self.prompt_ids, *self.output_ids), remaining)
+                    stream = self._recompute()
         except grpc.aio.AioRpcError as exc:
             raise Unavailable(
                 f"engine {self.route.engine_id} failed call {self.call_id}: {exc.code().name} {exc.details()}"
             ) from exc
         finally:
             self.done = True
+
+    def _go_to(self, route: Route) -> None:
+        if route.engine_id != self.route.engine_id:
+            self.num_migrations += 1
+            if self.on_move is not None:
+                self.on_move(self.route.engine_id, route.engine_id)
+        self.route = route
+
+    def _recompute(self) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
+        """Generate on over prompt + output so far (the engine prefills it), for the tokens left."""
+        remaining = engine_pb2.SamplingParams()
+        remaining.CopyFrom(self.sampling)
+        remaining.max_tokens = max(self.sampling.max_tokens - len(self.output_ids), 1)
+        return self._open_generate((*self.prompt_ids, *self.output_ids), remaining)
+
+    def _resume_elsewhere(self, broken: str) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
+        """The engine's stream broke: continue on another engine from the tokens so far."""
+        target = self.on_broken(self.route) if self.on_broken is not None else None
+        if target is None or self.num_resumes >= self.max_resumes:
+            raise Unavailable(f"engine {self.route.engine_id} failed call {self.call_id}: {broken}")
+        self.num_resumes += 1
+        log.warning(
+            "call_resumed_after_engine_failure",
+            call_id=self.call_id,
+            failed_engine=self.route.engine_id,
+            engine_id=target.engine_id,
+            num_output_tokens=len(self.output_ids),
+            error=broken,
+        )
+        self._go_to(target)
+        return self._recompute()
 
     def _open_generate(
         self, prompt_ids: tuple[int, ...], sampling: engine_pb2.SamplingParams
@@ -177,6 +223,7 @@ class Generation:
 
     async def cancel(self) -> None:
         """Free the engine's KV when the harness went away or the token was revoked."""
+        self.cancelled = True
         try:
             await self.pool.stub(self.route.address).CancelGeneration(
                 engine_pb2.CancelGenerationRequest(request_id=self.call_id), timeout=5

@@ -8,7 +8,6 @@ answered in the dialect's own error shape; nothing a harness sends can stop the 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from gyre.outages import translate
 from gyre.tracing import continued_from
 from services.proxy import anthropic_api, openai_api
 from services.proxy.auth import TokenBook, Unauthenticated, bearer_token
+from services.proxy.call_keys import ReplayedRun
 from services.proxy.calls import CallRun, Calls
 from services.proxy.chat import ChatRequest
 
@@ -122,7 +122,9 @@ def json_depth(value: Any, *, limit: int) -> int:
     return deepest
 
 
-async def _start(request: web.Request, parse: Callable[[Any], ChatRequest]) -> tuple[ChatRequest, CallRun]:
+async def _start(
+    request: web.Request, parse: Callable[[Any], ChatRequest]
+) -> tuple[ChatRequest, CallRun | ReplayedRun]:
     execution_id = await _authenticate(request)
     chat = parse(await _json_body(request))
     run = await request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
@@ -139,14 +141,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     chat, run = await _start(request, parse)
     completion_id = f"chatcmpl-{run.call_id.replace('-', '')}"
-    created = int(time.time())
+    created = run.created_s
     if not chat.stream:
         outcome = await run.run_to_end()
-        return web.json_response(
-            openai_api.completion(
-                completion_id=completion_id, model=chat.model, created_s=created, outcome=outcome
-            )
+        body = openai_api.completion(
+            completion_id=completion_id, model=chat.model, created_s=created, outcome=outcome
         )
+        return await _whole(request, run, body)
     options = body_holder.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     response = web.StreamResponse(headers=SSE_HEADERS)
@@ -178,7 +179,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     async def write_error(exc: GyreError) -> None:
         await response.write(data(openai_api.error(_status(exc), exc.message)))
 
-    return await _stream(run, response, write_all, write_error)
+    return await _stream(request, run, response, write_all, write_error)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -186,8 +187,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     message_id = f"msg_{run.call_id.replace('-', '')}"
     if not chat.stream:
         outcome = await run.run_to_end()
-        return web.json_response(
-            anthropic_api.message(message_id=message_id, model=chat.model, outcome=outcome)
+        return await _whole(
+            request, run, anthropic_api.message(message_id=message_id, model=chat.model, outcome=outcome)
         )
     response = web.StreamResponse(headers=SSE_HEADERS)
 
@@ -218,11 +219,27 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async def write_error(exc: GyreError) -> None:
         await response.write(anthropic_api.sse("error", anthropic_api.error(_status(exc), exc.message)))
 
-    return await _stream(run, response, write_all, write_error)
+    return await _stream(request, run, response, write_all, write_error)
+
+
+async def _whole(
+    request: web.Request, run: CallRun | ReplayedRun, body: dict[str, Any]
+) -> web.StreamResponse:
+    """Send a whole (not streamed) answer; once it is out, the call counts as delivered."""
+    response = web.json_response(body)
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:  # the harness hung up: the answer stays a retry's to take
+        log.info("harness_disconnected", call_id=run.call_id)
+        return response
+    request.app[CALLS_KEY].delivered(run)
+    return response
 
 
 async def _stream(
-    run: CallRun,
+    request: web.Request,
+    run: CallRun | ReplayedRun,
     response: web.StreamResponse,
     write_all: Callable[[], Awaitable[None]],
     write_error: Callable[[GyreError], Awaitable[None]],
@@ -239,7 +256,10 @@ async def _stream(
             raise
         log.warning("stream_failed", call_id=run.call_id, error=exc.message)
         await write_error(exc)
+        await response.write_eof()
+        return response
     await response.write_eof()
+    request.app[CALLS_KEY].delivered(run)
     return response
 
 

@@ -17,6 +17,7 @@ from gyre.runtime import ServiceHost, connect
 from gyre.settings import KernelSettings
 from services.proxy import metrics, repo
 from services.proxy.auth import TokenBook
+from services.proxy.call_keys import CallKey, StoredAnswer, answer_from_json
 from services.proxy.calls import Calls
 from services.proxy.config import ProxySettings
 from services.proxy.generation import EnginePool
@@ -54,11 +55,17 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         async with conns.sessions() as session:
             return await repo.load_outputs(session, execution_id)
 
+    async def load_answers(execution_id: str) -> list[StoredAnswer]:
+        async with conns.sessions() as session:
+            rows = await repo.load_answers(session, execution_id)
+        return [answer_from_json(CallKey(k, k.startswith("k:")), a, delivered=d) for k, a, d in rows]
+
     calls = Calls(
         model=model,
         router=router,
         recorder=recorder,
         load_outputs=load_outputs,
+        load_answers=load_answers,
         load_model=lambda: _load_or_none(settings),
     )
     recorder.on_lost = calls.forget_lost

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from array import array
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
@@ -58,6 +60,17 @@ recorded_calls = sa.Table(
     sa.Column("num_calls", sa.Integer, nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
+
+call_answers = sa.Table(
+    "call_answers",
+    metadata,
+    sa.Column("execution_id", sa.Text, primary_key=True),
+    sa.Column("call_key", sa.Text, primary_key=True),
+    sa.Column("answer", sa.LargeBinary, nullable=False),
+    sa.Column("delivered", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+"""Recorded calls' answers by (execution, call key): a harness's retry is answered from here."""
 
 requests = RequestLog(requests_table(metadata))
 
@@ -162,7 +175,45 @@ async def load_outputs(session: AsyncSession, execution_id: str) -> list[Reusabl
 
 
 async def forget_outputs(session: AsyncSession, execution_id: str) -> None:
+    """Drop what the proxy kept for an execution's later calls (its token is revoked)."""
     await session.execute(sa.delete(reusable_outputs).where(reusable_outputs.c.execution_id == execution_id))
+    await session.execute(sa.delete(call_answers).where(call_answers.c.execution_id == execution_id))
+
+
+async def save_answers(session: AsyncSession, rows: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+    """(execution_id, call_key, answer): the newest answer of a key replaces an older one."""
+    if not rows:
+        return
+    stmt = insert(call_answers).values(
+        [{"execution_id": e, "call_key": k, "answer": json.dumps(a).encode()} for e, k, a in rows]
+    )
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[call_answers.c.execution_id, call_answers.c.call_key],
+            set_={"answer": stmt.excluded.answer, "delivered": False},
+        )
+    )
+
+
+async def mark_delivered(session: AsyncSession, pairs: Sequence[tuple[str, str]]) -> None:
+    """(execution_id, call_key) answers the harness received whole."""
+    if pairs:
+        await session.execute(
+            sa.update(call_answers)
+            .where(sa.tuple_(call_answers.c.execution_id, call_answers.c.call_key).in_(pairs))
+            .values(delivered=True)
+        )
+
+
+async def load_answers(session: AsyncSession, execution_id: str) -> list[tuple[str, dict[str, Any], bool]]:
+    """(call_key, answer, delivered) of an execution's recorded calls."""
+    table = call_answers.c
+    rows = (
+        await session.execute(
+            sa.select(table.call_key, table.answer, table.delivered).where(table.execution_id == execution_id)
+        )
+    ).all()
+    return [(row.call_key, json.loads(row.answer), row.delivered) for row in rows]
 
 
 async def count_calls(session: AsyncSession, counts: Mapping[str, int]) -> None:

@@ -12,7 +12,6 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument
 from gyre.events import new_event
 from gyre.ids import require_uuid, validate_request_id
@@ -64,30 +63,20 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
     ) -> M:
         """Run `act` once per request id; its answer and events commit with the claim."""
         request_id: str = getattr(request, "request_id")  # noqa: B009
-        fingerprint = request_fingerprint(request)
-        async with self.sessions() as session:
-            first = await repo.requests.load(session, request_id)
-        if first is not None:
-            if first[0] != method or first[1] != fingerprint:
-                raise Conflict(f"request_id {request_id!r} was already used for a different request")
-            return answer_cls.FromString(first[2])
-        async with self.sessions() as session, session.begin():
+
+        async def run(session: AsyncSession) -> M:
             answer, payloads = await act(session)
-            claimed = await repo.requests.claim(
-                session,
-                request_id=request_id,
-                method=method,
-                fingerprint=fingerprint,
-                response=answer.SerializeToString(),
-            )
-            if not claimed:
-                raise Conflict(f"request_id {request_id!r} is being answered by a concurrent call")
             events = [
                 new_event(p, producer=PRODUCER, correlation_id=request_id, causation_id=request_id)
                 for p in payloads
             ]
             await enqueue(session, repo.outbox, *events)
-        if payloads:
+            return answer
+
+        answer, fresh = await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=answer_cls, act=run
+        )
+        if fresh:
             self.relay.poke()
         return answer
 
@@ -180,10 +169,11 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             raise InvalidArgument("timeout_s", f"must be > 0 seconds, got {request.timeout_s}")
         if not any(r.cell_id == request.cell_id for r in self.calls.router.routes.values()):
             raise InvalidArgument("cell_id", f"no engine of cell {request.cell_id!r} is registered")
-        async with self.sessions() as session:
-            first = await repo.requests.load(session, request.request_id)
+        first = await repo.requests.answered(
+            self.sessions, method="DrainCell", request=request, cls=proxy_pb2.DrainCellResponse
+        )
         if first is not None:  # answered before: do not drain again (the cell may serve again since)
-            return await self._idempotent("DrainCell", request, proxy_pb2.DrainCellResponse, _never)
+            return first
         result = await drain_cell(
             self.calls,
             cell_id=request.cell_id,
@@ -239,7 +229,3 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         )
         out.policy_version.steps = route.policy_version
         return out
-
-
-async def _never(session: AsyncSession) -> tuple[proxy_pb2.DrainCellResponse, list[Message]]:
-    raise AssertionError("a repeated DrainCell is answered from the stored response")

@@ -44,16 +44,19 @@ class RunnerSettings(BaseSettings):
     """URL prefixes git templates may come from (e.g. `https://github.com/org/`); empty: none."""
     sandbox_runtime: list[str] = []
     """More read-only paths every harness sandbox sees at the same place (a harness installed
-    outside /usr, e.g. `/opt/node`); the Python installation and the built-in agent are always there."""
+    outside /usr, e.g. the folder of Claude Code's `claude`); they lead the harness's PATH. The
+    Python installation and the built-in agent are always there."""
     agent_model: str = "gyre-policy"
     harness_env: dict[str, str] = {}
     """Variables every harness gets (JSON object), e.g. the built-in agent's budget
     `{"GYRE_AGENT_MAX_TOKENS": "96"}`; an execution's own `harness_env` wins over these."""
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
-    keep_workspace_s: float = 900.0
-    """How long an ended execution's sandbox (its workspace) is kept for grading; all are
-    released when the runner stops, and leftovers of a crashed runner when it starts."""
+    keep_workspace_s: float = 6 * 3600.0
+    """How long an ended execution's sandbox (its workspace) is kept at most when no grade comes:
+    it is released as soon as its RewardAssigned arrives (a grader killed mid-grading is
+    redelivered and still finds it), all are released when the runner stops, and a restarted
+    runner keeps the ones still waiting."""
     token_grace_s: float = 600.0
     """How long after the deadline a token still works (calls in flight)."""
     revoke_retry_s: float = 300.0
@@ -62,11 +65,11 @@ class RunnerSettings(BaseSettings):
     start_wait_s: float = 60.0
     """How long StartExecution waits for the harness process before answering `starting`."""
     cpu_s: int = 3600
-    memory_mb: int = 4096
-    """Memory of the sandbox (cgroup) and address space per process: Claude Code's runtime
-    reserves about 4 GiB."""
+    memory_mb: int = 2048
+    """Memory of the sandbox (cgroup) and address space per process."""
     address_space_mb: int = 0
-    """Address space per process when it must differ from memory_mb (0: the same)."""
+    """Address space per process when it must differ from memory_mb (0: the same); a harness
+    whose runtime needs more (Claude Code) raises it for its own sandboxes (`harness.REGISTRY`)."""
     max_procs: int = 256
     file_size_mb: int = 512
     disk_mb: int = 1024

@@ -19,6 +19,8 @@ MAX_HARNESS_ENV = 64
 FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TASK_LABEL = "gyre.task"
+BOUNDS_ENV = ("GYRE_HARNESS_MAX_TURNS", "GYRE_HARNESS_MAX_OUTPUT_TOKENS")
+"""Harness bounds an execution may set in `harness_env`: positive integers (services/runner/harness.py)."""
 
 ENDED = frozenset({"finished", "timed_out", "failed", "cancelled"})
 
@@ -93,3 +95,5 @@ def validate_launch(launch: Launch, *, harnesses: frozenset[str], reserved_env: 
             )
         if "\x00" in value:
             raise InvalidArgument(f"harness_env[{key!r}]", "must not contain NUL")
+        if key in BOUNDS_ENV and not (value.isascii() and value.isdigit() and 0 < int(value) < 10**9):
+            raise InvalidArgument(f"harness_env[{key!r}]", f"must be a positive integer, got {value!r}")

@@ -1,15 +1,19 @@
-"""Harness adapters: the command and environment that start each harness (pure).
+"""Harness adapters: the command, environment and sandbox limits that start each harness (pure).
 
 Every adapter points its harness at the proxy (as the sandbox sees it) with the execution's
-token, and says which calls are main, sub-agent or summary where the harness lets it.
+token, and says which calls are main, sub-agent or summary where the harness lets it; where the
+harness cannot (Claude Code), it sends no agent header and the proxy detects the agent from the
+request (services/proxy/agents.py).
 """
 
 from __future__ import annotations
 
 import posixpath
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gyre.sandbox.limits import SandboxLimits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,6 +26,11 @@ class HarnessInput:
     """Interpreter that runs the built-in agent (the runner's own)."""
     model: str
     extra_env: Mapping[str, str]
+    runtime: Sequence[str] = ()
+    """Folders of harnesses installed outside /usr (the runner's `sandbox_runtime`): they lead PATH."""
+    timeout_s: float = 3600.0
+    """The execution's deadline: a harness waits that long for one model call (a long first
+    prompt on a CPU engine takes minutes) rather than dropping it and asking again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +53,11 @@ RESERVED_ENV = frozenset(
     }
 )
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# An execution may bound a harness through `harness_env` (executions.BOUNDS_ENV, positive
+# integers); each adapter passes them on in its harness's own terms: GYRE_HARNESS_MAX_TURNS is
+# Claude Code's `--max-turns` and mini-swe-agent's `agent.step_limit`, and
+# GYRE_HARNESS_MAX_OUTPUT_TOKENS is CLAUDE_CODE_MAX_OUTPUT_TOKENS and litellm's `max_tokens`.
+# The built-in agent has its own (`GYRE_AGENT_*`).
 
 
 def _gyre_agent(i: HarnessInput) -> LaunchPlan:
@@ -55,13 +69,18 @@ def _gyre_agent(i: HarnessInput) -> LaunchPlan:
 
 
 def _claude_code(i: HarnessInput) -> LaunchPlan:
-    # Claude Code's sub-agents and compaction happen inside it with one set of headers, so it only
-    # names itself; the proxy tells main/sub/summary apart from the requests.
+    deadline_ms = str(max(1000, round(i.timeout_s * 1000)))
+    # Claude Code's sub-agents and compaction happen inside it with one set of headers, so it sends
+    # no X-Gyre-Agent-* header (one would override the proxy's detection and merge every
+    # sub-agent into one agent id); the proxy tells main/sub/summary apart from the requests.
     return LaunchPlan(
         argv=(
             "/bin/sh",
             "-c",
-            'exec claude -p --output-format json --dangerously-skip-permissions < "$GYRE_PROMPT_FILE"',
+            '[ -n "$GYRE_HARNESS_MAX_OUTPUT_TOKENS" ] && '
+            'export CLAUDE_CODE_MAX_OUTPUT_TOKENS="$GYRE_HARNESS_MAX_OUTPUT_TOKENS"; '
+            "exec claude -p --output-format json --dangerously-skip-permissions "
+            '${GYRE_HARNESS_MAX_TURNS:+--max-turns "$GYRE_HARNESS_MAX_TURNS"} < "$GYRE_PROMPT_FILE"',
         ),
         env={
             "ANTHROPIC_BASE_URL": i.base_url,
@@ -69,7 +88,11 @@ def _claude_code(i: HarnessInput) -> LaunchPlan:
             "ANTHROPIC_MODEL": i.model,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
-            "ANTHROPIC_CUSTOM_HEADERS": "X-Gyre-Agent-Id: claude-code",
+            # Its own defaults give up on a call after 5 minutes without a stream event (a long first
+            # prompt on a CPU engine) and send it again from the start: wait up to the deadline.
+            "API_TIMEOUT_MS": deadline_ms,
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": deadline_ms,
+            "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": deadline_ms,
         },
     )
 
@@ -78,19 +101,57 @@ def _mini_swe_agent(i: HarnessInput) -> LaunchPlan:
     # mini-swe-agent has one linear context and no sub-agents: every call is a main call.
     model = shlex.quote(f"openai/{i.model}")
     return LaunchPlan(
-        argv=("/bin/sh", "-c", f'exec mini -y --exit-immediately -m {model} -t "$(cat "$GYRE_PROMPT_FILE")"'),
+        argv=(
+            "/bin/sh",
+            "-c",
+            f"exec mini -y --exit-immediately -m {model} -c mini.yaml "
+            '-c "agent.step_limit=${GYRE_HARNESS_MAX_TURNS:-0}" '
+            "${GYRE_HARNESS_MAX_OUTPUT_TOKENS:+-c "
+            '"model.model_kwargs.max_tokens=$GYRE_HARNESS_MAX_OUTPUT_TOKENS"} '
+            '-o "$HOME/mini-trajectory.json" -t "$(cat "$GYRE_PROMPT_FILE")"',
+        ),
         env={
             "OPENAI_API_BASE": f"{i.base_url}/v1",  # litellm's api_base for `openai/` models
             "OPENAI_BASE_URL": f"{i.base_url}/v1",
             "OPENAI_API_KEY": i.token,
             "MSWEA_CONFIGURED": "true",
             "MSWEA_COST_TRACKING": "ignore_errors",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the sandbox has no network to fetch it
         },
     )
 
 
-ADAPTERS = {"gyre-agent": _gyre_agent, "claude-code": _claude_code, "mini-swe-agent": _mini_swe_agent}
-HARNESSES = frozenset(ADAPTERS)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Harness:
+    """One harness the runner can start: its adapter and what its runtime needs of the sandbox."""
+
+    plan: Callable[[HarnessInput], LaunchPlan]
+    min_address_space_mb: int = 0
+    """Address space per process (RLIMIT_AS) below which the runtime cannot start, whatever the
+    runner's settings say; resident memory stays bounded by the memory cgroup (`memory_mb`)."""
+
+
+REGISTRY = {
+    "gyre-agent": Harness(plan=_gyre_agent),
+    # Claude Code's runtime (Bun) reserves gigabytes of address space it never touches: under
+    # 2 GiB it dies at start with SIGILL, 4 GiB runs; 8 GiB leaves room for its worker threads.
+    "claude-code": Harness(plan=_claude_code, min_address_space_mb=8192),
+    "mini-swe-agent": Harness(plan=_mini_swe_agent),
+}
+HARNESSES = frozenset(REGISTRY)
+
+
+def limits_for(harness: str, limits: SandboxLimits) -> SandboxLimits:
+    """The runner's sandbox limits, with the address space raised to what the harness needs.
+
+    Example:
+        limits_for("claude-code", SandboxLimits(memory_mb=1024)) -> address_space_mb=8192, memory_mb=1024
+        limits_for("gyre-agent", SandboxLimits(memory_mb=1024))  -> unchanged (address space 1024)
+    """
+    need = REGISTRY[harness].min_address_space_mb
+    if need <= (limits.address_space_mb or limits.memory_mb):
+        return limits
+    return replace(limits, address_space_mb=need)
 
 
 def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
@@ -101,9 +162,9 @@ def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
         -> LaunchPlan(argv=(python, "-m", "services.runner.agent"),
                       env={..., "OPENAI_BASE_URL": "http://127.0.0.1:18080/v1", "OPENAI_API_KEY": "t"})
     """
-    plan = ADAPTERS[harness](i)
+    plan = REGISTRY[harness].plan(i)
     env = {
-        "PATH": f"{posixpath.dirname(i.python)}:{DEFAULT_PATH}",
+        "PATH": ":".join([*i.runtime, posixpath.dirname(i.python), DEFAULT_PATH]),
         **i.extra_env,
         **plan.env,
         "GYRE_PROMPT_FILE": i.prompt_file,

@@ -15,7 +15,7 @@ from gyre.sandbox.host import SandboxHost
 from gyre.settings import KernelSettings
 from services.runner import metrics, repo
 from services.runner.config import AGENT_FILES, RunnerSettings
-from services.runner.consumer import ScheduledEvents
+from services.runner.consumer import GradedEvents, ScheduledEvents
 from services.runner.service import RunnerServicer
 from services.runner.supervisor import Supervisor
 
@@ -38,7 +38,6 @@ async def build_with_supervisor(
         uid_base=settings.uid_base,
         runtime=(*AGENT_FILES, *settings.sandbox_runtime),
     )
-    sandboxes.sweep()  # a previous runner's sandboxes: recover() ends their executions as lost
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     proxy = (
@@ -60,5 +59,6 @@ async def build_with_supervisor(
     runner_pb2_grpc.add_RunnerServiceServicer_to_server(
         RunnerServicer(conns.sessions, supervisor, settings), server.server
     )
-    workers: list[Worker] = [relay.run, scheduled.run, supervisor.run]
+    graded = Consumer(conns.bus, GradedEvents(supervisor).spec())
+    workers: list[Worker] = [relay.run, scheduled.run, graded.run, supervisor.run]
     return ServiceHost(name=NAME, server=server, connections=conns, workers=workers), supervisor

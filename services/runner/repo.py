@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gyre.db.requests import RequestLog, requests_table
 from gyre.db.tables import outbox_table, processed_messages_table
 from services.runner.executions import Launch
 
@@ -37,46 +38,21 @@ executions = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
-rpc_requests = sa.Table(
-    "rpc_requests",
+requests = RequestLog(requests_table(metadata))
+"""StartExecution's and CancelExecution's answers by request id (revision 0002 moved the older
+table, which kept only the execution id, onto this shape)."""
+
+cancelled_early = sa.Table(
+    "cancelled_early",
     metadata,
-    sa.Column("request_id", sa.Text, primary_key=True),
-    sa.Column("method", sa.Text, nullable=False),
-    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
-    sa.Column("execution_id", sa.Uuid, nullable=False),
+    sa.Column("execution_id", sa.Uuid, primary_key=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
 outbox = outbox_table(metadata)
 processed_messages = processed_messages_table(metadata)
-
-
-async def claim_request(
-    session: AsyncSession, *, request_id: str, method: str, fingerprint: bytes, execution_id: str
-) -> bool:
-    stmt = (
-        insert(rpc_requests)
-        .values(
-            request_id=request_id,
-            method=method,
-            fingerprint=fingerprint,
-            execution_id=uuid.UUID(execution_id),
-        )
-        .on_conflict_do_nothing()
-        .returning(rpc_requests.c.request_id)
-    )
-    return (await session.execute(stmt)).first() is not None
-
-
-async def load_request(session: AsyncSession, request_id: str) -> tuple[str, bytes, str] | None:
-    row = (
-        await session.execute(
-            sa.select(rpc_requests.c.method, rpc_requests.c.fingerprint, rpc_requests.c.execution_id).where(
-                rpc_requests.c.request_id == request_id
-            )
-        )
-    ).first()
-    return None if row is None else (row.method, row.fingerprint, str(row.execution_id))
 
 
 async def insert_execution(session: AsyncSession, launch: Launch) -> bool:
@@ -115,3 +91,37 @@ async def unfinished(session: AsyncSession) -> list[Any]:
     """Executions a previous runner process left starting or running."""
     stmt = sa.select(executions).where(executions.c.state.in_(("starting", "running")))
     return list((await session.execute(stmt)).all())
+
+
+async def ended_since(session: AsyncSession, within_s: float) -> list[Any]:
+    """Executions that ended within the last `within_s` seconds (their workspace may await a grade)."""
+    stmt = sa.select(executions).where(
+        executions.c.state.notin_(("starting", "running")),
+        executions.c.ended_at > sa.func.now() - sa.text("make_interval(secs => :s)").bindparams(s=within_s),
+    )
+    return list((await session.execute(stmt)).all())
+
+
+async def lock_execution(session: AsyncSession, execution_id: str) -> None:
+    """Serialise, per execution, a cancel that comes before the runner knows it with its start."""
+    await session.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(execution_id))))
+
+
+async def cancel_early(session: AsyncSession, execution_id: str, *, reason: str, request_id: str) -> None:
+    await session.execute(
+        insert(cancelled_early)
+        .values(execution_id=uuid.UUID(execution_id), reason=reason, request_id=request_id)
+        .on_conflict_do_nothing()
+    )
+
+
+async def cancelled_before_start(session: AsyncSession, execution_id: str) -> tuple[str, str] | None:
+    """(reason, request_id) when a CancelExecution came before the execution was scheduled here."""
+    row = (
+        await session.execute(
+            sa.select(cancelled_early.c.reason, cancelled_early.c.request_id).where(
+                cancelled_early.c.execution_id == uuid.UUID(execution_id)
+            )
+        )
+    ).first()
+    return None if row is None else (row.reason, row.request_id)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import secrets
 import signal
 import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,8 +30,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import GyreError
 from gyre.events import new_event
+from gyre.outages import is_outage
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
+from gyre.sandbox.adopt import adopt
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB
 from gyre.sandbox.trees import CopyBounds
@@ -36,7 +41,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch
-from services.runner.harness import HarnessInput, plan_launch
+from services.runner.harness import HarnessInput, limits_for, plan_launch
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -45,6 +50,7 @@ REAP_EVERY_S = 5.0
 RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 FILL_TIMEOUT_S = 300.0
 RECOVER_REVOKE_RETRY_S = 10.0
+COMMIT_RETRY_S = 600.0
 
 
 class LaunchFailed(Exception):
@@ -90,20 +96,23 @@ class Supervisor:
         self.ended: dict[str, tuple[Sandbox, float]] = {}
         self.slots = asyncio.Semaphore(settings.max_running)
 
-    def start(self, launch: Launch) -> Running:
-        """Run an execution already recorded as `starting`."""
+    def start(
+        self, launch: Launch, *, reattach: Callable[[Running], Awaitable[None]] | None = None
+    ) -> Running:
+        """Run an execution already recorded as `starting` (or, with `reattach`, one a previous
+        runner process started and that still runs in its sandbox)."""
         loop = asyncio.get_running_loop()
         run = Running(launch=launch, task=None, started=loop.create_future())  # type: ignore[arg-type]
-        run.task = asyncio.create_task(self._guarded(run))
+        run.task = asyncio.create_task(self._guarded(run, reattach or self._run))
         self.running[launch.execution_id] = run
         return run
 
-    async def _guarded(self, run: Running) -> None:
+    async def _guarded(self, run: Running, body: Callable[[Running], Awaitable[None]]) -> None:
         eid = run.launch.execution_id
         structlog.contextvars.bind_contextvars(execution_id=eid)
         try:
             async with self.slots:
-                await self._run(run)
+                await body(run)
         except LaunchFailed as exc:
             await self._end_failed(run, exc.kind, exc.reason)
         except Exception as exc:  # a runner bug must still end the execution, never leave it running
@@ -119,7 +128,8 @@ class Supervisor:
     async def _run(self, run: Running) -> None:
         launch = run.launch
         try:
-            run.box = box = await self.host.create(launch.execution_id, self.settings.limits())
+            limits = limits_for(launch.harness, self.settings.limits())
+            run.box = box = await self.host.create(launch.execution_id, limits)
         except (OSError, subprocess.SubprocessError, GyreError) as exc:
             raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
         try:
@@ -155,6 +165,8 @@ class Supervisor:
                 python=sys.executable,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
+                runtime=tuple(self.settings.sandbox_runtime),
+                timeout_s=launch.timeout_s,
             ),
         )
         del token
@@ -181,7 +193,13 @@ class Supervisor:
         )
         run.started.set_result(None)
         log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
-        outcome = await box.wait(timeout_s=launch.timeout_s)
+        await self._wait_and_finish(run, box, timeout_s=launch.timeout_s)
+
+    async def _wait_and_finish(
+        self, run: Running, box: Sandbox, *, timeout_s: float, ran_before_s: float = 0.0
+    ) -> None:
+        outcome = await box.wait(timeout_s=timeout_s)
+        outcome = dataclasses.replace(outcome, duration_s=outcome.duration_s + ran_before_s)
         await self._revoke(run, cancel_in_flight=bool(outcome.killed))
         await self._finish(run, box, outcome)
 
@@ -198,6 +216,8 @@ class Supervisor:
             raise LaunchFailed(kind, setup)
         if outcome.killed == "cancelled":
             await self._end(run, "cancelled", _cancelled(run, box))
+        elif outcome.killed == "keeper_lost":
+            raise LaunchFailed("runner_lost", "the sandbox's keeper ended without an outcome")
         elif outcome.killed not in ("", "deadline", "disk_quota"):
             raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
         elif outcome.killed == "deadline":
@@ -262,9 +282,18 @@ class Supervisor:
         envelope = new_event(
             payload, producer=PRODUCER, correlation_id=launch.task_id, causation_id=launch.request_id
         )
-        async with self.sessions() as session, session.begin():
-            await repo.update_execution(session, launch.execution_id, **values)
-            await enqueue(session, repo.outbox, envelope)
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        for attempt in range(10_000):  # bounded by the deadline
+            try:
+                async with self.sessions() as session, session.begin():
+                    await repo.update_execution(session, launch.execution_id, **values)
+                    await enqueue(session, repo.outbox, envelope)
+                break
+            except Exception as exc:  # Postgres away (restarting): the end must still land
+                if not is_outage(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning("state_commit_failed", error=type(exc).__name__, attempt=attempt)
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
         self.relay.poke()
 
     async def _register(self, launch: Launch, token: str, *, expires_at: datetime) -> None:
@@ -330,32 +359,52 @@ class Supervisor:
             await asyncio.wait({run.started}, timeout=self.settings.start_wait_s)
 
     async def recover(self) -> int:
-        """Executions a previous process left unfinished end as failed: runner lost."""
+        """Take back what a previous runner process left (DESIGN section 9): an execution still
+        running in its sandbox is re-attached (waited for, ended and graded as usual, its harness
+        never noticed); one left starting, or whose sandbox is gone, ends as failed: runner lost;
+        an ended one's sandbox waits for its grade again. Every other sandbox is swept.
+        Returns how many executions ended as lost."""
         async with self.sessions() as session:
             rows = await repo.unfinished(session)
+            ended = await repo.ended_since(session, self.settings.keep_workspace_s)
+        keep: set[str] = set()
+        lost = 0
         for row in rows:
-            launch = Launch(
-                request_id=row.request_id,
-                task_id=str(row.task_id),
-                execution_id=str(row.execution_id),
-                index_in_group=row.index_in_group,
-                harness=row.harness,
-                prompt="-",
-                workspace_template="",
-                timeout_s=row.timeout_s,
-                family=row.family,
-                task=row.task,
-            )
+            launch = recovered_launch(row)
+            box = adopt(self.host, launch.execution_id, self.settings.limits())
+            if row.state == "running" and box is not None and row.deadline is not None:
+                keep.add(launch.execution_id)
+                left_s = (row.deadline - datetime.now(UTC)).total_seconds()
+                ran_s = (datetime.now(UTC) - (row.started_at or datetime.now(UTC))).total_seconds()
+                self.start(
+                    launch, reattach=functools.partial(self._reattach, box=box, left_s=left_s, ran_s=ran_s)
+                )
+                continue
             run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
             run.registered = True  # it may have been: revoking answers the count either way
             run.revoke_retry_s = min(RECOVER_REVOKE_RETRY_S, self.settings.revoke_retry_s)  # start-up waits
-            await self._end_failed(run, "runner_lost", "the runner restarted while the execution ran")
-        return len(rows)
+            await self._end_failed(run, "runner_lost", "the runner restarted before the harness started")
+            lost += 1
+        for row in ended:
+            box = adopt(self.host, str(row.execution_id), self.settings.limits())
+            if box is not None:
+                keep.add(str(row.execution_id))
+                age_s = (datetime.now(UTC) - row.ended_at).total_seconds()
+                self.ended[str(row.execution_id)] = (box, time.monotonic() - age_s)
+        await asyncio.to_thread(self.host.sweep, keep=frozenset(keep))
+        return lost
+
+    async def _reattach(self, run: Running, *, box: Sandbox, left_s: float, ran_s: float) -> None:
+        run.box, run.registered = box, True
+        run.started.set_result(None)
+        log.info("execution_reattached", left_s=round(left_s, 1), keeper_alive=box.keeper_alive())
+        await self._wait_and_finish(run, box, timeout_s=max(left_s, 0.0), ran_before_s=ran_s)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Worker: release sandboxes `keep_workspace_s` after their end (the evaluator has copied
-        them by then); on shutdown kill what still runs (it ends as failed: runner lost) and
-        release every ended sandbox."""
+        """Worker: release sandboxes once graded (`release`, from RewardAssigned) or at the latest
+        `keep_workspace_s` after their end; on shutdown kill what still runs (it ends as failed:
+        runner lost) and release every ended sandbox. A crash (kill -9) kills nothing: the next
+        runner re-attaches (`recover`)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY_S)
@@ -376,6 +425,22 @@ class Supervisor:
         entry = self.ended.pop(execution_id, None)
         if entry is not None:
             await entry[0].release()
+
+
+def recovered_launch(row: Any) -> Launch:
+    """The launch of an execution a previous runner process recorded (the prompt is not kept)."""
+    return Launch(
+        request_id=row.request_id,
+        task_id=str(row.task_id),
+        execution_id=str(row.execution_id),
+        index_in_group=row.index_in_group,
+        harness=row.harness,
+        prompt="-",
+        workspace_template="",
+        timeout_s=row.timeout_s,
+        family=row.family,
+        task=row.task,
+    )
 
 
 def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:

@@ -23,10 +23,9 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
-from gyre.ids import new_uuid7, validate_request_id
+from gyre.ids import new_uuid7
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2
 from services.scheduler import repo
 from services.scheduler.cells import (
@@ -82,23 +81,7 @@ class CellControl:
     # -- exactly once -------------------------------------------------------------------------
 
     async def _answered(self, method: str, request: Message, cls: type[M]) -> M | None:
-        async with self.sessions() as session:
-            return await repo.requests.first_answer(session, method=method, request=request, cls=cls)
-
-    async def _record(
-        self, session: AsyncSession, method: str, request: Message, answer: Message, *events: Message
-    ) -> None:
-        request_id: str = getattr(request, "request_id")  # noqa: B009
-        claimed = await repo.requests.claim(
-            session,
-            request_id=request_id,
-            method=method,
-            fingerprint=request_fingerprint(request),
-            response=answer.SerializeToString(),
-        )
-        if not claimed:
-            raise Conflict(f"request_id {request_id!r} is being answered by a concurrent call")
-        await self._publish(session, *events, cause=request_id)
+        return await repo.requests.answered(self.sessions, method=method, request=request, cls=cls)
 
     async def _publish(self, session: AsyncSession, *payloads: Message, cause: str) -> None:
         events = [new_event(p, producer=PRODUCER, correlation_id=cause, causation_id=cause) for p in payloads]
@@ -111,15 +94,19 @@ class CellControl:
         cls: type[M],
         act: Callable[[AsyncSession], Awaitable[tuple[M, list[Message]]]],
     ) -> M:
-        validate_request_id(getattr(request, "request_id"))  # noqa: B009
-        first = await self._answered(method, request, cls)
-        if first is not None:
-            return first
-        async with self.sessions() as session, session.begin():
+        """`act` once per request id (`gyre.db.requests`); its events commit with its answer."""
+
+        async def run(session: AsyncSession) -> M:
             answer, events = await act(session)
-            await self._record(session, method, request, answer, *events)
-        self.relay.poke()
-        self.on_change()
+            await self._publish(session, *events, cause=getattr(request, "request_id"))  # noqa: B009
+            return answer
+
+        answer, fresh = await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=cls, act=run
+        )
+        if fresh:
+            self.relay.poke()
+            self.on_change()
         return answer
 
     # -- RPCs ---------------------------------------------------------------------------------
@@ -181,21 +168,35 @@ class CellControl:
 
         async def act(session: AsyncSession) -> tuple[scheduler_pb2.SetModeResponse, list[Message]]:
             previous, _ = await repo.load_cluster(session, default_mode=self.default_mode, for_update=True)
-            await repo.save_cluster(session, mode=mode)
             answer = scheduler_pb2.SetModeResponse(previous_mode=MODE_TO_PROTO[previous], mode=request.mode)
-            event = events_pb2.ModeChanged(
-                previous_mode=MODE_TO_PROTO[previous], mode=request.mode, request_id=request.request_id
-            )
-            return answer, [event]
+            if mode != previous and await repo.step_in_progress(session):
+                # Strictly between steps: the driver applies it once the running step completed.
+                await repo.save_pending_mode(session, mode, request_id=request.request_id)
+                return answer, []
+            await repo.save_cluster(session, mode=mode)
+            await repo.save_pending_mode(session, None)
+            return answer, [_mode_changed(previous, mode, request.request_id)]
 
         answer = await self._idempotent("SetMode", request, scheduler_pb2.SetModeResponse, act)
         log.info("mode_set", mode=mode)
         return answer
 
+    async def apply_pending_mode(self, session: AsyncSession) -> str | None:
+        """Between steps: the mode a SetMode asked for during the last one takes effect now (its
+        ModeChanged goes out in this transaction); returns it, None when none was waiting."""
+        mode, request_id = await repo.pending_mode(session)
+        if mode is None or await repo.step_in_progress(session):
+            return None
+        previous, _ = await repo.load_cluster(session, default_mode=self.default_mode, for_update=True)
+        await repo.save_cluster(session, mode=mode)
+        await repo.save_pending_mode(session, None)
+        await self._publish(session, _mode_changed(previous, mode, request_id), cause=request_id)
+        log.info("mode_applied_between_steps", previous=previous, mode=mode)
+        return mode
+
     async def SwitchCell(
         self, request: scheduler_pb2.SwitchCellRequest, context: object
     ) -> scheduler_pb2.SwitchCellResponse:
-        validate_request_id(request.request_id)
         first = await self._answered("SwitchCell", request, scheduler_pb2.SwitchCellResponse)
         if first is not None:
             return first
@@ -207,9 +208,11 @@ class CellControl:
             cell, to=role, request_id=request.request_id, cause=f"request:{request.request_id}"
         )
         answer = scheduler_pb2.SwitchCellResponse(switch=switch)
-        async with self.sessions() as session, session.begin():
-            await self._record(session, "SwitchCell", request, answer)
-        return answer
+
+        async def act(session: AsyncSession) -> tuple[scheduler_pb2.SwitchCellResponse, list[Message]]:
+            return answer, []
+
+        return await self._idempotent("SwitchCell", request, scheduler_pb2.SwitchCellResponse, act)
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -292,7 +295,7 @@ class CellControl:
         agent registers again, and registration routes it afresh."""
         async with self.sessions() as session, session.begin():
             for cell, _ in await repo.load_cells(session, for_update=True):
-                if cell.role == "switching":
+                if cell.role == "switching" and cell.cell_id not in self.switching:  # not this process's
                     await repo.set_role(session, cell.cell_id, role="lost")
                     await self._publish(
                         session,
@@ -338,3 +341,9 @@ class CellControl:
                 await asyncio.wait_for(stop.wait(), timeout=min(1.0, self.lost_after_s / 4))
             except TimeoutError:
                 pass
+
+
+def _mode_changed(previous: str, mode: str, request_id: str) -> events_pb2.ModeChanged:
+    return events_pb2.ModeChanged(
+        previous_mode=MODE_TO_PROTO[previous], mode=MODE_TO_PROTO[mode], request_id=request_id
+    )

@@ -14,7 +14,16 @@ the mode's decision function (`live_policy`, the same functions `gyre sim` runs)
   proxy) switch through `CellControl.switch`;
 - **to_rollout**: training satellites (highest id first, as the simulator picks) switch back.
 
+A satellite the trainer lost (`SatelliteLeft` with `LEAVE_REASON_LOST`: it died, or a join never
+took its epoch up) is out of training while its table row still says `training`; the driver
+switches it back to rollout (the trainer's leave answers NOT_FOUND, then weights and route), so
+it ends in a role it holds. One that is truly gone fails that switch and is reported lost.
+
 Switches run as tasks of their own (the cell shows `switching` meanwhile), so admissions go on.
+
+A mode set while a step runs (`SetMode` keeps it pending) takes effect at the first decision
+after that step completed, before anything is assigned to the next one: modes change strictly
+between steps. Into async, training satellites go back to rollout (a fixed split never moves them).
 """
 
 from __future__ import annotations
@@ -28,12 +37,14 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1.envelope_pb2 import Envelope
+from gyre.consume import ConsumerSpec
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.events import new_event
+from gyre.events import DecodedEvent, new_event
 from gyre.ids import new_uuid7
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.scheduler.v1 import events_pb2
 from gyre.tls import aio_channel
+from gyre.trainer.v1 import events_pb2 as trainer_events
 from services.scheduler import repo
 from services.scheduler.cell_control import PRODUCER, CellControl
 from services.scheduler.cells import CellRecord, parse_mode
@@ -86,12 +97,36 @@ class LiveDriver:
         for task in list(self.switches):
             await asyncio.gather(task, return_exceptions=True)
 
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable="scheduler-lost-satellites",
+            producer="trainer",
+            handlers={trainer_events.SatelliteLeft: self.on_satellite_left},
+        )
+
+    async def on_satellite_left(self, event: DecodedEvent) -> None:
+        p: trainer_events.SatelliteLeft = event.payload
+        if p.reason != trainer_events.LEAVE_REASON_LOST or p.cell_id in self.control.switching:
+            return
+        async with self.sessions() as session:
+            cell = next((c for c, _ in await repo.load_cells(session) if c.cell_id == p.cell_id), None)
+        if cell is not None and cell.role == "training" and not cell.core:
+            log.warning("lost_satellite_back_to_rollout", cell_id=cell.cell_id)
+            self._switch(cell, "rollout")
+
     async def decide_once(self) -> Decision | None:
         s = self.settings
         async with self.sessions() as session, session.begin():
+            applied = await self.control.apply_pending_mode(session)
             cluster = await load_cluster(session, default_mode=s.mode)
             cells = [c for c, _ in await repo.load_cells(session) if c.role != "lost"]
             satellites = [c for c in cells if not c.core]
+            if applied:
+                self.relay.poke()
+            if applied == "async":  # a fixed split never moves cells: every satellite serves
+                for cell in satellites:
+                    if cell.role == "training":
+                        self._switch(cell, "rollout")
             if not satellites or not any(c.core for c in cells):
                 return None  # no cluster to decide for yet
             if cluster.mode == "colocate":

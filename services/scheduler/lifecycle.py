@@ -14,7 +14,7 @@ is claimed in the inbox in the transaction of its writes. After each commit the 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -22,8 +22,9 @@ import structlog
 from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gyre.consume import ConsumerSpec, Handler
-from gyre.db.inbox import claim_event
+from gyre.consume import ConsumerSpec
+from gyre.db.inbox import Inbox, after_commit
+from gyre.db.inbox import TxHandler as InTransaction
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
@@ -32,7 +33,6 @@ from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.scheduler import repo
 
 log = structlog.get_logger(__name__)
-InTransaction = Callable[[AsyncSession, DecodedEvent], Awaitable[None]]
 ENDED = ("finished", "timed_out", "failed", "cancelled")
 BEFORE_END = ("pending", "admitted", "running")
 
@@ -127,21 +127,19 @@ class LifecycleEvents:
     def _spec(self, producer: str, handlers: dict[type[Message], InTransaction]) -> ConsumerSpec:
         name = f"scheduler-lifecycle-{producer}"
 
-        def claimed(handler: InTransaction) -> Handler:
-            async def run(event: DecodedEvent) -> None:
-                async with self.sessions() as session, session.begin():
-                    if not await claim_event(
-                        session, repo.processed_messages, consumer=name, event_id=event.event_id
-                    ):
-                        return
-                    await handler(session, event)
-                self.on_change()
+        def changed(handler: InTransaction) -> InTransaction:
+            async def run(session: AsyncSession, event: DecodedEvent) -> None:
+                await handler(session, event)
+                after_commit(session, self.on_change)
 
             return run
 
-        return ConsumerSpec(
-            durable=name, producer=producer, handlers={cls: claimed(h) for cls, h in handlers.items()}
+        inbox = Inbox(
+            sessions=self.sessions,
+            table=repo.processed_messages,
+            handlers={cls: changed(h) for cls, h in handlers.items()},
         )
+        return ConsumerSpec(durable=name, producer=producer, inbox=inbox)
 
     async def on_started(self, session: AsyncSession, event: DecodedEvent) -> None:
         task_id = await advance_execution(

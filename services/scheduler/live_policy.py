@@ -1,34 +1,17 @@
-"""The decision function of each live mode: the policy modules' own functions, nothing added (pure).
+"""The decision function of each live mode: `policy.modes.mode_policy`, as `gyre sim` takes it (pure).
 
-| mode | function | as `gyre sim` runs it |
-|---|---|---|
-| colocate | `colocate.decide` | colocate |
-| async | `fixed_split.decide`, one-step-off (whole-batch steps, no streaming) | async |
-| gyre | `elastic.decide` with `GYRE` (elastic satellites, streaming) | gyre |
-| burst | `burst.decide` (elastic, one update per burst of B groups) | burst |
-
-The table repeats the policy half of `sim.modes.setup` (which also needs a workload);
-`tests/test_live_policy.py` fails when the two drift apart. Live, the core cell always trains in
-every mode (it holds the optimizer and has no engine), so colocate alternates the satellites only.
+Live, the core cell always trains in every mode (it holds the optimizer and has no engine), so
+colocate alternates the satellites only and async's fixed rollout pool is every satellite.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
 from services.scheduler.cells import Mode
-from services.scheduler.policy import burst, colocate, elastic, fixed_split
-from services.scheduler.policy.state import ClusterView, Decision, PolicyConfig
+from services.scheduler.policy.modes import Policy, mode_policy
+from services.scheduler.policy.state import PolicyConfig
 
-Policy = Callable[[ClusterView], Decision]
+__all__ = ["Policy", "policy_for"]
 
 
 def policy_for(mode: Mode, config: PolicyConfig) -> Policy:
-    if mode == "colocate":
-        return partial(colocate.decide, config=config)
-    if mode == "async":
-        return partial(fixed_split.decide, config=config, streaming=False, batch_sync=False)
-    if mode == "burst":
-        return partial(burst.decide, config=config)
-    return partial(elastic.decide, config=config, knobs=elastic.GYRE)
+    return mode_policy(mode, config, rollout_cells=config.num_cells - 1).policy

@@ -54,5 +54,5 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server.server)
     workers: list[Worker] = [relay.run, servicer.watch_heartbeats, *(c.run for c in lifecycle)]
     if switcher is not None:  # without a proxy there are no cells to drive
-        workers.append(driver.run)
+        workers += [driver.run, Consumer(conns.bus, driver.spec()).run]
     return ServiceHost(name=NAME, server=server, connections=conns, workers=workers)

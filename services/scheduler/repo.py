@@ -102,14 +102,17 @@ async def load_task(session: AsyncSession, task_id: str) -> tuple[PlannedTask, s
             .order_by(executions.c.index_in_group)
         )
     ).all()
-    spec = spec_from_record(row, labels=row.labels, deadline=row.deadline)
-    planned = PlannedTask(
+    return planned_task(row, [(str(e), i) for e, i in group]), row.state
+
+
+def planned_task(row: sa.Row[Any], group: Sequence[tuple[str, int]]) -> PlannedTask:
+    """A tasks row and its (execution_id, index_in_group) pairs, in group order, as a PlannedTask."""
+    return PlannedTask(
         task_id=str(row.task_id),
-        spec=spec,
-        executions=tuple(PlannedExecution(execution_id=str(e), index_in_group=i) for e, i in group),
+        spec=spec_from_record(row, labels=row.labels, deadline=row.deadline),
+        executions=tuple(PlannedExecution(execution_id=e, index_in_group=i) for e, i in group),
         submitted_at=row.submitted_at,
     )
-    return planned, row.state
 
 
 cells = sa.Table(
@@ -139,6 +142,8 @@ cluster = sa.Table(
     sa.Column("trained_groups", sa.Integer, nullable=False),
     sa.Column("trained_tokens", sa.BigInteger, nullable=False),
     sa.Column("training_cell_s", sa.Float, nullable=False),
+    sa.Column("pending_mode", sa.Text, nullable=True),
+    sa.Column("pending_request_id", sa.Text, nullable=False),
 )
 
 CELL_FIELDS = tuple(f.name for f in dataclasses.fields(CellRecord))
@@ -202,6 +207,33 @@ async def save_cluster(
 ) -> None:
     values = {k: v for k, v in (("mode", mode), ("model_fingerprint", fingerprint)) if v is not None}
     await session.execute(sa.update(cluster).where(cluster.c.id == 1).values(**values))
+
+
+async def step_in_progress(session: AsyncSession) -> bool:
+    """Groups are assigned to the running step (index = the version) and not trained yet."""
+    version = sa.select(cluster.c.version).where(cluster.c.id == 1).scalar_subquery()
+    stmt = sa.select(tasks.c.task_id).where(
+        tasks.c.assigned_step == version, tasks.c.state.not_in(("trained", "cancelled"))
+    )
+    return (await session.execute(stmt.limit(1))).first() is not None
+
+
+async def pending_mode(session: AsyncSession) -> tuple[str | None, str]:
+    """(the mode waiting for the running step's end, the SetMode request_id that asked for it)."""
+    row = (
+        await session.execute(
+            sa.select(cluster.c.pending_mode, cluster.c.pending_request_id).where(cluster.c.id == 1)
+        )
+    ).first()
+    return (None, "") if row is None else (row.pending_mode, row.pending_request_id)
+
+
+async def save_pending_mode(session: AsyncSession, mode: str | None, *, request_id: str = "") -> None:
+    await session.execute(
+        sa.update(cluster)
+        .where(cluster.c.id == 1)
+        .values(pending_mode=mode, pending_request_id=request_id if mode else "")
+    )
 
 
 async def admit_task(session: AsyncSession, task_id: uuid.UUID, *, version: int) -> None:

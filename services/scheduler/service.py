@@ -11,10 +11,9 @@ from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gyre.db.outbox import enqueue
-from gyre.db.requests import request_fingerprint
 from gyre.errors import NotFound
 from gyre.events import new_event
-from gyre.ids import new_uuid7, require_uuid, validate_request_id
+from gyre.ids import new_uuid7, require_uuid
 from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
@@ -22,6 +21,7 @@ from services.scheduler.cell_control import CellControl
 from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
 from services.scheduler.runnable import Catalog, check_runnable
 from services.scheduler.task_control import cancel_task, list_executions
+from services.scheduler.task_list import list_tasks
 from services.scheduler.tasks import execution_limit_s, plan_tasks, validate_deadlines, validate_specs
 
 log = structlog.get_logger(__name__)
@@ -39,11 +39,23 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
     async def SubmitTasks(
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
     ) -> scheduler_pb2.SubmitTasksResponse:
-        validate_request_id(request.request_id)
-        fingerprint = request_fingerprint(request)
-        first = await self._answered("SubmitTasks", request, scheduler_pb2.SubmitTasksResponse)
-        if first is not None:
-            return first
+        answer, fresh = await repo.requests.answer_once(
+            self.sessions,
+            method="SubmitTasks",
+            request=request,
+            cls=scheduler_pb2.SubmitTasksResponse,
+            act=lambda session: self._submit(session, request),
+        )
+        if fresh:
+            self.relay.poke()
+            self.on_change()
+            log.info("tasks_submitted", request_id=request.request_id, tasks=len(answer.tasks))
+        return answer
+
+    async def _submit(
+        self, session: AsyncSession, request: scheduler_pb2.SubmitTasksRequest
+    ) -> scheduler_pb2.SubmitTasksResponse:
+        """Validate and plan the tasks, store them and their events; the answer to SubmitTasks."""
         specs = [spec_from_proto(t) for t in request.tasks]
         validate_specs(specs)
         validate_deadlines(specs, now=datetime.now(UTC))
@@ -83,28 +95,12 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
                 for task, spec in zip(response.tasks, specs, strict=True)
                 for execution in task.executions
             ]
-        async with self.sessions() as session, session.begin():
-            claimed = await repo.requests.claim(
-                session,
-                request_id=request.request_id,
-                method="SubmitTasks",
-                fingerprint=fingerprint,
-                response=response.SerializeToString(),
-            )
-            if claimed:
-                await repo.insert_tasks(session, planned, request_id=request.request_id)
-                if self.admission == "at_submit":
-                    version = await repo.current_version(session)
-                    for t in planned:
-                        await repo.admit_task(session, uuid.UUID(t.task_id), version=version)
-                await enqueue(session, repo.outbox, *events)
-        if not claimed:  # a concurrent call with the same request id won the race
-            first = await self._answered("SubmitTasks", request, scheduler_pb2.SubmitTasksResponse)
-            assert first is not None
-            return first
-        self.relay.poke()
-        self.on_change()
-        log.info("tasks_submitted", request_id=request.request_id, tasks=len(planned))
+        await repo.insert_tasks(session, planned, request_id=request.request_id)
+        if self.admission == "at_submit":
+            version = await repo.current_version(session)
+            for t in planned:
+                await repo.admit_task(session, uuid.UUID(t.task_id), version=version)
+        await enqueue(session, repo.outbox, *events)
         return response
 
     async def GetTask(
@@ -123,6 +119,11 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         self, request: scheduler_pb2.ListExecutionsRequest, context: Context
     ) -> scheduler_pb2.ListExecutionsResponse:
         return await list_executions(self.sessions, request)
+
+    async def ListTasks(
+        self, request: scheduler_pb2.ListTasksRequest, context: Context
+    ) -> scheduler_pb2.ListTasksResponse:
+        return await list_tasks(self.sessions, request)
 
     async def CancelTask(
         self, request: scheduler_pb2.CancelTaskRequest, context: Context

@@ -101,10 +101,9 @@ async def cancel_task(
                         timeout=30,
                     )
                 except grpc.aio.AioRpcError as exc:
-                    # NOT_FOUND: the runner has not taken its ExecutionScheduled yet. It still will,
-                    # and start the harness: a known gap (the runner is not told to skip it).
-                    if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        raise Unavailable(f"runner: {exc.code().name} {exc.details()}") from None
+                    # One the runner has not taken up yet is cancelled there before it starts:
+                    # when its ExecutionScheduled comes, it ends cancelled, never started.
+                    raise Unavailable(f"runner: {exc.code().name} {exc.details()}") from None
     await session.execute(sa.update(repo.tasks).where(t.task_id == key).values(state="cancelled"))
     await session.execute(
         sa.update(repo.executions).where(e.task_id == key, e.state.in_(CANCELLABLE)).values(state="cancelled")

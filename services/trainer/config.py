@@ -46,6 +46,9 @@ class TrainerSettings(BaseSettings):
     staleness_action: StalenessAction = StalenessAction.DROP
     keep_checkpoints: int = 3
     dp_timeout_s: float = 120.0
+    dp_join_timeout_s: float = 20.0
+    """A satellite that does not take up its epoch this long after the core opened it is dropped
+    (the join fails in this time, not in `dp_timeout_s`)."""
     satellite_dead_after_s: float = 5.0
     """A satellite whose heartbeat is silent this long is lost: the step is computed again without it."""
     step_attempts: int = 3

@@ -1,7 +1,8 @@
 """`GroupReady` from the trajectory service: queue the group for a step; `StepAssigned` from the
 scheduler: which queued groups form which step (shell).
 
-Decode, queue in one transaction with the inbox claim, ack after commit; then wake the step loop.
+Each fetched batch is queued in one transaction with the inbox records (`gyre.db.inbox`), acked
+after the commit; then the step loop wakes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.consume import ConsumerSpec
-from gyre.db.inbox import claim_event
+from gyre.db.inbox import Inbox, after_commit
 from gyre.events import DecodedEvent
 from gyre.ids import require_uuid
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
@@ -32,20 +33,19 @@ class GroupEvents:
         return ConsumerSpec(
             durable=GROUPS_CONSUMER,
             producer="trajectory",
-            handlers={trajectory_events.GroupReady: self.on_group_ready},
+            inbox=Inbox(
+                sessions=self.sessions,
+                table=repo.processed_messages,
+                handlers={trajectory_events.GroupReady: self.on_group_ready},
+            ),
         )
 
-    async def on_group_ready(self, event: DecodedEvent) -> None:
+    async def on_group_ready(self, session: AsyncSession, event: DecodedEvent) -> None:
         ready = event.payload
         require_uuid("task_id", ready.task_id, what="a task")
-        async with self.sessions() as session, session.begin():
-            if not await claim_event(
-                session, repo.processed_messages, consumer=GROUPS_CONSUMER, event_id=event.event_id
-            ):
-                return
-            await repo.enqueue_group(session, task_id=ready.task_id, execution_ids=list(ready.execution_ids))
+        await repo.enqueue_group(session, task_id=ready.task_id, execution_ids=list(ready.execution_ids))
         log.info("group_queued", task_id=ready.task_id, group_size=len(ready.execution_ids))
-        self.on_queued()
+        after_commit(session, self.on_queued)
 
 
 ASSIGNMENTS_CONSUMER = "trainer-assignments"
@@ -64,18 +64,17 @@ class AssignmentEvents:
         return ConsumerSpec(
             durable=ASSIGNMENTS_CONSUMER,
             producer="scheduler",
-            handlers={scheduler_events.StepAssigned: self.on_step_assigned},
+            inbox=Inbox(
+                sessions=self.sessions,
+                table=repo.processed_messages,
+                handlers={scheduler_events.StepAssigned: self.on_step_assigned},
+            ),
         )
 
-    async def on_step_assigned(self, event: DecodedEvent) -> None:
+    async def on_step_assigned(self, session: AsyncSession, event: DecodedEvent) -> None:
         assigned = event.payload
         for i, task_id in enumerate(assigned.task_ids):
             require_uuid(f"task_ids[{i}]", task_id, what="a task")
-        async with self.sessions() as session, session.begin():
-            if not await claim_event(
-                session, repo.processed_messages, consumer=ASSIGNMENTS_CONSUMER, event_id=event.event_id
-            ):
-                return
-            await repo.record_assignment(session, step=int(assigned.step), task_ids=list(assigned.task_ids))
+        await repo.record_assignment(session, step=int(assigned.step), task_ids=list(assigned.task_ids))
         log.info("step_assigned", step=assigned.step, task_ids=list(assigned.task_ids))
-        self.on_assigned()
+        after_commit(session, self.on_assigned)

@@ -69,6 +69,7 @@ def open_core_cell(
         port=settings.dp_port,
         cell_id=settings.cell_id,
         timeout_s=settings.dp_timeout_s,
+        join_timeout_s=settings.dp_join_timeout_s,
         dead_after_s=settings.satellite_dead_after_s,
         max_attempts=settings.step_attempts,
         backend=device_plan.backend,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.db.outbox import OutboxRelay, enqueue
 from gyre.errors import InvalidArgument, Unavailable
 from gyre.events import new_event
+from gyre.outages import is_outage
 from gyre.trainer.v1 import events_pb2
 from gyre.trajectory.v1 import trajectory_pb2
 from services.trainer import repo
@@ -34,6 +36,7 @@ from services.trainer.steps import OptimConfig
 from services.trainer.weights import PublishedWeights, publish
 
 log = structlog.get_logger(__name__)
+COMMIT_RETRY_S = 600.0
 PRODUCER = "trainer"
 
 
@@ -124,38 +127,56 @@ class StepLoop:
     async def run(self, stop: asyncio.Event) -> None:
         backoff_s = 0.5
         while not stop.is_set():
-            groups = await self._take_groups()
-            if not groups:
-                self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), timeout=0.5)
-                except TimeoutError:
-                    pass
-                continue
-            if await self._set_aside_exhausted(groups):
-                continue
-            task_ids = [g.task_id for g in groups]
-            async with self.sessions() as session, session.begin():
-                await repo.count_attempt(session, task_ids)  # before the step: a crash in it counts
             try:
-                await self.train(groups)
-                backoff_s = 0.5
-            except (Unavailable, StepFailed, InvalidArgument) as exc:
-                # Trajectory service away, members dying, a batch this configuration refuses: not
-                # an error of the groups' own, so the attempt is taken back and they stay queued.
-                async with self.sessions() as session, session.begin():
-                    await repo.count_attempt(session, task_ids, delta=-1)
-                log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
+                backoff_s = await self._once(backoff_s)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # Postgres away (a restart): the loop waits, the process lives.
+                log.warning("trainer_database_unavailable", error=type(exc).__name__, retry_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
-            except Exception as exc:  # an error of the step itself: counted against its groups
-                error = f"{type(exc).__name__}: {exc}"
-                async with self.sessions() as session, session.begin():
-                    await repo.record_error(session, task_ids, error)
-                log.exception("step_failed", task_ids=task_ids, error=error, retry_s=backoff_s)
-                self.groups_in_step, self.step_started_at = 0, None
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(30.0, backoff_s * 2)
+
+    async def _once(self, backoff_s: float) -> float:
+        """One turn of the loop: wait for groups, or train one step; returns the next back-off."""
+        groups = await self._take_groups()
+        if not groups:
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=0.5)
+            except TimeoutError:
+                pass
+            return backoff_s
+        if await self._set_aside_exhausted(groups):
+            return backoff_s
+        task_ids = [g.task_id for g in groups]
+        async with self.sessions() as session, session.begin():
+            await repo.count_attempt(session, task_ids)  # before the step: a crash in it counts
+        try:
+            await self.train(groups)
+            backoff_s = 0.5
+        except Exception as exc:
+            if not (isinstance(exc, (Unavailable, StepFailed, InvalidArgument)) or is_outage(exc)):
+                await self._failed(task_ids, exc, backoff_s)
+                return min(30.0, backoff_s * 2)
+            # Trajectory service or Postgres away, members dying, a batch this configuration
+            # refuses: not an error of the groups' own, so the attempt is taken back and they stay
+            # queued.
+            async with self.sessions() as session, session.begin():
+                await repo.count_attempt(session, task_ids, delta=-1)
+            log.warning("step_postponed", error=str(exc), retry_s=backoff_s)
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(30.0, backoff_s * 2)
+        return backoff_s
+
+    async def _failed(self, task_ids: list[str], exc: Exception, backoff_s: float) -> None:
+        """An error of the step itself: counted against its groups."""
+        error = f"{type(exc).__name__}: {exc}"
+        async with self.sessions() as session, session.begin():
+            await repo.record_error(session, task_ids, error)
+        log.error("step_failed", task_ids=task_ids, error=error, retry_s=backoff_s, exc_info=exc)
+        self.groups_in_step, self.step_started_at = 0, None
+        await asyncio.sleep(backoff_s)
 
     async def _set_aside_exhausted(self, groups: list[repo.QueuedGroup]) -> bool:
         """Set aside the groups tried `max_group_attempts` times, with the reason; whether any was.
@@ -240,18 +261,30 @@ class StepLoop:
                 for cell in report.lost_cells
             ),
         ]
-        async with self.sessions() as session, session.begin():
-            await repo.record_step(
-                session,
-                version=version,
-                task_ids=task_ids,
-                checkpoint_uri=saved.uri,
-                weights_uri=weights.source_uri,
-                report=dataclasses.asdict(report),
-                batch_sha256=report.batch_sha256,
-                batch_recipe=batch_recipe(request, trainer_version=version - 1, config=trainer.config),
-            )
-            await enqueue(session, repo.outbox, *events)
+        recipe = batch_recipe(request, trainer_version=version - 1, config=trainer.config)
+        # The model in memory is at `version` now: the commit is retried while Postgres is away,
+        # never the step (that would train these groups twice).
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        for attempt in range(10_000):  # bounded by the deadline
+            try:
+                async with self.sessions() as session, session.begin():
+                    await repo.record_step(
+                        session,
+                        version=version,
+                        task_ids=task_ids,
+                        checkpoint_uri=saved.uri,
+                        weights_uri=weights.source_uri,
+                        report=dataclasses.asdict(report),
+                        batch_sha256=report.batch_sha256,
+                        batch_recipe=recipe,
+                    )
+                    await enqueue(session, repo.outbox, *events)
+                break
+            except Exception as exc:
+                if not is_outage(exc) or time.monotonic() > deadline:
+                    raise RuntimeError(f"step {version} trained but not recorded: {exc}") from exc
+                log.warning("step_commit_retried", version=version, attempt=attempt, error=type(exc).__name__)
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
         self.relay.poke()
         self.cell.weights_uri = weights.source_uri
         self.groups_in_step = 0

@@ -2,7 +2,8 @@
 
 It asks the trainer to join (`JoinStep`), connects to the rendezvous it is given, computes the
 microbatches it takes and joins each reduction until the trainer releases it (`LeaveStep`).
-`--rendezvous` skips the RPC, for a core running in-process (tests, benchmarks). `--standby`
+`--rendezvous` skips the RPC, for a core running in-process (tests, benchmarks): the process
+may start before its join and waits for a join not yet released. `--standby`
 keeps a warm worker for a cell's agent: it reads one rendezvous URI per line on stdin (the
 scheduler has already called `JoinStep`), answers `accepted <uri>`, trains until released and
 answers `released <microbatches>`; it prints `ready` once its imports are done and ends at EOF.
@@ -47,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"satellite {ns.cell_id}: not admitted: {answer.reason}", file=sys.stderr)
             return 2
         rendezvous = answer.rendezvous_uri
-    computed = run_satellite(rendezvous, cell_id=ns.cell_id, timeout_s=ns.timeout_s, device=ns.device)
+    computed = run_satellite(
+        rendezvous,
+        cell_id=ns.cell_id,
+        timeout_s=ns.timeout_s,
+        device=ns.device,
+        before_join=not ns.trainer,  # `--rendezvous`: the core may admit this cell after it starts
+    )
     print(f"satellite {ns.cell_id}: released after {computed} microbatches", file=sys.stderr)
     return 0
 

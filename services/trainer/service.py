@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from google.protobuf import json_format, message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.db.outbox import OutboxRelay, enqueue
-from gyre.db.requests import request_fingerprint
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from gyre.events import new_event
 from gyre.ids import REQUEST_ID_RE, new_uuid7, validate_request_id
@@ -25,6 +25,7 @@ from services.trainer.core_cell import CoreCell, path_from_uri
 from services.trainer.loop import PRODUCER, StepLoop, version_proto
 
 log = structlog.get_logger(__name__)
+M = TypeVar("M", bound=message.Message)
 LEAVE_WAIT_S = 120.0
 
 
@@ -38,40 +39,31 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.loop = loop
         self.lock = asyncio.Lock()
 
-    async def _first(
-        self, request_id: str, method: str, request: message.Message, cls: type[message.Message]
-    ) -> message.Message | None:
-        async with self.sessions() as session:
-            row = await repo.requests.load(session, request_id)
-        if row is None:
-            return None
-        if row[0] != method or row[1] != request_fingerprint(request):
-            raise Conflict(f"request_id {request_id!r} was already used for a different request")
-        answer: message.Message = cls.FromString(row[2])
-        return answer
+    async def _first(self, method: str, request: message.Message, cls: type[M]) -> M | None:
+        return await repo.requests.answered(self.sessions, method=method, request=request, cls=cls)
 
     async def _commit(
         self,
-        request_id: str,
         method: str,
         request: message.Message,
-        response: message.Message,
-        event: message.Message,
-    ) -> None:
-        async with self.sessions() as session, session.begin():
-            await repo.requests.claim(
-                session,
-                request_id=request_id,
-                method=method,
-                fingerprint=request_fingerprint(request),
-                response=response.SerializeToString(),
-            )
-            await enqueue(
-                session,
-                repo.outbox,
-                new_event(event, producer=PRODUCER, correlation_id=request_id, causation_id=request_id),
-            )
-        self.relay.poke()
+        cls: type[M],
+        answer: Callable[[AsyncSession], Awaitable[tuple[M, message.Message]]],
+    ) -> M:
+        """Once per request id: `answer`'s writes, its response and its event in one transaction."""
+        request_id: str = getattr(request, "request_id")  # noqa: B009
+
+        async def act(session: AsyncSession) -> M:
+            response, event = await answer(session)
+            envelope = new_event(event, producer=PRODUCER, correlation_id=request_id, causation_id=request_id)
+            await enqueue(session, repo.outbox, envelope)
+            return response
+
+        response, fresh = await repo.requests.answer_once(
+            self.sessions, method=method, request=request, cls=cls, act=act
+        )
+        if fresh:
+            self.relay.poke()
+        return response
 
     async def GetStatus(
         self, request: trainer_pb2.GetStatusRequest, context: Context
@@ -104,9 +96,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         validate_request_id(request.request_id)
         _validate_cell_id(request.cell_id)
         async with self.lock:
-            first = await self._first(request.request_id, "JoinStep", request, trainer_pb2.JoinStepResponse)
+            first = await self._first("JoinStep", request, trainer_pb2.JoinStepResponse)
             if first is not None:
-                return first  # type: ignore[return-value]
+                return first
             ticket = self.cell.core.request_join(request.cell_id)
             response = trainer_pb2.JoinStepResponse(
                 admitted=ticket.admitted,
@@ -125,7 +117,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 dp_world_size=ticket.dp_world_size,
                 request_id=request.request_id,
             )
-            await self._commit(request.request_id, "JoinStep", request, response, event)
+
+            async def joined(session: AsyncSession) -> tuple[trainer_pb2.JoinStepResponse, message.Message]:
+                return response, event
+
+            response = await self._commit("JoinStep", request, trainer_pb2.JoinStepResponse, joined)
         log.info(
             "satellite_join_requested", cell_id=request.cell_id, admitted=ticket.admitted, rank=ticket.dp_rank
         )
@@ -140,9 +136,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise InvalidArgument(
                 "immediate", "not supported: a satellite leaves after its microbatch in progress (send false)"
             )
-        first = await self._first(request.request_id, "LeaveStep", request, trainer_pb2.LeaveStepResponse)
+        first = await self._first("LeaveStep", request, trainer_pb2.LeaveStepResponse)
         if first is not None:
-            return first  # type: ignore[return-value]
+            return first
         future = self.cell.core.request_leave(request.cell_id)
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(future), timeout=LEAVE_WAIT_S)
@@ -164,8 +160,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             num_micro_batches_reassigned=result.num_micro_batches_reassigned,
             request_id=request.request_id,
         )
-        await self._commit(request.request_id, "LeaveStep", request, response, event)
-        return response
+
+        async def left(session: AsyncSession) -> tuple[trainer_pb2.LeaveStepResponse, message.Message]:
+            return response, event
+
+        return await self._commit("LeaveStep", request, trainer_pb2.LeaveStepResponse, left)
 
     async def SaveCheckpoint(
         self, request: trainer_pb2.SaveCheckpointRequest, context: Context
@@ -174,11 +173,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         validate_request_id(request.request_id)
         if request.uri and not request.uri.startswith("file://"):
             raise InvalidArgument("uri", f"must be a file:// URI or empty, got {request.uri!r}")
-        first = await self._first(
-            request.request_id, "SaveCheckpoint", request, trainer_pb2.SaveCheckpointResponse
-        )
+        first = await self._first("SaveCheckpoint", request, trainer_pb2.SaveCheckpointResponse)
         if first is not None:
-            return first  # type: ignore[return-value]
+            return first
         async with self.sessions() as session:
             last = await repo.last_step(session)
         if last is None:
@@ -188,16 +185,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         if target != source:
             await asyncio.to_thread(_copy_tree, source, target)
         size = folder_size(target)
-        checkpoint = trainer_pb2.Checkpoint(
-            checkpoint_id=new_uuid7(),
-            version=version_proto(last.version),
-            uri=target.resolve().as_uri(),
-            size_bytes=size,
-        )
-        saved_at = datetime.now(UTC)
-        checkpoint.saved_at.FromDatetime(saved_at)
-        response = trainer_pb2.SaveCheckpointResponse(checkpoint=checkpoint)
-        async with self.sessions() as session, session.begin():
+
+        async def save(session: AsyncSession) -> tuple[trainer_pb2.SaveCheckpointResponse, message.Message]:
+            """The checkpoint's row, the stored answer and CheckpointSaved: one transaction."""
+            checkpoint = trainer_pb2.Checkpoint(
+                checkpoint_id=new_uuid7(),
+                version=version_proto(last.version),
+                uri=target.resolve().as_uri(),
+                size_bytes=size,
+            )
+            saved_at = datetime.now(UTC)
+            checkpoint.saved_at.FromDatetime(saved_at)
             await repo.insert_checkpoint(
                 session,
                 checkpoint_id=checkpoint.checkpoint_id,
@@ -206,14 +204,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 size_bytes=size,
                 saved_at=saved_at,
             )
-        await self._commit(
-            request.request_id,
-            "SaveCheckpoint",
-            request,
-            response,
-            events_pb2.CheckpointSaved(checkpoint=checkpoint, request_id=request.request_id),
-        )
-        return response
+            response = trainer_pb2.SaveCheckpointResponse(checkpoint=checkpoint)
+            return response, events_pb2.CheckpointSaved(checkpoint=checkpoint, request_id=request.request_id)
+
+        return await self._commit("SaveCheckpoint", request, trainer_pb2.SaveCheckpointResponse, save)
 
     async def GetStep(
         self, request: trainer_pb2.GetStepRequest, context: Context

@@ -184,9 +184,7 @@ class CallLog:
         self._remember(tree)
         return tree
 
-    async def ingest(
-        self, session: AsyncSession, records: Sequence[CallRecord], *, skip: frozenset[int] = frozenset()
-    ) -> IngestResult:
+    async def ingest(self, session: AsyncSession, records: Sequence[CallRecord]) -> IngestResult:
         """Place and store a batch of records in the session's transaction (the caller commits).
 
         Calls already in the log (same `call_id`) are counted as duplicates and change nothing.
@@ -194,7 +192,7 @@ class CallLog:
         """
         result = IngestResult()
         pg = await raw_connection(session)
-        wanted = [i for i in range(len(records)) if i not in skip]
+        wanted = list(range(len(records)))
         executions = sorted({records[i].execution_id for i in wanted})
         if not executions:
             return result

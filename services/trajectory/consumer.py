@@ -1,4 +1,7 @@
-"""Events the trajectory service applies: decode, apply in one transaction, ack after commit (shell).
+"""Events the trajectory service applies, each in the transaction that records it in the inbox (shell).
+
+The kernel consumer (`gyre.db.inbox`) claims each event and runs these handlers in the fetched
+batch's transaction; the ack follows the commit.
 
 - `TaskSubmitted` (scheduler): learn a task's group.
 - `RewardAssigned` (evaluator): store the execution's reward and the number of calls the proxy
@@ -22,7 +25,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.consume import ConsumerSpec
-from gyre.db.inbox import claim_event
+from gyre.db.inbox import Inbox, after_commit
 from gyre.db.outbox import enqueue
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent, new_event
@@ -69,31 +72,28 @@ class TaskEvents:
         return ConsumerSpec(
             durable=TASKS_CONSUMER,
             producer="scheduler",
-            handlers={scheduler_events.TaskSubmitted: self.on_task_submitted},
+            inbox=Inbox(
+                sessions=self.sessions,
+                table=repo.processed_messages,
+                handlers={scheduler_events.TaskSubmitted: self.on_task_submitted},
+            ),
             ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
 
-    async def on_task_submitted(self, event: DecodedEvent) -> None:
+    async def on_task_submitted(self, session: AsyncSession, event: DecodedEvent) -> None:
         task = event.payload.task
         require_uuid("task.task_id", task.task_id, what="a task")
         for e in task.executions:
             require_uuid("task.executions.execution_id", e.execution_id, what="an execution")
-        async with self.sessions() as session, session.begin():
-            if not await claim_event(
-                session, repo.processed_messages, consumer=TASKS_CONSUMER, event_id=event.event_id
-            ):
-                log.info("event_already_processed")
-                return
-            await repo.register_group(
-                session,
-                task_id=task.task_id,
-                family=task.spec.family,
-                members=[(e.execution_id, e.index_in_group) for e in task.executions],
-            )
-            # Rewards may have arrived first (streams are not ordered with each other).
-            ready = await publish_if_ready(session, task.task_id, causation_id=event.event_id)
-        if ready:
-            self.poke()
+        await repo.register_group(
+            session,
+            task_id=task.task_id,
+            family=task.spec.family,
+            members=[(e.execution_id, e.index_in_group) for e in task.executions],
+        )
+        # Rewards may have arrived first (streams are not ordered with each other).
+        if await publish_if_ready(session, task.task_id, causation_id=event.event_id):
+            after_commit(session, self.poke)
         log.info("group_registered", task_id=task.task_id, group_size=len(task.executions))
 
 
@@ -110,33 +110,30 @@ class RewardEvents:
         return ConsumerSpec(
             durable=REWARDS_CONSUMER,
             producer="evaluator",
-            handlers={evaluator_events.RewardAssigned: self.on_reward_assigned},
+            inbox=Inbox(
+                sessions=self.sessions,
+                table=repo.processed_messages,
+                handlers={evaluator_events.RewardAssigned: self.on_reward_assigned},
+            ),
             ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
 
-    async def on_reward_assigned(self, event: DecodedEvent) -> None:
+    async def on_reward_assigned(self, session: AsyncSession, event: DecodedEvent) -> None:
         grade = event.payload.grade
         require_uuid("grade.execution_id", grade.execution_id, what="an execution")
         require_uuid("grade.task_id", grade.task_id, what="a task")
-        async with self.sessions() as session, session.begin():
-            if not await claim_event(
-                session, repo.processed_messages, consumer=REWARDS_CONSUMER, event_id=event.event_id
-            ):
-                log.info("event_already_processed")
-                return
-            fresh = await repo.record_reward(
-                session,
-                execution_id=grade.execution_id,
-                task_id=grade.task_id,
-                reward=grade.score if grade.assessable else 0.0,
-                assessable=grade.assessable,
-                partial=grade.partial,
-                num_calls_expected=(
-                    event.payload.num_calls_recorded if event.payload.HasField("num_calls_recorded") else None
-                ),
-            )
-            if not fresh:
-                log.warning("reward_already_assigned", execution_id=grade.execution_id)
-            ready = await publish_if_ready(session, grade.task_id, causation_id=event.event_id)
-        if ready:
-            self.poke()
+        fresh = await repo.record_reward(
+            session,
+            execution_id=grade.execution_id,
+            task_id=grade.task_id,
+            reward=grade.score if grade.assessable else 0.0,
+            assessable=grade.assessable,
+            partial=grade.partial,
+            num_calls_expected=(
+                event.payload.num_calls_recorded if event.payload.HasField("num_calls_recorded") else None
+            ),
+        )
+        if not fresh:
+            log.warning("reward_already_assigned", execution_id=grade.execution_id)
+        if await publish_if_ready(session, grade.task_id, causation_id=event.event_id):
+            after_commit(session, self.poke)

@@ -4,7 +4,9 @@ The call log (`trajectory.calls`) is the service's append-only event log; `execu
 headers), `trajectories` and `tree_calls` are projections folded from it. A replay picks a range
 of the log, folds every execution it touches from that execution's first call (a tree needs all
 of them) into tables of a fresh scratch schema shaped like the live ones, and compares the two
-row by row with SQL. The scratch schema is dropped afterwards unless asked to be kept.
+row by row with SQL. The projections hold positions, chains and counts, never tokens, so the
+fold reads each row's lengths and parents (`fold_header`) and leaves its token payload unread.
+The scratch schema is dropped afterwards unless asked to be kept.
 
 Ranges: every execution; named executions; the executions with a call recorded at or after a
 time (`since`); or those with a call at or after a position of the log, the log being ordered by
@@ -14,27 +16,28 @@ an error that says where the log ends.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import itertools
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from gyre.errors import InvalidArgument, NotFound
 from services.trajectory.call_log import (
-    CALL_COLUMNS,
     SHAPE_COLUMNS,
     TRAJECTORY_COLUMNS,
     S,
-    from_row,
     shape_rows,
     trajectory_rows,
 )
 from services.trajectory.layout import call_shapes
-from services.trajectory.projection import build_tree
+from services.trajectory.projection import CallHeader, build_shape
 
 HEADER_COLUMNS = ("execution_id", "num_calls", "num_unique_tokens", "num_flat_tokens")
 PROJECTIONS: dict[str, tuple[str, ...]] = {
@@ -43,7 +46,22 @@ PROJECTIONS: dict[str, tuple[str, ...]] = {
     "tree_calls": SHAPE_COLUMNS,
 }
 LOG_ORDER = "recorded_at, execution_id, seq"
-CHUNK_EXECUTIONS = 200
+# The log columns a projection depends on: its token payloads never are (positions, chains and
+# counts follow from the stored lengths and parents), so a replay reads and decodes no token.
+HEADER_FIELDS = (
+    "seq",
+    "call_id",
+    "agent_role",
+    "agent_id",
+    "prompt_parent",
+    "num_shared_prompt",
+    "num_new_prompt",
+    "output_parent",
+    "num_shared_output",
+    "num_output",
+)
+FETCH_ROWS = 10_000
+FLUSH_CALLS = 20_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,10 +150,12 @@ async def select_executions(pg: Any, log_range: LogRange) -> list[str]:
     return [r["execution_id"] for r in rows]
 
 
-async def _create_scratch(pg: Any, schema: str) -> None:
+async def create_scratch(pg: Any, schema: str) -> None:
+    """A schema with empty tables shaped like the live projections. Unlogged: a scratch copy is
+    thrown away, so writing it to the WAL would only slow the replay down."""
     await pg.execute(f'CREATE SCHEMA "{schema}"')
     for table in PROJECTIONS:
-        await pg.execute(f'CREATE TABLE "{schema}".{table} (LIKE {S}.{table} INCLUDING DEFAULTS)')
+        await pg.execute(f'CREATE UNLOGGED TABLE "{schema}".{table} (LIKE {S}.{table} INCLUDING DEFAULTS)')
 
 
 @contextmanager
@@ -152,35 +172,95 @@ def _collector_paused() -> Iterator[None]:
 
 
 async def replay_into(pg: Any, schema: str, execution_ids: Sequence[str]) -> int:
-    """Fold the executions' whole logs into the scratch schema's projections; the number of calls folded."""
+    """Fold the executions' whole logs into the scratch schema's projections; the number of calls folded.
+
+    One server-side cursor streams the log rows in (execution, seq) order, in batches of
+    FETCH_ROWS: one scan of the log, where a query per group of executions scanned it each time.
+    Each execution is folded as soon as its last row is in, and the projection rows are COPied
+    every FLUSH_CALLS calls, so memory stays bounded by a batch, not by the log.
+    """
     with _collector_paused():
-        return await _replay_chunks(pg, schema, execution_ids)
+        async with pg.transaction():
+            return await _replay_stream(pg, schema, list(execution_ids))
 
 
-async def _replay_chunks(pg: Any, schema: str, execution_ids: Sequence[str]) -> int:
-    num_calls = 0
-    for i in range(0, len(execution_ids), CHUNK_EXECUTIONS):
-        chunk = list(execution_ids[i : i + CHUNK_EXECUTIONS])
-        rows = await pg.fetch(
-            f"SELECT {', '.join(CALL_COLUMNS)} FROM {S}.calls WHERE execution_id = ANY($1) "
-            "ORDER BY execution_id, seq",
-            chunk,
-        )
-        by_execution: dict[str, list[Any]] = {}
-        for r in rows:
-            by_execution.setdefault(r["execution_id"], []).append(r)
-        headers, chains, shapes = [], [], []
-        for execution_id in chunk:
-            tree = build_tree(execution_id, (from_row(r) for r in by_execution.get(execution_id, ())))
-            headers.append((execution_id, len(tree.calls), tree.n, tree.num_flat_tokens))
-            chains += trajectory_rows(tree, range(len(tree.chains)))
-            shapes += shape_rows(execution_id, call_shapes(tree))
-        num_calls += len(rows)
-        for table, records in (("executions", headers), ("trajectories", chains), ("tree_calls", shapes)):
-            await pg.copy_records_to_table(
-                table, schema_name=schema, records=records, columns=PROJECTIONS[table]
-            )
-    return num_calls
+class _Projections:
+    """Projection rows folded and not yet written to the scratch schema."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple[Any, ...]]] = {table: [] for table in PROJECTIONS}
+        self.num_calls = 0
+
+    def add(self, execution_id: str, calls: Sequence[CallHeader]) -> None:
+        tree = build_shape(execution_id, calls)
+        self.rows["executions"].append((execution_id, len(tree.calls), tree.n, tree.num_flat_tokens))
+        self.rows["trajectories"] += trajectory_rows(tree, range(len(tree.chains)))
+        self.rows["tree_calls"] += shape_rows(execution_id, call_shapes(tree))
+        self.num_calls += len(calls)
+
+    async def flush(self, pg: Any, schema: str) -> None:
+        for table, records in self.rows.items():
+            if records:
+                await pg.copy_records_to_table(
+                    table, schema_name=schema, records=records, columns=PROJECTIONS[table]
+                )
+            records.clear()
+
+
+async def _replay_stream(pg: Any, schema: str, execution_ids: list[str]) -> int:
+    out = _Projections()
+    cursor = await pg.cursor(
+        f"SELECT execution_id, {', '.join(HEADER_FIELDS)} FROM {S}.calls WHERE execution_id = ANY($1) "
+        "ORDER BY execution_id, seq",
+        execution_ids,
+    )
+    seen: set[str] = set()
+    tail: list[Any] = []  # the rows of the last execution of a batch: it may go on in the next one
+    written = 0
+    fetching = asyncio.ensure_future(cursor.fetch(FETCH_ROWS))
+    while True:
+        rows = await fetching
+        if out.num_calls - written >= FLUSH_CALLS:  # the connection is idle only between fetches
+            await out.flush(pg, schema)
+            written = out.num_calls
+        if not rows:
+            break
+        # Postgres reads and sends the next batch while this one is folded.
+        fetching = asyncio.ensure_future(cursor.fetch(FETCH_ROWS))
+        rows = tail + rows
+        last = rows[-1][0]
+        cut = len(rows)
+        while cut and rows[cut - 1][0] == last:
+            cut -= 1
+        tail = rows[cut:]
+        for execution_id, group in itertools.groupby(rows[:cut], key=itemgetter(0)):
+            out.add(execution_id, [_header(r) for r in group])
+            seen.add(execution_id)
+    if tail:
+        out.add(tail[0][0], [_header(r) for r in tail])
+        seen.add(tail[0][0])
+    for execution_id in execution_ids:  # named, but nothing in the log: an empty tree's header
+        if execution_id not in seen:
+            out.add(execution_id, [])
+            seen.add(execution_id)
+    await out.flush(pg, schema)
+    return out.num_calls
+
+
+def _header(r: Any) -> CallHeader:
+    """A log row read with HEADER_FIELDS (after its execution_id) as a CallHeader."""
+    return CallHeader(
+        seq=r[1],
+        call_id=r[2],
+        agent_role=r[3],
+        agent_id=r[4],
+        prompt_parent=r[5],
+        num_shared_prompt=r[6],
+        num_new_prompt=r[7],
+        output_parent=r[8],
+        num_shared_output=r[9],
+        output_len=r[10],
+    )
 
 
 async def diff_projections(
@@ -210,7 +290,7 @@ async def replay_and_diff(pg: Any, log_range: LogRange, *, keep_scratch: bool = 
     """Replay the range into `trajectory_replay_<hex>` and diff it against the live projections."""
     execution_ids = await select_executions(pg, log_range.check())
     schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
-    await _create_scratch(pg, schema)
+    await create_scratch(pg, schema)
     try:
         t0 = time.perf_counter()
         num_calls = await replay_into(pg, schema, execution_ids)

@@ -27,7 +27,7 @@ async def build(settings: TrajectorySettings, kernel: KernelSettings) -> Service
     calls = CallLog(cache_size=settings.tree_cache_size)
     tasks = Consumer(conns.bus, TaskEvents(conns.sessions, relay.poke).spec())
     rewards = Consumer(conns.bus, RewardEvents(conns.sessions, relay.poke).spec())
-    call_events = CallEvents(conns.bus, conns.sessions, calls, relay.poke)
+    call_events = Consumer(conns.bus, CallEvents(conns.sessions, calls, relay.poke).spec())
     server = GrpcServer(
         service_names=[trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name],
         host=settings.host,

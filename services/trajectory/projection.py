@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -53,6 +54,10 @@ class StoredCall:
     """Policy version of every output token."""
     policy_version: int
     meta: CallMeta
+
+    @property
+    def num_new_prompt(self) -> int:
+        return len(self.new_prompt_ids)
 
     @property
     def prompt_len(self) -> int:
@@ -118,37 +123,103 @@ def place_record(tree: ExecutionTree, record: CallRecord) -> StoredCall:
     return stored
 
 
+class LoggedCall(Protocol):
+    """What folding a log row needs besides its tokens (a `StoredCall`, or a `CallHeader`)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def agent_role(self) -> str: ...
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def prompt_parent(self) -> int: ...
+    @property
+    def num_shared_prompt(self) -> int: ...
+    @property
+    def num_new_prompt(self) -> int: ...
+    @property
+    def output_parent(self) -> int: ...
+    @property
+    def num_shared_output(self) -> int: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def output_len(self) -> int: ...
+
+
+class CallHeader(NamedTuple):
+    """A log row without its token payload: enough to fold the tree's shape, chains and counts.
+
+    A named tuple (immutable, and built at a third of a frozen dataclass's cost: one per call).
+    """
+
+    seq: int
+    call_id: str
+    agent_role: str
+    agent_id: str
+    prompt_parent: int
+    num_shared_prompt: int
+    num_new_prompt: int
+    output_parent: int
+    num_shared_output: int
+    output_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        return self.num_shared_prompt + self.num_new_prompt
+
+
 def fold_stored(tree: ExecutionTree, stored: StoredCall) -> None:
     """Replay one log row (rows must come in seq order)."""
-    assert stored.seq == len(tree.calls), f"call log out of order at seq {stored.seq}"
+    _fold(tree, stored, stored)
+
+
+def fold_header(tree: ExecutionTree, header: LoggedCall) -> None:
+    """Replay one log row's shape only (rows in seq order): the tree's positions, chains and
+    counts come out as `fold_stored` makes them, and no token is read or stored."""
+    _fold(tree, header, None)
+
+
+def _fold(tree: ExecutionTree, call: LoggedCall, tokens: StoredCall | None) -> None:
+    seq = call.seq
+    assert seq == len(tree.calls), f"call log out of order at seq {seq}"
     pos = ROOT
-    if stored.num_shared_prompt:
-        pos = tree.ancestor_at(tree.calls[stored.prompt_parent].end, stored.num_shared_prompt - 1)
+    if call.num_shared_prompt:
+        pos = tree.ancestor_at(tree.calls[call.prompt_parent].end, call.num_shared_prompt - 1)
     prompt_attach = pos
-    if len(stored.new_prompt_ids):
-        pos = tree.append_segment(pos, stored.new_prompt_ids, owner=stored.seq)
+    if call.num_new_prompt:
+        if tokens is None:
+            pos = tree.grow(pos, call.num_new_prompt, owner=seq)
+        else:
+            pos = tree.append_segment(pos, tokens.new_prompt_ids, owner=seq)
     prompt_end = pos
-    if stored.output_parent != SELF:
-        depth = stored.prompt_len + stored.num_shared_output - 1
-        pos = tree.ancestor_at(tree.calls[stored.output_parent].end, depth)
+    if call.output_parent != SELF:
+        depth = call.prompt_len + call.num_shared_output - 1
+        pos = tree.ancestor_at(tree.calls[call.output_parent].end, depth)
     output_attach = pos
-    if len(stored.new_output_ids):
-        k = stored.num_shared_output
-        pos = tree.append_segment(
-            pos,
-            stored.new_output_ids,
-            owner=stored.seq,
-            logprobs=stored.output_logprobs[k:],
-            versions=stored.output_versions[k:],
-        )
+    k = call.num_shared_output
+    if call.output_len > k:
+        if tokens is None:
+            pos = tree.grow(pos, call.output_len - k, owner=seq)
+        else:
+            pos = tree.append_segment(
+                pos,
+                tokens.new_output_ids,
+                owner=seq,
+                logprobs=tokens.output_logprobs[k:],
+                versions=tokens.output_versions[k:],
+            )
     _add_placed(
-        tree, stored, prompt_attach=prompt_attach, prompt_end=prompt_end, output_attach=output_attach, end=pos
+        tree, call, prompt_attach=prompt_attach, prompt_end=prompt_end, output_attach=output_attach, end=pos
     )
 
 
 def _add_placed(
     tree: ExecutionTree,
-    stored: StoredCall,
+    stored: LoggedCall,
     *,
     prompt_attach: int,
     prompt_end: int,
@@ -183,6 +254,14 @@ def build_tree(execution_id: str, rows: Iterable[StoredCall]) -> ExecutionTree:
     tree = ExecutionTree(execution_id)
     for row in rows:
         fold_stored(tree, row)
+    return tree
+
+
+def build_shape(execution_id: str, headers: Iterable[LoggedCall]) -> ExecutionTree:
+    """The tree of `build_tree` without its tokens: calls, chains, positions and counts only."""
+    tree = ExecutionTree(execution_id, capacity=0)
+    for header in headers:
+        fold_header(tree, header)
     return tree
 
 

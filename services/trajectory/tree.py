@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,9 +35,12 @@ class ParentNotStored(InvalidArgument):
     """A delta names a call the tree does not hold (yet): its record may still be on the way."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlacedCall:
-    """A call as stored in the tree: where its prompt and output end, and how much was shared."""
+class PlacedCall(NamedTuple):
+    """A call as stored in the tree: where its prompt and output end, and how much was shared.
+
+    A named tuple rather than a frozen dataclass: a fold makes one per call, and a frozen
+    dataclass costs about three times as much to build.
+    """
 
     seq: int
     call_id: str
@@ -103,6 +106,8 @@ class ExecutionTree:
         self.calls: list[PlacedCall] = []
         self.call_seq: dict[str, int] = {}
         self.chains: list[Chain] = []
+        self.agent_chains: dict[tuple[str, str], list[Chain]] = {}
+        """Each agent's chains, so a new call is compared with its own agent's chains only."""
         self.num_flat_tokens = 0
 
     # -- positions -------------------------------------------------------------------------
@@ -200,18 +205,32 @@ class ExecutionTree:
             self.target[start : start + k] = True
             self.logprob[start : start + k] = logprobs
             self.version[start : start + k] = versions
+        siblings = self.children.setdefault(parent, {})
+        assert int(ids[0]) not in siblings, "append only what `match` could not follow"
+        siblings[int(ids[0])] = len(self.seg_start)
+        return self.grow(parent, k, owner=owner)
+
+    def grow(self, parent: int, k: int, *, owner: int) -> int:
+        """Add a segment of `k` positions below `parent` without tokens; returns its last position.
+
+        The structure alone (positions, depths, ancestry): what folding the log's projections
+        needs. A tree grown only this way holds no tokens and cannot `match`.
+        """
+        start = self.n
         seg = len(self.seg_start)
         self.seg_start.append(start)
         self.seg_parent.append(parent)
-        self.seg_depth.append(self.depth(parent) + 1)
         self.seg_owner.append(owner)
-        parent_seg = self.seg_of(parent) if parent != ROOT else -1
-        self.seg_anc.append([*self.seg_anc[parent_seg], seg] if parent_seg >= 0 else [seg])
-        depths = self.seg_anc_depth[parent_seg] if parent_seg >= 0 else []
-        self.seg_anc_depth.append([*depths, self.seg_depth[seg]])
-        siblings = self.children.setdefault(parent, {})
-        assert int(ids[0]) not in siblings, "append only what `match` could not follow"
-        siblings[int(ids[0])] = seg
+        if parent == ROOT:
+            self.seg_depth.append(0)
+            self.seg_anc.append([seg])
+            self.seg_anc_depth.append([0])
+        else:
+            parent_seg = self.seg_of(parent)
+            depth = self.seg_depth[parent_seg] + parent - self.seg_start[parent_seg] + 1
+            self.seg_depth.append(depth)
+            self.seg_anc.append([*self.seg_anc[parent_seg], seg])
+            self.seg_anc_depth.append([*self.seg_anc_depth[parent_seg], depth])
         self.n += k
         return start + k - 1
 
@@ -249,7 +268,9 @@ class ExecutionTree:
         self.call_seq[call.call_id] = call.seq
         self.num_flat_tokens += call.num_tokens
         if call.chain == len(self.chains):
-            self.chains.append(Chain(index=call.chain, agent_role=call.agent_role, agent_id=call.agent_id))
+            chain = Chain(index=call.chain, agent_role=call.agent_role, agent_id=call.agent_id)
+            self.chains.append(chain)
+            self.agent_chains.setdefault((call.agent_role, call.agent_id), []).append(chain)
         self.chains[call.chain].call_seqs.append(call.seq)
 
     def chain_for(self, *, agent_role: str, agent_id: str, prompt_end: int, prompt_len: int) -> int:
@@ -258,15 +279,14 @@ class ExecutionTree:
         Among several, the one whose last call is longest (then the latest) wins; none: a new one.
         """
         best, best_key = len(self.chains), (-1, -1)
-        for chain in self.chains:
-            if chain.agent_role != agent_role or chain.agent_id != agent_id:
+        for chain in self.agent_chains.get((agent_role, agent_id), ()):
+            last = self.calls[chain.call_seqs[-1]]
+            num_tokens = last.prompt_len + last.output_len
+            if num_tokens > prompt_len:
                 continue
-            last = self.calls[chain.last_seq]
-            if last.num_tokens > prompt_len:
+            if num_tokens and self.ancestor_at(prompt_end, num_tokens - 1) != last.end:
                 continue
-            if last.num_tokens and self.ancestor_at(prompt_end, last.num_tokens - 1) != last.end:
-                continue
-            key = (last.num_tokens, last.seq)
+            key = (num_tokens, last.seq)
             if key > best_key:
                 best, best_key = chain.index, key
         return best

@@ -115,7 +115,7 @@ def test_every_address_a_service_is_told_is_a_service_it_waits_for(compose: dict
             host, port = match.group(1), int(match.group(2))
             if port not in listening.get(host, set()):
                 problems.append(f"{name}: {variable}={value} but {host} does not listen on {port}")
-            elif host not in waits_for(compose, name):
+            elif host != name and host not in waits_for(compose, name):  # its own name: how others reach it
                 problems.append(f"{name}: {variable} names {host}, which it does not wait for")
     assert problems == []
 
@@ -125,16 +125,24 @@ def test_every_gyre_variable_is_a_setting_some_service_reads(compose: dict[str, 
     assert unknown_gyre_variables(names) == []
 
 
-def test_the_proxy_is_registered_with_the_engine_once_both_serve(compose: dict[str, Any]) -> None:
-    job = compose["register-engine"]
-    command = job["command"]
-    assert command[:3] == ["python", "-m", "gyre_app.register"]
-    assert flag(command, "--address") == f"engine:{grpc_port(compose['engine'])}"
-    assert flag(command, "--proxy") == f"proxy:{grpc_port(compose['proxy'])}"
-    assert {d: c["condition"] for d, c in job["depends_on"].items()} == {
-        "engine": "service_healthy",
-        "proxy": "service_healthy",
-    }
+def test_each_cell_has_an_agent_that_registers_it_once_what_it_names_serves(compose: dict[str, Any]) -> None:
+    """The core cell's agent stands for the trainer; the satellite's for the engine, on the cell
+    id the engine reports; the scheduler routes the proxy to it (no registration job)."""
+    core, satellite = compose["cell-0"], compose["cell-1"]
+    for agent in (core, satellite):
+        assert service_module(agent["command"]) == "services.cell"
+        assert agent["healthcheck"]["test"][4] == f"127.0.0.1:{grpc_port(agent)}"
+    assert core["environment"]["GYRE_CELL_CORE"] == "true"
+    assert (
+        core["environment"]["GYRE_CELL_CELL_ID"] == compose["trainer"]["environment"]["GYRE_TRAINER_CELL_ID"]
+    )
+    assert (
+        satellite["environment"]["GYRE_CELL_CELL_ID"]
+        == compose["engine"]["environment"]["GYRE_ENGINE_CELL_ID"]
+    )
+    assert satellite["environment"]["GYRE_CELL_ADVERTISE_ADDRESS"] == f"cell-1:{grpc_port(satellite)}"
+    assert compose["scheduler"]["environment"]["GYRE_SCHEDULER_PROXY_ADDRESS"] == "proxy:50053"
+    assert not any(name.startswith("register") for name in compose)
 
 
 def test_the_image_holds_every_package_and_installs_it_in_place() -> None:
@@ -148,6 +156,21 @@ def test_the_image_holds_every_package_and_installs_it_in_place() -> None:
     packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= copied
     assert any(line.startswith("RUN pip install") and " -e ." in line for line in dockerfile)
+
+
+def test_the_image_carries_the_real_harnesses_at_the_tested_versions() -> None:
+    """The runner starts `claude` and `mini` from the image's PATH; the versions are the ones the
+    tests run (tests/harness_install.py, the dev extra's pin)."""
+    from harness_install import CLAUDE_CODE_VERSION  # tests/ is on the path (its conftest.py)
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    assert f"ARG CLAUDE_CODE_VERSION={CLAUDE_CODE_VERSION}" in dockerfile
+    assert "nodejs npm" in dockerfile
+    assert 'npm install -g --no-audit --no-fund "@anthropic-ai/claude-code@' in dockerfile
+    pin = pyproject.split('"mini-swe-agent==', 1)[1].split('"', 1)[0]
+    assert f"ARG MINI_SWE_AGENT_VERSION={pin}" in dockerfile
+    assert "ln -s /usr/local/lib/mini-swe-agent/bin/mini /usr/local/bin/mini" in dockerfile
 
 
 def test_services_talk_mutual_tls_and_the_servers_ask_for_passwords_by_default(

@@ -118,9 +118,8 @@ def test_every_service_runs_in_a_workload_with_grpc_probes_on_its_port(docs: lis
         module = service_module(container.get("command", []))
         if module is not None:
             found[module] = container
-    # Engines run in the cell pods. The cell agent (`services.cell`, which registers a cell with
-    # the scheduler and keeps a training worker warm) is not deployed on Kubernetes yet.
-    assert set(found) == {f"services.{name}" for name in SERVICES} | {"services.engine"}
+    # Engines and cell agents run in the cell pods; the core cell's agent beside the trainer.
+    assert set(found) == {f"services.{name}" for name in SERVICES} | {"services.engine", "services.cell"}
     for module, container in found.items():
         port = int(flag(container["command"], "--port"))
         check = ["python", "-m", "gyre.healthcheck", f"127.0.0.1:{port}"]
@@ -150,7 +149,7 @@ def test_services_talk_mutual_tls_and_the_servers_ask_for_passwords_by_default(
             assert env["GYRE_TLS_CERT_FILE"].startswith("/etc/gyre/secrets/"), container["name"]
             assert env["GYRE_TLS_KEY_FILE"] == env["GYRE_TLS_CERT_FILE"].replace(".pem", ".key")
             checked += 1
-    assert checked == len(SERVICES) + 1  # every service and the cells' engine
+    assert checked == len(SERVICES) + 3  # every service, the cells' engine and agent, the core's agent
 
 
 def test_the_migrations_job_runs_gyre_migrate(docs: list[dict[str, Any]]) -> None:
@@ -190,7 +189,8 @@ def test_every_address_a_container_is_told_is_a_service_with_that_port(docs: lis
     values += [a for _, c in containers(docs) for a in c.get("command", []) if ADDRESS.match(a)]
     problems = []
     for value in values:
-        match = ADDRESS.match(str(value))
+        # `$(POD_NAME).gyre-cell:50052`: Kubernetes expands the pod's name; the Service is second.
+        match = ADDRESS.match(str(value).replace("$(POD_NAME)", "gyre-cell-0"))
         if match is None:
             continue
         host, port = match.group(1).split("."), int(match.group(2))
@@ -215,3 +215,30 @@ def test_the_harness_job_runs_under_a_runtime_class_the_base_defines() -> None:
     job = harness_job()[0]
     runtime_classes = named(load_kustomization(K8S / "base"), "RuntimeClass")
     assert pod_spec(job)["runtimeClassName"] in runtime_classes
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_cell_pod_runs_its_agent_beside_its_engine_and_the_core_agent_beside_the_trainer(
+    overlay: str,
+) -> None:
+    built = load_kustomization(K8S / "overlays" / overlay)
+    by_name = {
+        (w["metadata"]["name"], c["name"]): {e["name"]: e.get("value") for e in c.get("env", [])}
+        for w, c in containers(built)
+    }
+    engine, agent = by_name[("gyre-cell", "engine")], by_name[("gyre-cell", "agent")]
+    # The same cell id (the pod's name) for both, and the engine the agent registers is this pod's.
+    assert engine["GYRE_ENGINE_CELL_ID"] is None and agent["GYRE_CELL_CELL_ID"] == "$(POD_NAME)"
+    assert agent["GYRE_CELL_ENGINE_ADDRESS"] == "$(POD_NAME).gyre-cell:50052"
+    agent_port = flag(
+        next(c for w, c in containers(built) if (w["metadata"]["name"], c["name"]) == ("gyre-cell", "agent"))[
+            "command"
+        ],
+        "--port",
+    )
+    assert agent["GYRE_CELL_ADVERTISE_ADDRESS"] == f"$(POD_NAME).gyre-cell:{agent_port}"
+    core = by_name[("gyre-trainer", "agent")]
+    trainer = by_name[("gyre-trainer", "trainer")]
+    assert core["GYRE_CELL_CORE"] == "true" and core["GYRE_CELL_CELL_ID"] == trainer["GYRE_TRAINER_CELL_ID"]
+    assert core["GYRE_CELL_TRAINER_ADDRESS"] == "gyre-trainer:50057"
+    assert not any(w["metadata"]["name"].startswith("gyre-register") for w in built)

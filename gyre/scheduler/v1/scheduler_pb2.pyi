@@ -236,6 +236,64 @@ class ListExecutionsResponse(_message.Message):
 Global___ListExecutionsResponse: _TypeAlias = ListExecutionsResponse  # noqa: Y015
 
 @_typing.final
+class ListTasksRequest(_message.Message):
+    """ListTasksRequest asks for one page of tasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    state: Global___TaskState.ValueType
+    """Only tasks in this state; UNSPECIFIED for all."""
+    page_size: _builtins.int
+    """At most this many tasks, 1..1000; 0 means 100."""
+    page_token: _builtins.str
+    """The previous page's `next_page_token`, with the same `state`; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        state: Global___TaskState.ValueType = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    """ListTasksResponse is one page of tasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass it as `page_token` for the next page; empty when this page is the last."""
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]:
+        """The tasks, oldest submission first, each with its executions."""
+
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[Global___Task] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
 class CancelTaskRequest(_message.Message):
     """CancelTaskRequest names the task to cancel."""
 

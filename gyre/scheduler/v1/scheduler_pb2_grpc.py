@@ -75,6 +75,11 @@ class SchedulerServiceStub:
                 request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.SerializeToString,
                 response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/ListTasks',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.CancelTask = channel.unary_unary(
                 '/gyre.scheduler.v1.SchedulerService/CancelTask',
                 request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
@@ -146,6 +151,13 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTasks(self, request, context):
+        """List tasks, oldest first, one page at a time; optionally only those in one state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelTask(self, request, context):
         """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
         through the runner (their workspaces are kept and graded as the runner's cancellation says).
@@ -196,6 +208,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListExecutions,
                     request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.FromString,
                     response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListTasksRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListTasksResponse.SerializeToString,
             ),
             'CancelTask': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelTask,
@@ -420,6 +437,33 @@ class SchedulerService:
             '/gyre.scheduler.v1.SchedulerService/ListExecutions',
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsRequest.SerializeToString,
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListExecutionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/ListTasks',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListTasksRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,8 @@ class SchedulerServiceStub:
     """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
     ListExecutions: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]
     """List executions with their states, oldest task first."""
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListTasksRequest, _scheduler_pb2.ListTasksResponse]
+    """List tasks, oldest first, one page at a time; optionally only those in one state."""
     CancelTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]
     """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
     through the runner (their workspaces are kept and graded as the runner's cancellation says).
@@ -89,6 +91,8 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Switch one satellite to a role now (operators and benchmarks; the policy switches cells itself)."""
     ListExecutions: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListExecutionsRequest, _scheduler_pb2.ListExecutionsResponse]  # type: ignore[assignment]
     """List executions with their states, oldest task first."""
+    ListTasks: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListTasksRequest, _scheduler_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """List tasks, oldest first, one page at a time; optionally only those in one state."""
     CancelTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
     through the runner (their workspaces are kept and graded as the runner's cancellation says).
@@ -167,6 +171,14 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ListExecutionsResponse, _abc.Awaitable[_scheduler_pb2.ListExecutionsResponse]]:
         """List executions with their states, oldest task first."""
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _scheduler_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListTasksResponse, _abc.Awaitable[_scheduler_pb2.ListTasksResponse]]:
+        """List tasks, oldest first, one page at a time; optionally only those in one state."""
 
     @_abc_1.abstractmethod
     def CancelTask(

@@ -6,11 +6,13 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 ROLE_HEADER = "X-Gyre-Agent-Role"
 ID_HEADER = "X-Gyre-Agent-Id"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class ModelError(Exception):
@@ -27,7 +29,10 @@ class ChatClient:
     temperature: float | None = None
     """Sampling temperature sent with every request; None leaves the endpoint's default."""
     timeout_s: float = 600.0
-    retries: int = 3
+    retry_s: float = 120.0
+    """How long a failing endpoint is retried (5xx, 429, a refused or cut connection), with
+    back-off up to 8 s: long enough for a restarting proxy or engine, a Postgres restart, or a
+    moment when no cell is in rollout (a 503)."""
 
     def complete(
         self,
@@ -51,11 +56,15 @@ class ChatClient:
                 "Authorization": f"Bearer {self.api_key}",
                 ROLE_HEADER: role,
                 ID_HEADER: agent_id,
+                # One key for every attempt of this call: a retry of a call the proxy recorded
+                # (its answer lost in a proxy restart) gets that answer, not a second call.
+                IDEMPOTENCY_HEADER: uuid.uuid4().hex,
             },
             method="POST",
         )
         last = ""
-        for attempt in range(self.retries):
+        deadline = time.monotonic() + self.retry_s
+        for attempt in range(10_000):  # bounded by the deadline
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
                     answer = json.loads(resp.read())
@@ -64,7 +73,13 @@ class ChatClient:
                 last = f"HTTP {exc.code}: {exc.read()[:500]!r}"
                 if exc.code < 500 and exc.code != 429:
                     break  # a refused token or a bad request does not get better
-            except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
+            except (urllib.error.URLError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
+            except (KeyError, IndexError, ValueError) as exc:  # an unusable answer: tried 3 times
+                last = f"{type(exc).__name__}: {exc}"
+                if attempt >= 2:
+                    break
+            if time.monotonic() >= deadline:
+                break
             time.sleep(min(8.0, 0.5 * 2**attempt))
         raise ModelError(f"chat completion failed: {last}")

@@ -51,6 +51,12 @@ cell-seconds, w_g = group g's training cell-seconds.
   task queue is first in, first out, so the groups admitted at one version are a contiguous run
   of the queue; minimised over admission sequences by dynamic programming.
 
+- **fifo_paths** (`path_bound.py`, proved there): the same edges plus the hops between a walk
+  and a jump (step s+j-1 cannot publish before the (e+1)-th costliest group of batch s is
+  trained, e = a(s+j-1) - (s+j)*B of them may still be untrained), the longest path taken with
+  every batch known and minimised over admission sequences by dynamic programming over the last
+  K+1 admission counts. Not computed past `path_bound.MAX_CELLS` (the 1,024-cell case).
+
 - **all_reduce**: the engine trains in lockstep rounds, one at a time; a round of n >= 2 members
   trains at most n * microbatch tokens and ends with a ring all-reduce of 2(n-1)/n * beta seconds
   (beta = replica bytes / link) on every member: 2(n-1) * beta >= n * beta cell-seconds, so at
@@ -62,7 +68,7 @@ cell-seconds, w_g = group g's training cell-seconds.
   The first falls and the second rises with T1, so the term is the larger of the two where
   they cross (or at an end of [0, T]).
 
-lower_bound_s is the largest of the seven. What it still leaves out, so what no schedule can
+lower_bound_s is the largest of the eight. What it still leaves out, so what no schedule can
 avoid but the bound does not charge: the non-clairvoyant rollout tail (the task queue is FIFO, but
 the bound may group groups as a clairvoyant schedule would), slot fragmentation (a group starts
 only when G slots are free), staleness waits beyond the chain, and migration pauses.
@@ -70,9 +76,12 @@ only when G slots are free), staleness waits beyond the chain, and migration pau
 
 from __future__ import annotations
 
+import bisect
 import math
+from typing import Any
 
 from services.scheduler.sim.chain_bound import fifo_chain
+from services.scheduler.sim.path_bound import at_cap, fifo_paths, longest_path
 from services.scheduler.sim.workload import Executions, Workload
 
 LAMBDA_GRID = 200
@@ -138,6 +147,99 @@ def all_reduce(
     return max(sides(t1))
 
 
+def group_costs(w: Workload, x: Executions) -> list[float]:
+    """c_g = D_g + w_g / C per group in queue order: its slowest execution, then its tokens
+    trained on every cell (the chain terms' cost of a group)."""
+    g, r = w.group_size, w.tokens_per_s_per_cell
+    return [
+        max(x.duration_s[k * g : k * g + g]) + sum(x.tokens[k * g : k * g + g]) / r / w.cells
+        for k in range(w.total_groups)
+    ]
+
+
+def first_batch_costs(w: Workload, x: Executions) -> list[float]:
+    """c_g for the groups a path's edges from version 0 (P_0 = 0) may cover: the slowest of
+    (S_e + d_e) over the group's executions, plus w_g / C, where S_e is the earliest execution e
+    can start. Executions start in queue order and at most C * E run at once, so when e starts
+    every earlier one has started, at most C*E - 1 of them still run, and at least e - C*E + 1
+    have finished: S_e >= the (e - C*E + 1)-th smallest d_j over j < e (0 while e < C*E).
+    Only the first (K+1)*B groups can be in batch 0; the rest keep c_g.
+
+    Example: 1 cell of 2 slots, durations 5, 1, 3, 2: S = 0, 0, 1 (after the 1 s), 3 (after
+    1 and 3) -> executions end by 5, 1, 4, 5
+    """
+    g, slots = w.group_size, w.cells * w.executions_per_cell
+    first = min(w.total_groups, (w.max_staleness + 1) * w.groups_per_step) * g
+    finished: list[float] = []
+    ends: list[float] = []
+    for e in range(first):
+        rank = e - slots + 1
+        ends.append((finished[rank - 1] if rank > 0 else 0.0) + x.duration_s[e])
+        bisect.insort(finished, x.duration_s[e])
+    costs = group_costs(w, x)
+    for k in range(first // g):
+        costs[k] += max(ends[k * g : k * g + g]) - max(x.duration_s[k * g : k * g + g])
+    return costs
+
+
+def admission_bound(w: Workload, x: Executions, admitted: list[int]) -> float:
+    """`path_bound.longest_path` for one admission sequence: no schedule that admits exactly so
+    (`path_bound.at_cap`: every policy admitting as the staleness cap allows) ends sooner."""
+    return longest_path(
+        costs=group_costs(w, x),
+        first_costs=first_batch_costs(w, x),
+        admitted=admitted,
+        groups_per_step=w.groups_per_step,
+        max_staleness=w.max_staleness,
+        overhead_s=w.step_overhead_s,
+    )
+
+
+def cap_admission_bound(w: Workload, x: Executions) -> float:
+    """A lower bound on every schedule that admits as the staleness cap allows, a(v) =
+    min((v+K+1)*B, S*B) (`path_bound.at_cap`): the larger of that sequence's longest path and
+    a recurrence over its steps' publication times.
+
+    With that sequence, for t >= K the groups due by step t (admitted at versions <= t-K) number
+    a(t-K) = (t+1)*B, exactly what steps 0..t train, and they are the first (t+1)*B of the queue;
+    so for t >= K+1 step t trains exactly groups t*B .. (t+1)*B-1, all of batch t-K, while steps
+    0..K share batch 0 ((K+1)*B groups) in some way. Recurrence, P_0 = 0:
+    - t <= K: steps 0..t have trained (t+1)*B groups of batch 0 by P_{t+1} - O, so
+      P_{t+1} >= max(P_t + O, O + the ((t+1)*B)-th smallest c_g of batch 0, with the start
+      limit of `first_batch_costs`);
+    - t >= K+1: group g of step t is admitted at or after P_{t-K} and ready D_g later; step t
+      trains only after P_t (it needs version t), its tokens take w_g cell-seconds on at most C
+      cells, and P_{t+1} is O after the last. With release r_g = max(P_t, P_{t-K} + D_g), for
+      every threshold the work released at or after it is done after it:
+      P_{t+1} >= O + max over g of (r_g + (sum of w_j with r_j >= r_g) / C).
+    Each P bound uses only bounds on earlier ones (all nondecreasing in them), so P_S bounds the
+    wall time of every schedule in the class.
+
+    Example: S=2, B=1, K=0, C=1, O=1, groups ready after 5 and 2 with 3 cell-s of training each:
+    P_1 >= 1 + 5 + 3 = 9 (t = 0 <= K), P_2 >= 1 + max(9, 9 + 2) + 3 = 15
+    """
+    g, b, k, o = w.group_size, w.groups_per_step, w.max_staleness, w.step_overhead_s
+    ready = [max(x.duration_s[i * g : i * g + g]) for i in range(w.total_groups)]
+    work = [sum(x.tokens[i * g : i * g + g]) / w.tokens_per_s_per_cell for i in range(w.total_groups)]
+    batch0 = sorted(first_batch_costs(w, x)[: min(w.total_groups, (k + 1) * b)])
+    published = [0.0]
+    for t in range(w.steps):
+        if t <= k:
+            nth = batch0[min(len(batch0), (t + 1) * b) - 1]
+            published.append(max(published[t] + o, o + nth))
+            continue
+        released = sorted(
+            (max(published[t], published[t - k] + ready[i]), work[i]) for i in range(t * b, (t + 1) * b)
+        )
+        last, after = 0.0, 0.0
+        for release, cell_s in reversed(released):
+            after += cell_s
+            last = max(last, release + after / w.cells)
+        published.append(last + o)
+    cap = at_cap(steps=w.steps, groups_per_step=b, max_staleness=k)
+    return max(published[-1], admission_bound(w, x, cap))
+
+
 def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
     c, e, r = w.cells, w.executions_per_cell, w.tokens_per_s_per_cell
     g, b = w.group_size, w.groups_per_step
@@ -148,7 +250,15 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
     group_training = [sum(x.tokens[k * g : k * g + g]) / r for k in range(w.total_groups)]
     by_cost = sorted(group_training)
     work_cell_s = rollout + training + overhead + (c - 1) * w.step_overhead_s
-    return {
+    chain: dict[str, Any] = {
+        "costs": group_costs(w, x),
+        "steps": w.steps,
+        "groups_per_step": b,
+        "max_staleness": w.max_staleness,
+        "overhead_s": w.step_overhead_s,
+    }
+    paths = fifo_paths(**chain, first_costs=first_batch_costs(w, x))
+    terms = {
         "work": work_cell_s / c,
         "training_window": min(ready) + overhead + training / c,
         "staleness_chain": (sum(sorted(ready, reverse=True)[j * b] for j in range(w.steps)) + overhead)
@@ -170,14 +280,11 @@ def lower_bounds(w: Workload, x: Executions) -> dict[str, float]:
             tokens_per_s=r,
             sync_s_per_token=w.replica_bytes / w.link_bytes_per_s / w.microbatch_tokens,
         ),
-        "fifo_chain": fifo_chain(
-            costs=[d + t / c for d, t in zip(ready, group_training, strict=True)],
-            steps=w.steps,
-            groups_per_step=b,
-            max_staleness=w.max_staleness,
-            overhead_s=w.step_overhead_s,
-        ),
+        "fifo_chain": fifo_chain(**chain),
     }
+    if paths is not None:
+        terms["fifo_paths"] = paths
+    return terms
 
 
 def lower_bound_s(w: Workload, x: Executions) -> float:

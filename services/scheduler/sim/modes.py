@@ -1,13 +1,7 @@
 """The scheduling modes `gyre sim` compares: a policy, the initial roles, and the core rule (pure).
 
-| mode | policy | cells at start |
-|---|---|---|
-| colocate | `colocate`: all cells alternate, training waits for the slowest rollout | all rollout |
-| async | `fixed_split` vanilla: slots refilled continuously, whole-batch steps | split |
-| async_streaming | `fixed_split` streaming: groups enter the running step as they are ready | split |
-| burst_fixed | `fixed_split` batch-synchronous: one burst of B groups at a time, whole-batch steps | split |
-| gyre | `elastic`: core cell trains, elastic satellites, streaming, migration | core trains |
-| burst | `burst`: elastic, one update per burst of B groups (no streaming) | core trains |
+Each mode's policy and starting roles come from `policy.modes.mode_policy`, the function the
+live scheduler calls too (its table lists them).
 
 Fixed-split modes run at the workload's `async_rollout_cells` and, as `<mode>_best` in the
 report, at the best split of a sweep (`best_split`); `burst_best` is the better of elastic burst
@@ -21,15 +15,11 @@ never train), `elastic_no_streaming`, and `gyre` (the full design).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Sequence
 
-from services.scheduler.policy import colocate, elastic, fixed_split
-from services.scheduler.policy.burst import BURST
-from services.scheduler.policy.elastic import ElasticKnobs
+from services.scheduler.policy.modes import ModePolicy, mode_policy
 from services.scheduler.policy.state import PolicyConfig
-from services.scheduler.sim.engine import Policy, Simulation
+from services.scheduler.sim.engine import Simulation
 from services.scheduler.sim.result import Result
 from services.scheduler.sim.workload import Executions, Workload
 
@@ -41,11 +31,7 @@ REPORTED = (*MODES, "async_best", "async_streaming_best", "burst_best")
 ABLATION = ("async", "async_streaming", "colocate_standalone", "elastic_no_streaming", "gyre")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Setup:
-    policy: Policy
-    initial_training: int
-    core_cell: bool
+Setup = ModePolicy
 
 
 def policy_config(w: Workload) -> PolicyConfig:
@@ -64,47 +50,9 @@ def policy_config(w: Workload) -> PolicyConfig:
 
 
 def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:
-    config = policy_config(w)
-    split = w.cells - (rollout_cells if rollout_cells is not None else w.async_rollout_cells)
-
-    def elastic_mode(knobs: ElasticKnobs) -> Setup:
-        return Setup(
-            policy=partial(elastic.decide, config=config, knobs=knobs),
-            initial_training=1 if knobs.core_cell else 0,
-            core_cell=knobs.core_cell,
-        )
-
-    builders: dict[str, Callable[[], Setup]] = {
-        "colocate": lambda: Setup(
-            policy=partial(colocate.decide, config=config), initial_training=0, core_cell=False
-        ),
-        "async": lambda: Setup(
-            policy=partial(fixed_split.decide, config=config, streaming=False, batch_sync=False),
-            initial_training=split,
-            core_cell=True,
-        ),
-        "burst_fixed": lambda: Setup(
-            policy=partial(fixed_split.decide, config=config, streaming=False, batch_sync=True),
-            initial_training=split,
-            core_cell=True,
-        ),
-        "async_streaming": lambda: Setup(
-            policy=partial(fixed_split.decide, config=config, streaming=True, batch_sync=False),
-            initial_training=split,
-            core_cell=True,
-        ),
-        "gyre": lambda: elastic_mode(elastic.GYRE),
-        "burst": lambda: elastic_mode(BURST),
-        "elastic_no_streaming": lambda: elastic_mode(ElasticKnobs(streaming=False)),
-        "colocate_standalone": lambda: Setup(
-            policy=partial(colocate.decide, config=config, standalone_rollout_cells=w.cells - split),
-            initial_training=0,
-            core_cell=False,
-        ),
-    }
-    if name not in builders:
-        raise KeyError(name)
-    return builders[name]()
+    """The mode's policy (`policy.modes`, the live scheduler's too) at the workload's split."""
+    split = w.async_rollout_cells if rollout_cells is None else rollout_cells
+    return mode_policy(name, policy_config(w), rollout_cells=split)
 
 
 def simulate(

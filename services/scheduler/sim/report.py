@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.scheduler.sim.bound import lower_bounds
+from services.scheduler.sim.bound import cap_admission_bound, lower_bounds
 from services.scheduler.sim.modes import ABLATION, FIXED_SPLIT, best_split, simulate
+from services.scheduler.sim.path_bound import at_cap
 from services.scheduler.sim.result import Result
 from services.scheduler.sim.workload import Executions, Workload
 
@@ -56,6 +57,10 @@ def compare(w: Workload, x: Executions, runs: dict[str, tuple[Result, int | None
     binding = max(bounds, key=lambda k: bounds[k])
     bound = bounds[binding]
     gyre = runs["gyre"][0].wall_s
+    # The bound of the class every mode here belongs to: admitting as the staleness cap allows.
+    cap = at_cap(steps=w.steps, groups_per_step=w.groups_per_step, max_staleness=w.max_staleness)
+    cap_bound = cap_admission_bound(w, x)
+    at_cap_modes = sorted(name for name, (r, _) in runs.items() if r.admitted_by_version == cap)
     baselines = {name: r.wall_s for name, (r, _) in runs.items() if name != "gyre"}
     best_baseline = min(baselines, key=lambda k: baselines[k])
     return {
@@ -68,6 +73,9 @@ def compare(w: Workload, x: Executions, runs: dict[str, tuple[Result, int | None
         "lower_bounds_s": {k: round(v, 1) for k, v in bounds.items()},
         "modes": {name: mode_figures(r, rollout_cells=split) for name, (r, split) in runs.items()},
         "gyre_over_bound": round(gyre / bound, 4),
+        "cap_admission_bound_s": round(cap_bound, 1),
+        "modes_admitting_at_cap": at_cap_modes,
+        "gyre_over_cap_admission_bound": round(gyre / cap_bound, 4),
         "best_baseline": best_baseline,
         "gyre_speedup_over_best_baseline": round(baselines[best_baseline] / gyre, 4),
         "speedup_of_gyre": {name: round(wall / gyre, 3) for name, wall in baselines.items()},

@@ -41,6 +41,8 @@ class Result:
     rounds: list[tuple[float, float, tuple[int, ...]]] = field(default_factory=list)
     trained_tokens: int = 0
     paused_s: list[float] = field(default_factory=list)  # per execution: time its migrations paused it
+    # a(v): groups admitted at versions <= v, per version (the run's admission sequence).
+    admitted_by_version: list[int] = field(default_factory=list)
 
     def shares(self) -> dict[str, float]:
         total = self.num_cells * self.wall_s

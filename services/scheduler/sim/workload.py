@@ -36,14 +36,19 @@ import yaml
 
 from gyre.errors import InvalidArgument
 
+# GPU-cell defaults for the paper workloads: published figures and arithmetic, none measured here
+# (no GPU); sources in the README's simulator section. CPU-cell figures measured here are in
+# bench/profiles/cpu-cells.yaml.
 DEFAULT_MICROBATCH_TOKENS = 32768
-DEFAULT_MIGRATE_S = 5.0
-DEFAULT_GROUP_SETUP_S = 2.0
-DEFAULT_KV_BYTES_PER_TOKEN = 192_512  # 94 layers x 4 KV heads x 128 dims x (K, V) x 2 bytes
+DEFAULT_MIGRATE_S = 5.0  # a conservative fixed pause (issue 5's figure), not a measurement
+DEFAULT_GROUP_SETUP_S = 2.0  # NVIDIA/nccl#534: 8 communicators of 8 ranks in 16.3 s
+# Qwen3-235B-A22B's published shape: 94 layers x 4 KV heads x 128 dims x (K, V) x 2 bytes bf16
+DEFAULT_KV_BYTES_PER_TOKEN = 192_512
 DEFAULT_MAX_CONTEXT_TOKENS = 131_072
-DEFAULT_LINK_BYTES_PER_S = 4.0e11  # 8 GPUs per cell, one 400 Gb/s NIC each
-# Training throughput of one cell (8 GPUs x 989 TFLOP/s bf16 x 40 % MFU): with 6 FLOPs per
-# parameter and token it sizes the model, so its weights, when a workload does not say.
+DEFAULT_LINK_BYTES_PER_S = 4.0e11  # 8 GPUs per cell, one 400 Gb/s ConnectX-7 NIC each
+# Training throughput of one cell (8 H100 x 989.4 TFLOP/s dense bf16 x 40 % MFU; Llama 3
+# reports 38-43 %): with 6 FLOPs per parameter and token it sizes the model, so its weights,
+# when a workload does not say.
 CELL_FLOPS = 3.2e15
 
 

@@ -29,10 +29,21 @@ The package holds three parts:
 - `gradient`: the core's side of the gradient protocol (epochs, counters, reductions, attempts);
 - `satellite_loop`: the satellite process's side (admission, compute, reduce until released).
 
+Sessions and epochs: every admitted join opens a *session* of the satellite (`session/<cell>`
+counts them) and records the first epoch it may take, the core's next epoch at that moment
+(`join/<cell>/<n>`); the satellite walks the epochs from there and takes those naming it, so a
+satellite that left and rejoined quickly never takes up an epoch of its earlier session (whose
+group is gone). Its release (`released/<cell>/<n>`) is per session and never deleted. Before
+anyone forms an epoch's group, each satellite marks itself ready (`epoch/<k>/ready/<cell>`) and
+the core says `epoch/<k>/go` once all are; a member not ready within `join_timeout_s` (or silent)
+is dropped and the epoch ends as aborted before it started, costing no work: a join that fails
+fails in seconds, never in the collective timeout, and the cell ends out of the step.
+
 Store keys: `model/config`, `loss/config`; `epoch/latest`; `epoch/<k>` (JSON plan);
-`epoch/<k>/end` (JSON {"next": k+1, "abort"?}); `step/<v>/mb/<i>`; per attempt a:
-`step/<v>/<a>/next`, `step/<v>/<a>/done`, `step/<v>/<a>/targets/<cell>`, `step/<v>/<a>/loss/<cell>`;
-`count/<cell>`; `released/<cell>`; `alive/<cell>`.
+`epoch/<k>/ready/<cell>`, `epoch/<k>/go`; `epoch/<k>/end` (JSON {"next": k+1, "abort"?});
+`step/<v>/mb/<i>`; per attempt a: `step/<v>/<a>/next`, `step/<v>/<a>/done`,
+`step/<v>/<a>/targets/<cell>`, `step/<v>/<a>/loss/<cell>`; `count/<cell>`; `session/<cell>`,
+`join/<cell>/<n>`, `released/<cell>/<n>`; `alive/<cell>`.
 """
 
 from services.trainer.dp.gradient import DataParallelCore, StepGradient

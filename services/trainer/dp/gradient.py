@@ -57,12 +57,18 @@ class DataParallelCore(Membership):
         timeout_s: float = 60.0,
         packed: bool = True,
         dead_after_s: float = 5.0,
+        join_timeout_s: float = 20.0,
         max_attempts: int = 3,
         backend: str = "gloo",
         autocast_bf16: bool = False,
     ) -> None:
         super().__init__(
-            host=host, port=port, cell_id=cell_id, timeout_s=timeout_s, dead_after_s=dead_after_s
+            host=host,
+            port=port,
+            cell_id=cell_id,
+            timeout_s=timeout_s,
+            dead_after_s=dead_after_s,
+            join_timeout_s=join_timeout_s,
         )
         self.max_attempts = max_attempts
         self.loss_config = loss_config
@@ -75,7 +81,6 @@ class DataParallelCore(Membership):
             "loss/config",
             json.dumps({**asdict(loss_config), "packed": packed, "autocast_bf16": autocast_bf16}),
         )
-        self._next_epoch = 0
         self._attempts_started = 0
         """Attempts numbered across steps: a step computed again after an error (same version)
         must not find the counters of the failed one, or it waits for microbatches never done."""
@@ -83,24 +88,33 @@ class DataParallelCore(Membership):
     def _open_epoch(
         self, model: PreTrainedModel, *, version: int, attempt: int, num_microbatches: int
     ) -> tuple[EpochPlan, dist.ProcessGroup | None]:
-        dead = self._dead_members(self.members())  # died between steps: not worth a group that cannot form
-        if dead:
-            self._drop(dead)
-        with self._lock:
-            joining = self._apply_changes_locked()
-            plan = EpochPlan(
-                epoch=self._next_epoch,
-                version=version,
-                members=tuple(self._m.members),
-                num_microbatches=num_microbatches,
-                attempt=attempt,
-            )
-            self._next_epoch += 1
-        self._start_heartbeat_clocks(joining)
-        self.store.set(f"epoch/{plan.epoch}", plan.encode())
-        self.store.set("epoch/latest", str(plan.epoch))
-        if len(plan.members) == 1:
-            return plan, None
+        while True:
+            dead = self._dead_members(self.members())  # died between steps: no group can form
+            if dead:
+                self._drop(dead)
+            with self._lock:
+                joining = self._apply_changes_locked()
+                plan = EpochPlan(
+                    epoch=self._next_epoch,
+                    version=version,
+                    members=tuple(self._m.members),
+                    num_microbatches=num_microbatches,
+                    attempt=attempt,
+                )
+                self._next_epoch += 1
+            self._start_heartbeat_clocks(joining)
+            self.store.set(f"epoch/{plan.epoch}", plan.encode())
+            self.store.set("epoch/latest", str(plan.epoch))
+            if len(plan.members) == 1:
+                return plan, None
+            unready = self._unready(plan, joining)
+            if not unready:
+                break
+            # A member that cannot take up the epoch (a join that failed, a satellite gone between
+            # steps) is dropped before anyone forms the group; the rest open the next epoch.
+            self._abort_epoch(plan)
+            self._drop(unready)
+        self.store.set(f"epoch/{plan.epoch}/go", "1")
         try:
             group = make_group(
                 self.store,
@@ -146,7 +160,7 @@ class DataParallelCore(Membership):
         with self._lock:
             self.step_target = version
             self.done_in_step = 0
-        lost: list[str] = []
+            lost_before = len(self.lost)
         try:
             for attempt in range(self.max_attempts):
                 self._attempts_started += 1
@@ -159,15 +173,17 @@ class DataParallelCore(Membership):
                         hook=after_microbatch,
                     )
                 except _MembersLost as exc:
-                    lost.extend(exc.cells)
                     self._drop(exc.cells)
                     log.warning(
                         "dp_step_attempt_dropped", version=version, attempt=attempt, lost=list(exc.cells)
                     )
                     continue
-                return dataclasses.replace(result, attempts=attempt + 1, lost_cells=tuple(lost))
+                # Lost in this step: members that died and joiners that never took their epoch up.
+                lost = tuple(self.lost[lost_before:])
+                return dataclasses.replace(result, attempts=attempt + 1, lost_cells=lost)
             raise StepFailed(
-                f"step {version}: {self.max_attempts} attempts lost members ({', '.join(lost)}); giving up"
+                f"step {version}: {self.max_attempts} attempts lost members "
+                f"({', '.join(self.lost[lost_before:])}); giving up"
             )
         finally:
             with self._lock:

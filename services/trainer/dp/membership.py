@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -101,17 +101,6 @@ def make_group(
     return group
 
 
-def wait_key(store: Store, key: str, *, deadline: float, also: Callable[[], bool] = lambda: False) -> bool:
-    """Poll until `key` exists (True) or `also()` holds (False); TimeoutError past the deadline."""
-    while not store.check([key]):
-        if also():
-            return False
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"store key {key!r} did not appear in time")
-        time.sleep(POLL_S)
-    return True
-
-
 def parse_rendezvous(uri: str) -> tuple[str, int]:
     """`tcp://host:port` -> (host, port)."""
     host, port = uri.removeprefix("tcp://").rsplit(":", 1)
@@ -128,8 +117,20 @@ class _Members:
 class Membership:
     """The core cell's rendezvous store and member list; joins and leaves wait for an epoch boundary."""
 
-    def __init__(self, *, host: str, port: int, cell_id: str, timeout_s: float, dead_after_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        cell_id: str,
+        timeout_s: float,
+        dead_after_s: float,
+        join_timeout_s: float = 20.0,
+    ) -> None:
         self.host = host
+        self.join_timeout_s = join_timeout_s
+        """How long a member may take to take up an epoch before it is dropped (a join that fails
+        fails in this time, not in the collective timeout)."""
         self.cell_id = cell_id
         self.dead_after_s = dead_after_s
         self.timeout_s = timeout_s
@@ -146,6 +147,9 @@ class Membership:
         self.current_version = 0
         self.step_target: int | None = None
         self.done_in_step = 0
+        self._next_epoch = 0
+        self._sessions: dict[str, int] = {}
+        """Per satellite: its current session (one per admitted JoinStep; see `request_join`)."""
 
     @property
     def rendezvous_uri(self) -> str:
@@ -181,7 +185,7 @@ class Membership:
             if cell_id not in planned:
                 self._m.pending_joins.append(cell_id)
                 planned.append(cell_id)
-                self.store.delete_key(f"released/{cell_id}")
+                self._open_session_locked(cell_id)
         return JoinTicket(
             admitted=True,
             reason="",
@@ -190,13 +194,30 @@ class Membership:
             dp_world_size=len(planned),
         )
 
+    def _open_session_locked(self, cell_id: str) -> None:
+        """A new session of the satellite: its own release key, and the first epoch it may take.
+
+        Epochs numbered from `_next_epoch` on are opened after this join, so the satellite never
+        takes an epoch of an earlier session (whose group is gone: that was the leave/rejoin
+        stall, a rejoined satellite forming a finished epoch's group and waiting out its timeout).
+        Release keys are per session and never deleted, so a session that was released stays
+        released even when the next join comes before it saw its release.
+        """
+        session = int(self.store.add(f"session/{cell_id}", 1))
+        self.store.set(f"join/{cell_id}/{session}", str(self._next_epoch))
+        self._sessions[cell_id] = session
+
+    def _release(self, cell_id: str) -> None:
+        """End the satellite's current session: it stops at its next check."""
+        self.store.set(f"released/{cell_id}/{self._sessions.get(cell_id, 0)}", "1")
+
     def request_leave(self, cell_id: str) -> Future[LeaveResult]:
         """Take a satellite out after its microbatch in progress; resolves once it is out."""
         future: Future[LeaveResult] = Future()
         with self._lock:
             if cell_id in self._m.pending_joins:
                 self._m.pending_joins.remove(cell_id)
-                self.store.set(f"released/{cell_id}", "1")
+                self._release(cell_id)
                 future.set_result(
                     LeaveResult(
                         num_micro_batches_completed=0,
@@ -219,7 +240,7 @@ class Membership:
     def _apply_leaves_locked(self) -> None:
         for cell, future in list(self._m.pending_leaves.items()):
             self._m.members.remove(cell)
-            self.store.set(f"released/{cell}", "1")
+            self._release(cell)
             completed = int(self.store.add(f"count/{cell}", 0))
             future.set_result(
                 LeaveResult(
@@ -272,6 +293,28 @@ class Membership:
             time.sleep(0.05)
         raise StepFailed(f"a collective of members {list(members)} failed, yet every member is alive")
 
+    def _unready(self, plan: EpochPlan, joining: Sequence[str]) -> list[str]:
+        """Wait until every satellite of the epoch took it up (`epoch/<k>/ready/<cell>`); returns
+        those that did not within `join_timeout_s`, or, for members of the previous epoch, whose
+        heartbeat stopped for `dead_after_s` (a joiner's worker may still be starting up).
+
+        Nobody forms the epoch's group before the core's `go`, so dropping them costs no work:
+        every earlier epoch's partial sums are reduced already.
+        """
+        waiting = [c for c in plan.members if c != self.cell_id]
+        deadline = time.monotonic() + self.join_timeout_s
+        while waiting:
+            waiting = [c for c in waiting if not self.store.check([f"epoch/{plan.epoch}/ready/{c}"])]
+            dead = self._dead_members([c for c in waiting if c not in joining])
+            if dead:
+                return dead
+            if waiting and time.monotonic() > deadline:
+                return waiting
+            if waiting:
+                time.sleep(POLL_S)
+        self._start_heartbeat_clocks(joining)  # ready: their heartbeat counts from now
+        return []
+
     def _drop(self, cells: Sequence[str]) -> None:
         with self._lock:
             for cell in cells:
@@ -289,5 +332,5 @@ class Membership:
                 self._heard.pop(cell, None)
                 self.lost.append(cell)
         for cell in cells:
-            self.store.set(f"released/{cell}", "1")  # should it come back, it stops instead of rejoining
+            self._release(cell)  # should it come back, it stops instead of rejoining
         log.warning("dp_members_lost", cells=list(cells))

@@ -1,0 +1,223 @@
+"""What `bench.live` measures while a mode runs: cell-time shares by sampling the live services,
+and the run described as a `gyre sim` workload (shell).
+
+Cell-time shares use the simulator's accounting (`sim.result.Result.shares`), sampled every
+`SAMPLE_S` from the live services themselves: a cell the scheduler shows `switching` is switching;
+a rollout cell is busy for the share of its slots holding calls (the proxy's in-flight calls: a
+half-full cell is half idle); a training cell is busy while the trainer has a step in progress
+and the cell is one of its data-parallel members, idle otherwise (a satellite waiting for work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+from gyre.scheduler.v1 import scheduler_pb2 as pb
+from gyre.scheduler.v1 import scheduler_pb2_grpc
+from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+
+SAMPLE_S = 0.1
+
+
+@dataclass(slots=True)
+class Shares:
+    """Cell-seconds per state, summed over cells."""
+
+    busy: float = 0.0
+    idle: float = 0.0
+    switching: float = 0.0
+    rollout_busy: float = 0.0
+    training_busy: float = 0.0
+
+    def fractions(self) -> dict[str, float]:
+        total = self.busy + self.idle + self.switching
+        if total <= 0:
+            return {"busy_share": 0.0, "idle_share": 0.0, "switching_share": 0.0}
+        return {
+            "busy_share": self.busy / total,
+            "idle_share": self.idle / total,
+            "switching_share": self.switching / total,
+            "rollout_busy_share": self.rollout_busy / total,
+            "training_busy_share": self.training_busy / total,
+        }
+
+
+@dataclass(slots=True)
+class Sampler:
+    """Polls GetCells, GetRouting and the trainer's GetStatus; accumulates `Shares`."""
+
+    scheduler: scheduler_pb2_grpc.SchedulerServiceAsyncStub
+    proxy: proxy_pb2_grpc.ProxyServiceAsyncStub
+    trainer_address: str
+    slots: int
+    started: dict[int, float] = field(default_factory=dict)
+    """Target version -> monotonic time the trainer started that step (its GetStatus says)."""
+    shares: Shares = field(default_factory=Shares)
+    samples: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with grpc.aio.insecure_channel(self.trainer_address) as channel:
+            trainer = trainer_pb2_grpc.TrainerServiceStub(channel)
+            last = time.monotonic()
+            while not stop.is_set():
+                try:
+                    cells, routing, status = await asyncio.gather(
+                        self.scheduler.GetCells(pb.GetCellsRequest(), timeout=5),
+                        self.proxy.GetRouting(proxy_pb2.GetRoutingRequest(), timeout=5),
+                        trainer.GetStatus(trainer_pb2.GetStatusRequest(), timeout=5),  # type: ignore[misc]
+                    )
+                except grpc.aio.AioRpcError:
+                    cells = None
+                now = time.monotonic()
+                if cells is not None:
+                    self._add(cells, routing, status, dt=now - last)
+                last = now
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=SAMPLE_S)
+                except TimeoutError:
+                    pass
+
+    def _add(
+        self,
+        cells: pb.GetCellsResponse,
+        routing: proxy_pb2.GetRoutingResponse,
+        status: trainer_pb2.GetStatusResponse,
+        *,
+        dt: float,
+    ) -> None:
+        self.samples += 1
+        in_flight: dict[str, int] = {}
+        for route in routing.routes:
+            if route.state == proxy_pb2.ROUTE_STATE_ACTIVE:
+                in_flight[route.cell_id] = in_flight.get(route.cell_id, 0) + route.num_in_flight_calls
+        stepping = status.HasField("step")
+        if stepping:
+            ago = time.time() - status.step.started_at.ToMicroseconds() / 1e6
+            self.started.setdefault(status.step.target_version.steps, time.monotonic() - ago)
+        members = {m.cell_id for m in status.members}
+        s = self.shares
+        for cell in cells.cells:
+            if cell.role == pb.CELL_ROLE_SWITCHING:
+                s.switching += dt
+            elif cell.role == pb.CELL_ROLE_ROLLOUT:
+                busy = min(1.0, in_flight.get(cell.cell_id, 0) / self.slots) * dt
+                s.busy += busy
+                s.rollout_busy += busy
+                s.idle += dt - busy
+            elif cell.role == pb.CELL_ROLE_TRAINING and stepping and cell.cell_id in members:
+                s.busy += dt
+                s.training_busy += dt
+            else:
+                s.idle += dt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Costs:
+    """Costs measured on the live run, in the simulator's terms."""
+
+    tokens_per_s_per_cell: float
+    step_overhead_s: float
+    rollout_to_training_s: float
+    training_to_rollout_s: float
+    migrate_s: float
+    group_setup_s: float
+
+
+def median_or(values: list[float], default: float) -> float:
+    return statistics.median(values) if values else default
+
+
+@dataclass(slots=True, kw_only=True)
+class RunRecord:
+    """What one live run measured, for its simulation."""
+
+    cells: int
+    slots: int
+    group_size: int
+    groups_per_step: int
+    max_staleness: int
+    microbatch_tokens: int
+    weight_bytes: float
+    executions: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    """(task index in submission order, index in group) -> (duration_s, output tokens)."""
+    steps: list[tuple[float, int, int, float]] = field(default_factory=list)
+    """Per StepCompleted: (duration_s, target tokens, DP world size, monotonic time seen)."""
+    step_started: dict[int, float] = field(default_factory=dict)
+    """Target version -> monotonic time the trainer started it (from its GetStatus)."""
+    switches: list[pb.CellSwitch] = field(default_factory=list)
+
+
+SIM_MODE = {"gyre": "gyre", "colocate": "colocate_core", "async": "async", "burst": "burst"}
+"""The simulator's mode for each live one (`policy.modes`): live colocate has a core cell."""
+LINK_BYTES_PER_S = 1.0e9
+"""Assumed: gloo over loopback between processes of this machine."""
+GROUP_SETUP_S = 0.05
+"""Assumed: forming a gloo group of a few local processes (not measured by any event)."""
+
+
+def measured_costs(run: RunRecord) -> Costs:
+    to_training = [s for s in run.switches if s.ok and s.to_role == pb.CELL_ROLE_TRAINING]
+    to_rollout = [s for s in run.switches if s.ok and s.to_role == pb.CELL_ROLE_ROLLOUT]
+    cell_s = sum(d * w for d, _, w, _ in run.steps)
+    tokens = sum(t for _, t, _, _ in run.steps)
+    versions = sorted(run.step_started)
+    overhead = [
+        max(0.0, seen - run.step_started[v] - duration)
+        for v, (duration, _, _, seen) in zip(range(1, len(run.steps) + 1), run.steps, strict=True)
+        if v in versions
+    ]
+    return Costs(
+        tokens_per_s_per_cell=tokens / cell_s if cell_s > 0 else 1.0,
+        step_overhead_s=median_or(overhead, 0.0),
+        # The drain is the simulator's migration (it pauses the moved executions and the cell).
+        rollout_to_training_s=median_or([s.total_s - s.drain_s for s in to_training], 0.0),
+        training_to_rollout_s=median_or([s.total_s for s in to_rollout], 0.0),
+        migrate_s=median_or([s.drain_s for s in to_training if s.num_calls_migrated], 0.0),
+        group_setup_s=GROUP_SETUP_S,
+    )
+
+
+def simulate_run(mode: str, run: RunRecord, costs: Costs) -> float:
+    """`gyre sim`'s wall time for the run: its measured execution lengths and costs."""
+    from services.scheduler.sim.modes import simulate
+    from services.scheduler.sim.workload import Dist, Executions, Workload
+
+    keys = sorted(run.executions)
+    durations = [run.executions[k][0] for k in keys]
+    chunks = [run.executions[k][1] for k in keys]
+    # The trainer counts target tokens its own way; the executions' shares of them are their outputs'.
+    scale = sum(t for _, t, _, _ in run.steps) / max(1, sum(chunks))
+    tokens = [max(1, round(c * scale)) for c in chunks]
+    steps = len(keys) // (run.group_size * run.groups_per_step)
+    w = Workload(
+        name=f"live-{mode}",
+        seed=0,
+        cells=run.cells,
+        steps=steps,
+        groups_per_step=run.groups_per_step,
+        group_size=run.group_size,
+        max_staleness=run.max_staleness,
+        async_rollout_cells=run.cells - 1,
+        duration=Dist(kind="trace", values=tuple(durations)),
+        timeout_s=3600.0,
+        tokens=Dist(kind="trace", values=tuple(float(t) for t in tokens)),
+        executions_per_cell=run.slots,
+        tokens_per_s_per_cell=costs.tokens_per_s_per_cell,
+        step_overhead_s=costs.step_overhead_s,
+        rollout_to_training_s=costs.rollout_to_training_s,
+        training_to_rollout_s=costs.training_to_rollout_s,
+        microbatch_tokens=run.microbatch_tokens,
+        migrate_s=costs.migrate_s,
+        group_setup_s=costs.group_setup_s,
+        weight_bytes=run.weight_bytes,
+        kv_bytes_per_token=0.0,
+        link_bytes_per_s=LINK_BYTES_PER_S,
+    )
+    x = Executions(duration_s=tuple(durations), tokens=tuple(tokens), timed_out=(False,) * len(keys))
+    return simulate(SIM_MODE[mode], w, x, rollout_cells=run.cells - 1).wall_s

@@ -1,0 +1,146 @@
+"""An engine killed mid-generation: its call goes on on the other engine from the tokens so far,
+and the harness reads one unbroken answer (two scripted engine processes, one killed with SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from proxy_support import Rig, start_rig, write_tokenizer
+
+from gyre.devstack.embedded import free_port
+from gyre.proxy.v1 import proxy_pb2
+from gyre.settings import KernelSettings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+NUM_TOKENS = 40
+TOKEN_INTERVAL_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def rig(kernel: KernelSettings, model_dir: Path) -> AsyncIterator[Rig]:
+    rig = await start_rig(kernel, model_dir, num_engines=0)
+    yield rig
+    await rig.close()
+
+
+def spawn_engine(engine_id: str, port: int, stop_id: int, log: Path) -> subprocess.Popen[bytes]:
+    args = [
+        *("--port", str(port), "--tokens", str(NUM_TOKENS), "--stop-id", str(stop_id)),
+        *(
+            "--token-interval-s",
+            str(TOKEN_INTERVAL_S),
+            "--engine-id",
+            engine_id,
+            "--cell-id",
+            f"cell-{engine_id}",
+        ),
+        "--continue",
+    ]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.scripted_engine", *args], stdout=out, stderr=out
+        )
+
+
+async def serving(port: int, process: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):  # bounded: 60 s
+        assert process.poll() is None, "the engine process exited"
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"engine on port {port} did not serve in time")
+
+
+async def stream_text(rig: Rig, token: str) -> tuple[str, list[str]]:
+    """The answer's text as the harness reads it from the SSE stream, and every data line."""
+    lines: list[str] = []
+    text = ""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{rig.http_url}/v1/chat/completions",
+            json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "Go on."}]},
+            headers={"Authorization": f"Bearer {token}"},
+        ) as resp:
+            assert resp.status == 200
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                lines.append(line)
+                if line == "data: [DONE]":
+                    continue
+                delta = json.loads(line[6:])["choices"]
+                if delta and delta[0]["delta"].get("content"):
+                    text += delta[0]["delta"]["content"]
+    return text, lines
+
+
+async def test_a_call_on_an_engine_killed_mid_stream_ends_on_the_other_engine_unbroken(
+    rig: Rig, tmp_path: Path
+) -> None:
+    stop_id = rig.scripter.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    reply = [100 + i % 200 for i in range(NUM_TOKENS - 1)] + [stop_id]  # what bench.scripted_engine answers
+    engines = {}
+    try:
+        for engine_id in ("engine-a", "engine-b"):
+            port = free_port()
+            process = spawn_engine(engine_id, port, stop_id, tmp_path / f"{engine_id}.log")
+            engines[engine_id] = process
+            await serving(port, process)
+            await rig.stub.RegisterEngine(
+                proxy_pb2.RegisterEngineRequest(
+                    request_id=f"reg-{engine_id}-{port}",
+                    cell_id=f"cell-{engine_id}",
+                    engine_id=engine_id,
+                    address=f"127.0.0.1:{port}",
+                )
+            )
+        token, execution_id = await rig.register_execution()
+        killed: list[str] = []
+
+        async def kill_its_engine() -> None:
+            for _ in range(1000):  # bounded: 10 s, until the call has a few tokens
+                runs = list(rig.proxy.calls.in_flight.values())
+                if runs and len(runs[0].generation.output_ids) >= 5:
+                    killed.append(runs[0].generation.route.engine_id)
+                    os.kill(engines[killed[0]].pid, signal.SIGKILL)
+                    return
+                await asyncio.sleep(0.01)
+
+        killer = asyncio.create_task(kill_its_engine())
+        text, lines = await stream_text(rig, token)
+        await killer
+        assert killed, "the engine was killed while it generated"
+        assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines), lines[-3:]
+        # The same request again (a new call: the first answer was delivered) runs on the survivor whole.
+        again, _ = await stream_text(rig, token)
+    finally:
+        for process in engines.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait(5)
+    survivor = ({"engine-a", "engine-b"} - set(killed)).pop()
+    first, second = await rig.records(execution_id, at_least=2)
+    assert list(first.output_ids) == reply, "one output: the tokens before the kill, then the rest"
+    assert (first.engine_id, first.num_migrations) == (survivor, 1)
+    assert len(first.output_logprobs) == len(reply)
+    assert (second.engine_id, second.num_migrations, list(second.output_ids)) == (survivor, 0, reply)
+    assert text == again, "the harness read the same text as from an engine that never died"
