@@ -21,7 +21,14 @@ def servers_back(state: StackState, state_dir: Path) -> bool:
     started again on them if they had stopped; False when one came back elsewhere."""
     same = True
     if state.embedded_nats:
-        same &= _port(start_nats(state_dir / "nats").url) == _port(state.nats_url)
+        # A secure stack's NATS comes back admitting only the user its URL names.
+        url = urllib.parse.urlsplit(state.nats_url)
+        auth = (
+            (urllib.parse.unquote(url.username or ""), urllib.parse.unquote(url.password))
+            if url.password
+            else None
+        )
+        same &= _port(start_nats(state_dir / "nats", auth=auth).url) == _port(state.nats_url)
     if state.embedded_postgres:
         same &= _port(start_postgres(state_dir / "postgres").url) == _port(state.database_url)
     return same
