@@ -31,7 +31,7 @@ from gyre.settings import KernelSettings
 from tests.proxy_support import Rig, start_rig, write_tokenizer
 from tests.wire_fuzz import ODD_STRINGS, leaks_internals
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))
 RANDOM = os.environ.get("FUZZ_RANDOM") == "1"
 STATUSES = {200, 400, 401, 404, 405, 413, 503}
 

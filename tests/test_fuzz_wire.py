@@ -37,7 +37,7 @@ from gyre.settings import KernelSettings
 from tests.wire_fuzz import Answer, call, leaks_internals, path_of, requests
 
 T = TypeVar("T")
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "10"))
 RANDOM = os.environ.get("FUZZ_RANDOM") == "1"
 REFUSALS = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -248,3 +248,19 @@ def test_every_trainer_method_refuses_bad_input_clearly(
 
     for running in _serve(start, kernel, "trainer"):
         fuzz_service(running, trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"])
+
+
+def test_every_cell_agent_method_refuses_bad_input_clearly(kernel: KernelSettings) -> None:
+    """The core cell's agent (a satellite's also starts a training worker process, not fuzzed)."""
+    from gyre.cell.v1 import cell_pb2
+    from services.cell.config import CellSettings
+    from services.cell.main import build
+
+    async def start(own: KernelSettings) -> ServiceHost:
+        settings = CellSettings(
+            cell_id="cell-0", core=True, scheduler_address="127.0.0.1:1", trainer_address="127.0.0.1:1"
+        )
+        return await build(settings, own)
+
+    for running in _serve(start, kernel, "cell"):
+        fuzz_service(running, cell_pb2.DESCRIPTOR.services_by_name["CellService"])
