@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,15 +23,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gyre.settings import KernelSettings
 from tests.proxy_support import Rig, start_rig, write_tokenizer
-from tests.wire_fuzz import ODD_STRINGS, leaks_internals
+from tests.wire_fuzz import ODD_STRINGS, budget, leaks_internals
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))
-RANDOM = os.environ.get("FUZZ_RANDOM") == "1"
+EXAMPLES = 100
 STATUSES = {200, 400, 401, 404, 405, 413, 503}
 
 
@@ -154,13 +152,7 @@ def _send(served: Served, method: str, path: str, credential: str, body: bytes) 
 def test_every_endpoint_answers_fuzzed_requests_clearly_and_keeps_serving(served: Served) -> None:
     seen: set[int] = set()
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        derandomize=not RANDOM,
-        suppress_health_check=list(HealthCheck),
-    )
+    @budget(EXAMPLES)
     @given(request=http_requests())
     def check(request: tuple[str, str, str, bytes]) -> None:
         method, path, credential, body = request
