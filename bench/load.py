@@ -298,7 +298,12 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
         await watcher
         recorded = await _revoke_all(proxy, executions)
         await channel.close(None)
-        events = await _recorded_events(nats_url, prefix)
+        events: dict[str, int] = {}
+        for _ in range(20):  # the outbox relay publishes what is durable within moments
+            events = await _recorded_events(nats_url, prefix)
+            if all(events.get(e, 0) >= n for e, n in answered.items()):
+                break
+            await asyncio.sleep(0.5)
         peak_rss = _peak_rss_mib(proxy_proc.pid)
     finally:
         _stop(procs)
