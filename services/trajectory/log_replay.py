@@ -23,11 +23,12 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
+from gyre.db.outbox_replay import TableDiff
 from gyre.errors import InvalidArgument, NotFound
 from services.trajectory.call_log import (
     SHAPE_COLUMNS,
@@ -79,19 +80,8 @@ class LogRange:
         return self
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProjectionDiff:
-    table: str
-    num_live: int
-    num_replayed: int
-    only_live: list[dict[str, Any]] = field(default_factory=list)
-    """Live rows the log does not produce (at most `max_rows` shown)."""
-    only_replayed: list[dict[str, Any]] = field(default_factory=list)
-    """Rows the log produces that the live projection lacks or holds differently."""
-
-    @property
-    def same(self) -> bool:
-        return not self.only_live and not self.only_replayed
+ProjectionDiff = TableDiff
+"""A projection's rows, live against replayed: the kernel's outbox replay shape."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
