@@ -43,18 +43,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import aiohttp
 import grpc
 import nats
 
-from bench.proxy import MESSAGES, _cpu_s, _register, _stop, _wait_http, scratch_servers
+from bench.proxy import MESSAGES, _cpu_s, _register, _stop, _wait_http, scratch_servers, stream_engine
 from bench.slice import pct
 from gyre.common.v1 import envelope_pb2
 from gyre.devstack.embedded import free_port
-from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
+from gyre.engine.v1 import engine_pb2_grpc
 from gyre.events import stream_name
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 
@@ -105,21 +104,6 @@ def _next_messages(messages: list[dict[str, str]], reply: str, k: int) -> list[d
     ]
 
 
-async def _engine_call(
-    stub: engine_pb2_grpc.EngineServiceStub, prompt_ids: list[int], *, max_tokens: int
-) -> int:
-    request = engine_pb2.GenerateTokensRequest(
-        request_id=str(uuid.uuid4()),
-        execution_id="bench-load",
-        prompt_ids=prompt_ids,
-        sampling=engine_pb2.SamplingParams(temperature=0, top_p=1, max_tokens=max_tokens),
-    )
-    n = 0
-    async for message in stub.GenerateTokens(request):  # type: ignore[attr-defined]
-        n += len(message.tokens.token_ids)
-    return n
-
-
 async def engines_alone(
     addresses: list[str],
     prompt_ids: list[int],
@@ -138,7 +122,9 @@ async def engines_alone(
         prompt = list(prompt_ids)
         for _ in range(calls):
             t0 = time.perf_counter()
-            await _engine_call(stubs[i % len(stubs)], prompt, max_tokens=max_tokens)
+            await stream_engine(
+                stubs[i % len(stubs)], prompt, max_tokens=max_tokens, execution_id="bench-load"
+            )
             latencies.append(time.perf_counter() - t0)
             prompt += [100 + j for j in range(max_tokens + 8)]
 
@@ -298,7 +284,12 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
         await watcher
         recorded = await _revoke_all(proxy, executions)
         await channel.close(None)
-        events = await _recorded_events(nats_url, prefix)
+        events: dict[str, int] = {}
+        for _ in range(20):  # the outbox relay publishes what is durable within moments
+            events = await _recorded_events(nats_url, prefix)
+            if all(events.get(e, 0) >= n for e, n in answered.items()):
+                break
+            await asyncio.sleep(0.5)
         peak_rss = _peak_rss_mib(proxy_proc.pid)
     finally:
         _stop(procs)

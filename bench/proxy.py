@@ -97,12 +97,17 @@ async def _stream_proxy(http: aiohttp.ClientSession, url: str, token: str, *, ma
     return lines
 
 
-async def _stream_engine(
-    stub: engine_pb2_grpc.EngineServiceStub, prompt_ids: list[int], *, max_tokens: int
+async def stream_engine(
+    stub: engine_pb2_grpc.EngineServiceStub,
+    prompt_ids: list[int],
+    *,
+    max_tokens: int,
+    execution_id: str = "bench",
 ) -> int:
+    """One greedy call straight to an engine (no proxy): how many tokens it streamed."""
     request = engine_pb2.GenerateTokensRequest(
         request_id=str(uuid.uuid4()),
-        execution_id="bench",
+        execution_id=execution_id,
         prompt_ids=prompt_ids,
         sampling=engine_pb2.SamplingParams(temperature=0, top_p=1, max_tokens=max_tokens),
     )
@@ -199,7 +204,7 @@ async def measure(
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
             for _ in range(10):  # warm both paths
-                await _stream_engine(engine, list(prompt_ids), max_tokens=output_tokens)
+                await stream_engine(engine, list(prompt_ids), max_tokens=output_tokens)
                 for token in tokens[:LATENCY_EXECUTIONS]:
                     await _stream_proxy(http, url, token, max_tokens=output_tokens)
             added_ms = []
@@ -207,7 +212,7 @@ async def measure(
             cpu_before = _cpu_s(proxy_pid)
             for i in range(requests):
                 t0 = time.perf_counter()
-                await _stream_engine(engine, list(prompt_ids), max_tokens=output_tokens)
+                await stream_engine(engine, list(prompt_ids), max_tokens=output_tokens)
                 t1 = time.perf_counter()
                 try:
                     token = tokens[i % LATENCY_EXECUTIONS]

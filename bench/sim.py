@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.scheduler.sim.bound import lower_bound_s
+from services.scheduler.sim.bound import cap_admission_bound, lower_bound_s
 from services.scheduler.sim.modes import simulate
+from services.scheduler.sim.path_bound import at_cap
 from services.scheduler.sim.report import ablation, compare, run_modes
 from services.scheduler.sim.workload import draw_executions, load_workload, parse_workload
 
@@ -99,11 +100,17 @@ def main() -> None:
     x = draw_executions(w)
     result = simulate("gyre", w, x)
     elapsed = time.perf_counter() - started
+    bound = lower_bound_s(w, x)
+    cap_bound = max(bound, cap_admission_bound(w, x))
     out["scale"] = {
         "cells": w.cells,
         "executions": w.total_executions,
         "gyre_wall_s": round(result.wall_s, 1),
-        "gyre_over_bound": round(result.wall_s / lower_bound_s(w, x), 4),
+        "gyre_over_bound": round(result.wall_s / bound, 4),
+        "cap_admission_bound_s": round(cap_bound, 1),
+        "gyre_over_cap_admission_bound": round(result.wall_s / cap_bound, 4),
+        "gyre_admits_at_cap": result.admitted_by_version
+        == at_cap(steps=w.steps, groups_per_step=w.groups_per_step, max_staleness=w.max_staleness),
         "num_switches": result.num_switches,
         "migrations": result.migrations,
         "simulated_in_s": round(elapsed, 2),

@@ -4,8 +4,7 @@ With `GYRE_TLS_CA_FILE`, `GYRE_TLS_CERT_FILE` and `GYRE_TLS_KEY_FILE` set, every
 kernel builds listens with TLS only and requires a client certificate signed by that CA, and
 every channel opened through `aio_channel` / `sync_channel` presents this process's certificate
 and checks the server's against the CA. Unset (the local stack without `--secure`, tests), both
-stay plaintext on 127.0.0.1. When the variables are unset, a local stack started with `--secure`
-provides them through its state file, so the `gyre` command reaches that stack.
+stay plaintext on 127.0.0.1. (The `gyre` command sets them from a `--secure` local stack's state.)
 
 Certificates name the hosts they serve (`127.0.0.1`, `localhost`, the service's DNS names);
 `GYRE_TLS_SERVER_NAME` overrides the name a client expects, for addresses no certificate names.
@@ -13,7 +12,6 @@ Certificates name the hosts they serve (`127.0.0.1`, `localhost`, the service's 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,6 @@ import grpc
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gyre.errors import InvalidArgument
-from gyre.settings import KernelSettings, stack_state_path
 
 Options = Sequence[tuple[str, Any]]
 
@@ -49,26 +46,9 @@ class TlsMaterial:
     server_name: str = ""
 
 
-def _settings() -> TlsSettings:
-    settings = TlsSettings()
-    if settings.ca_file is None and settings.cert_file is None and settings.key_file is None:
-        # Not configured here: a `gyre up --secure` stack names the client's files in its state.
-        kernel = KernelSettings()
-        try:
-            state = json.loads(stack_state_path(kernel.state_dir).read_text())
-        except (OSError, ValueError):
-            return settings
-        tls = state.get("tls") if isinstance(state, dict) else None
-        if isinstance(tls, dict) and tls.get("ca_file"):
-            return TlsSettings(
-                ca_file=Path(tls["ca_file"]), cert_file=Path(tls["cert_file"]), key_file=Path(tls["key_file"])
-            )
-    return settings
-
-
 def material() -> TlsMaterial | None:
     """This process's TLS files, read now; None when TLS is not configured."""
-    settings = _settings()
+    settings = TlsSettings()
     files = {"ca_file": settings.ca_file, "cert_file": settings.cert_file, "key_file": settings.key_file}
     if all(path is None for path in files.values()):
         return None

@@ -246,10 +246,21 @@ def command_path(argv: list[str]) -> str:
     return " ".join(words)
 
 
+def _present_stack_certificate() -> None:
+    """A `gyre up --secure` stack's services take only certified clients: be one of them."""
+    from gyre.devstack.processes import read_json
+    from gyre.settings import stack_state_path
+    from gyre_app.secure import use_tls_env
+
+    tls = (read_json(stack_state_path(KernelSettings().state_dir)) or {}).get("tls")
+    use_tls_env({f"GYRE_TLS_{k.upper()}": v for k, v in tls.items()} if isinstance(tls, dict) else {})
+
+
 def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
+    _present_stack_certificate()
     if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
         from gyre_app.warmstart.cli import main as warm_start
 

@@ -55,6 +55,13 @@ class SecureStack:
         }
 
 
+def use_tls_env(tls_env: dict[str, str]) -> None:
+    """Present a certificate on this process's channels (and its children's) unless GYRE_TLS_*
+    already say otherwise: the `gyre` command and `gyre up` as clients of a secure stack."""
+    if tls_env and not any(key.startswith("GYRE_TLS_") for key in os.environ):
+        os.environ.update(tls_env)
+
+
 def process_tls_env(state_dir: Path, name: str) -> dict[str, str]:
     """The GYRE_TLS_* settings of process `name` of the secure stack in `state_dir` (made by `prepare`)."""
     folder = state_dir / "secure"

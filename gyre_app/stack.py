@@ -230,6 +230,7 @@ def up(
     planned = processes(cells) if set(services) == set(SERVICES) else [(name, name) for name in services]
     state_dir = kernel.state_dir.resolve()
     secure = secure or (state_dir / "secure").is_dir()  # its Postgres and clients know no other way
+    secure_stack.use_tls_env(secure_stack.process_tls_env(state_dir, secure_stack.CLIENT) if secure else {})
     current = load_state(state_dir)
     if (
         current is not None

@@ -21,7 +21,11 @@ def servers_back(state: StackState, state_dir: Path) -> bool:
     started again on them if they had stopped; False when one came back elsewhere."""
     same = True
     if state.embedded_nats:
-        same &= _port(start_nats(state_dir / "nats").url) == _port(state.nats_url)
+        parts = urllib.parse.urlsplit(state.nats_url)  # a secure stack's NATS asks for its user
+        auth = None
+        if parts.username and parts.password:
+            auth = (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password))
+        same &= _port(start_nats(state_dir / "nats", auth=auth).url) == _port(state.nats_url)
     if state.embedded_postgres:
         same &= _port(start_postgres(state_dir / "postgres").url) == _port(state.database_url)
     return same

@@ -17,7 +17,6 @@ FUZZ_EXAMPLES=200 FUZZ_RANDOM=1 (fresh random examples each run).
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -29,16 +28,15 @@ import asyncpg
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from gyre.db.engine import libpq_url
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
-from tests.wire_fuzz import Answer, call, leaks_internals, path_of, requests
+from tests.wire_fuzz import Answer, budget, call, leaks_internals, path_of, requests
 
 T = TypeVar("T")
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "12"))
-RANDOM = os.environ.get("FUZZ_RANDOM") == "1"
+EXAMPLES = 10
 REFUSALS = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
@@ -119,13 +117,7 @@ def fuzz_service(running: Running, service: Any, *, skip: tuple[str, ...] = ()) 
 def _fuzz_method(running: Running, channel: grpc.Channel, method: Any) -> None:
     mutating = "request_id" in method.input_type.fields_by_name
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        derandomize=not RANDOM,
-        suppress_health_check=list(HealthCheck),
-    )
+    @budget(EXAMPLES)
     @given(bodies=requests(method))
     def check(bodies: list[bytes]) -> None:
         before = running.run(_row_counts(running.database_url, running.schema)) if mutating else None
@@ -248,3 +240,19 @@ def test_every_trainer_method_refuses_bad_input_clearly(
 
     for running in _serve(start, kernel, "trainer"):
         fuzz_service(running, trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"])
+
+
+def test_every_cell_agent_method_refuses_bad_input_clearly(kernel: KernelSettings) -> None:
+    """The core cell's agent (a satellite's also starts a training worker process, not fuzzed)."""
+    from gyre.cell.v1 import cell_pb2
+    from services.cell.config import CellSettings
+    from services.cell.main import build
+
+    async def start(own: KernelSettings) -> ServiceHost:
+        settings = CellSettings(
+            cell_id="cell-0", core=True, scheduler_address="127.0.0.1:1", trainer_address="127.0.0.1:1"
+        )
+        return await build(settings, own)
+
+    for running in _serve(start, kernel, "cell"):
+        fuzz_service(running, cell_pb2.DESCRIPTOR.services_by_name["CellService"])

@@ -12,14 +12,19 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from gyre.common.v1 import ids_pb2
 from gyre.db.engine import libpq_url, make_engine, make_sessionmaker
 from gyre.db.outbox_replay import OutboxRange, replay_outbox
 from gyre.devstack.scratch import scratch_kernel
 from gyre.errors import InvalidArgument, NotFound
 from gyre.evaluator.v1 import evaluator_pb2
+from gyre.events import new_event
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from gyre.scheduler.v1 import scheduler_pb2
 from gyre_app.migrations import upgrade
 from services.evaluator.consumer import store_reward
 from services.evaluator.event_projection import PROJECTION
+from services.scheduler.event_projection import PROJECTION as SCHEDULER_EVENTS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -88,3 +93,28 @@ async def test_ranges_past_the_log_are_refused_saying_where_it_ends(
         await replay_outbox(pg, PROJECTION, OutboxRange(since=datetime.now(UTC) + timedelta(hours=1)))
     with pytest.raises(InvalidArgument, match="from_position: must be >= 0"):
         await replay_outbox(pg, PROJECTION, OutboxRange(from_position=-1))
+
+
+async def test_a_range_after_a_tasks_submission_still_touches_it_by_its_step() -> None:
+    """The scheduler's fold: StepAssigned in the range names a task submitted before it."""
+    task_id, execution_id = str(uuid.uuid4()), str(uuid.uuid4())
+    task = scheduler_pb2.Task(
+        task_id=task_id,
+        spec=scheduler_pb2.TaskSpec(
+            name="t", family="terminal", prompt="p", group_size=1, harness="gyre-agent"
+        ),
+        executions=[ids_pb2.ExecutionRef(task_id=task_id, execution_id=execution_id)],
+    )
+    task.submitted_at.FromDatetime(datetime(2026, 12, 1, tzinfo=UTC))
+    events = [
+        new_event(scheduler_events.TaskSubmitted(task=task), producer="scheduler", correlation_id=task_id),
+        new_event(
+            scheduler_events.StepAssigned(step=3, task_ids=[task_id]),
+            producer="scheduler",
+            correlation_id="s",
+        ),
+    ]
+    whole, tail = SCHEDULER_EVENTS.fold(events), SCHEDULER_EVENTS.fold(events[1:])
+    key = (uuid.UUID(task_id),)
+    assert whole["tasks"][key][-1] == 3 and whole["tasks"][key][2] == "t"
+    assert list(tail["tasks"]) == [key] and not tail["executions"]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import grpc
 import nats
 import pytest
@@ -18,6 +19,8 @@ import pytest_asyncio
 from bench.scripted_model import ScriptedModel
 from gyre.bus import Bus, BusConfig
 from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.db.engine import libpq_url
+from gyre.db.outbox_replay import OutboxRange, replay_outbox
 from gyre.events import new_event, stream_name
 from gyre.runner.v1 import events_pb2 as runner_events_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
@@ -26,6 +29,7 @@ from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.runner.config import BUNDLED_TASKS as BUNDLED
 from services.runner.config import RunnerSettings
+from services.runner.event_projection import PROJECTION as RUNNER_EVENTS
 from services.runner.main import build_with_supervisor
 from services.runner.supervisor import Supervisor
 from services.scheduler.config import SchedulerSettings
@@ -361,6 +365,18 @@ async def test_a_filled_workspace_is_private_to_its_execution_and_wiped_on_relea
     assert not box.work.exists() and not box.path.exists()
 
 
+async def publish_scheduled(runner: Runner, ref: ids_pb2.ExecutionRef, *, prompt: str, harness: str) -> None:
+    """An ExecutionScheduled on the bus, as the scheduler would publish it."""
+    bus = await Bus.connect(BusConfig(url=runner.kernel.nats_url or "", prefix=runner.kernel.bus_prefix))
+    try:
+        scheduled = scheduler_events_pb2.ExecutionScheduled(
+            execution=ref, family="terminal", prompt=prompt, harness=harness, timeout_s=60
+        )
+        await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
+    finally:
+        await bus.close()
+
+
 async def test_an_execution_cancelled_before_it_was_scheduled_here_never_starts(runner: Runner) -> None:
     """CancelTask reaches the runner before the runner took the ExecutionScheduled up: when that
     event comes, the execution ends cancelled without starting (no harness, no workspace)."""
@@ -371,14 +387,7 @@ async def test_an_execution_cancelled_before_it_was_scheduled_here_never_starts(
     answer = (await runner.stub.CancelExecution(cancel)).execution
     assert answer.state == runner_pb2.EXECUTION_STATE_CANCELLED
     assert (await runner.stub.CancelExecution(cancel)).execution == answer  # the same answer again
-    bus = await Bus.connect(BusConfig(url=runner.kernel.nats_url or "", prefix=runner.kernel.bus_prefix))
-    try:
-        scheduled = scheduler_events_pb2.ExecutionScheduled(
-            execution=ref, family="terminal", prompt="Sleep.", harness="gyre-agent", timeout_s=60
-        )
-        await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
-    finally:
-        await bus.close()
+    await publish_scheduled(runner, ref, prompt="Sleep.", harness="gyre-agent")
     ended = await wait_ended(runner, ref.execution_id)
     assert ended.state == runner_pb2.EXECUTION_STATE_CANCELLED
     assert not ended.HasField("started_at") and ended.workspace_uri == ""
@@ -389,3 +398,21 @@ async def test_an_execution_cancelled_before_it_was_scheduled_here_never_starts(
         if e.correlation_id == ref.task_id
     ]
     assert types == ["ExecutionCancelled"]
+
+
+async def test_a_refused_launch_is_stored_as_its_event_says(runner: Runner) -> None:
+    """An ExecutionScheduled the runner refuses (an unknown harness) ends failed; the row holds the
+    reason its ExecutionFailed carries, so replaying the runner's events rebuilds every row."""
+    ref = ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4()))
+    await publish_scheduled(runner, ref, prompt="x", harness="no-such-harness")
+    ended = await wait_ended(runner, ref.execution_id)
+    assert ended.state == runner_pb2.EXECUTION_STATE_FAILED
+    assert ended.failure.reason.startswith("bad scheduled execution: harness")
+    assert runner.kernel.database_url is not None
+    pg = await asyncpg.connect(libpq_url(runner.kernel.database_url))
+    try:
+        replayed = await replay_outbox(pg, RUNNER_EVENTS, OutboxRange())
+    finally:
+        await pg.close()
+    assert replayed.same, replayed.diffs
+    assert replayed.diffs[0].num_replayed >= 1

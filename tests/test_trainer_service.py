@@ -165,7 +165,7 @@ async def test_executions_without_calls_do_not_hold_back_training(
     server_urls: tuple[str, str], tmp_path: Path
 ) -> None:
     """An execution that failed before its first model call has no calls, ever (the proxy counted
-    none): its group trains without it, and a group with no calls at all leaves the queue."""
+    none): its group trains without it, and a group with no calls at all leaves the queue, set aside."""
     async with trainer_and_trajectory(server_urls, tmp_path) as (
         kernel,
         trajectory,
@@ -188,6 +188,11 @@ async def test_executions_without_calls_do_not_hold_back_training(
         assert (list(first.task_ids), first.num_samples) == ([half], 1)
         assert (list(second.task_ids), second.num_samples) == ([full], 2)
         assert silent not in {t for s in await steps() for t in s.task_ids}
+        # Said aloud, so a scheduler that assigned it to a step assigns another in its place.
+        set_aside = await events_on_bus(kernel, "trainer", events_pb2.GroupSetAside)
+        assert [(e.task_id, e.reason) for e in set_aside] == [
+            (silent, "no execution of the group made a model call")
+        ]
 
 
 async def test_a_batch_the_trainer_refuses_stays_queued_and_trains_nothing(

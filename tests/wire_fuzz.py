@@ -10,15 +10,32 @@ bodies as a stream, a truncated one when the bodies are) and returns the status 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf import descriptor, message_factory
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 FD = descriptor.FieldDescriptor
+RANDOM = os.environ.get("FUZZ_RANDOM") == "1"
+
+
+def budget(default_examples: int) -> settings:
+    """Hypothesis settings of a wire fuzz: derandomized in CI (the same examples every run), or
+    FUZZ_RANDOM=1 for fresh ones; FUZZ_EXAMPLES overrides the number of examples."""
+    return settings(
+        max_examples=int(os.environ.get("FUZZ_EXAMPLES", default_examples)),
+        deadline=None,
+        database=None,
+        derandomize=not RANDOM,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
 ODD_STRINGS = [
     "",
     "\x00",

@@ -143,41 +143,56 @@ async def replay_outbox(
     keep_scratch: bool = False,
     max_rows: int = 5,
 ) -> OutboxReplay:
-    """Fold the log into `<schema>_replay_<hex>` and diff the rows the range touches with the live ones."""
-    events, start = await read_log(pg, projection.schema, log_range.check())
-    t0 = time.perf_counter()
-    rows = projection.fold(events)
-    touched = projection.fold(events[start:]) if start else rows
-    replay_s = time.perf_counter() - t0
-    scratch = f"{projection.schema}_replay_{uuid.uuid4().hex[:10]}"
-    live = f'"{projection.schema}"'
-    await pg.execute(f'CREATE SCHEMA "{scratch}"')
-    try:
-        diffs = []
-        for t in projection.tables:
-            cols = ", ".join(t.columns)
-            keys = ", ".join(t.key)
-            target = f'"{scratch}".{t.table}'
-            await pg.execute(
-                f"CREATE UNLOGGED TABLE {target} AS SELECT {cols} FROM {live}.{t.table} WITH NO DATA"
-            )
-            table_rows = rows.get(t.table, {})
-            records = [table_rows[k] for k in touched.get(t.table, {}) if k in table_rows]
-            await pg.copy_records_to_table(t.table, schema_name=scratch, records=records, columns=t.columns)
-            replayed = f"SELECT {cols} FROM {target}"
-            live_rows = f"SELECT {cols} FROM {live}.{t.table} WHERE ({keys}) IN (SELECT {keys} FROM {target})"
-            only_live = await pg.fetch(f"({live_rows}) EXCEPT ({replayed}) ORDER BY 1 LIMIT {max_rows}")
-            only_replayed = await pg.fetch(f"({replayed}) EXCEPT ({live_rows}) ORDER BY 1 LIMIT {max_rows}")
-            diffs.append(
-                TableDiff(
-                    table=t.table,
-                    num_live=await pg.fetchval(f"SELECT count(*) FROM ({live_rows}) x"),
-                    num_replayed=len(records),
-                    only_live=[dict(r) for r in only_live],
-                    only_replayed=[dict(r) for r in only_replayed],
-                )
-            )
-    finally:
+    """Fold the log into `<schema>_replay_<hex>` and diff the rows the range touches with the live ones.
+
+    One repeatable-read transaction reads the log and the live rows: a service writing meanwhile
+    (a row and its event commit together) cannot make them disagree. Without `keep_scratch` the
+    scratch schema is dropped in it; an error rolls all of it back.
+    """
+    async with pg.transaction(isolation="repeatable_read"):
+        events, start = await read_log(pg, projection.schema, log_range.check())
+        t0 = time.perf_counter()
+        rows = projection.fold(events)
+        touched = projection.fold(events[start:]) if start else rows
+        replay_s = time.perf_counter() - t0
+        scratch = f"{projection.schema}_replay_{uuid.uuid4().hex[:10]}"
+        await pg.execute(f'CREATE SCHEMA "{scratch}"')
+        diffs = [
+            await _diff_table(pg, projection.schema, scratch, t, rows, touched, max_rows=max_rows)
+            for t in projection.tables
+        ]
         if not keep_scratch:
             await pg.execute(f'DROP SCHEMA "{scratch}" CASCADE')
     return OutboxReplay(schema=scratch, num_events=len(events) - start, replay_s=replay_s, diffs=diffs)
+
+
+async def _diff_table(
+    pg: Any,
+    schema: str,
+    scratch: str,
+    t: TableProjection,
+    rows: Mapping[str, Mapping[Row, Row]],
+    touched: Mapping[str, Mapping[Row, Row]],
+    *,
+    max_rows: int,
+) -> TableDiff:
+    """COPY the replayed rows of the touched keys into the scratch table and compare with SQL."""
+    cols, keys = ", ".join(t.columns), ", ".join(t.key)
+    target = f'"{scratch}".{t.table}'
+    await pg.execute(
+        f'CREATE UNLOGGED TABLE {target} AS SELECT {cols} FROM "{schema}".{t.table} WITH NO DATA'
+    )
+    table_rows = rows.get(t.table, {})
+    records = [table_rows[k] for k in touched.get(t.table, {}) if k in table_rows]
+    await pg.copy_records_to_table(t.table, schema_name=scratch, records=records, columns=t.columns)
+    replayed = f"SELECT {cols} FROM {target}"
+    live = f'SELECT {cols} FROM "{schema}".{t.table} WHERE ({keys}) IN (SELECT {keys} FROM {target})'
+    only_live = await pg.fetch(f"({live}) EXCEPT ({replayed}) ORDER BY 1 LIMIT {max_rows}")
+    only_replayed = await pg.fetch(f"({replayed}) EXCEPT ({live}) ORDER BY 1 LIMIT {max_rows}")
+    return TableDiff(
+        table=t.table,
+        num_live=await pg.fetchval(f"SELECT count(*) FROM ({live}) x"),
+        num_replayed=len(records),
+        only_live=[dict(r) for r in only_live],
+        only_replayed=[dict(r) for r in only_replayed],
+    )

@@ -178,6 +178,11 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+PING = sse("ping", {"type": "ping"})
+"""Sent while the engine is silent (a long prompt's prefill), as Anthropic's API does: a client
+that gives up on an idle stream (Claude Code after 5 minutes) keeps waiting."""
+
+
 def message_start(*, message_id: str, model: str, prompt_tokens: int) -> bytes:
     start: dict[str, Any] = {
         "id": message_id,

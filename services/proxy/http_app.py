@@ -7,8 +7,9 @@ answered in the dialect's own error shape; nothing a harness sends can stop the 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -200,7 +201,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
             )
         )
         text_open = False
-        async for text in run.text_deltas():
+        async for text in with_pings(run.text_deltas(), every_s=PING_EVERY_S):
+            if text is None:
+                await response.write(anthropic_api.PING)
+                continue
             if not text_open:
                 await response.write(anthropic_api.text_block_start(0))
                 text_open = True
@@ -220,6 +224,39 @@ async def messages(request: web.Request) -> web.StreamResponse:
         await response.write(anthropic_api.sse("error", anthropic_api.error(_status(exc), exc.message)))
 
     return await _stream(request, run, response, write_all, write_error)
+
+
+PING_EVERY_S = 15.0
+
+
+async def with_pings(deltas: AsyncIterator[str], *, every_s: float) -> AsyncIterator[str | None]:
+    """The deltas, with a None after every `every_s` seconds none came (the stream pings then).
+
+    Example: deltas "a" at 1 s and "b" at 25 s, every_s=10 -> "a", None, None, "b"
+    """
+
+    async def next_delta() -> tuple[bool, str]:
+        try:
+            return True, await anext(deltas)
+        except StopAsyncIteration:
+            return False, ""
+
+    ahead: asyncio.Task[tuple[bool, str]] | None = None
+    try:
+        while True:
+            ahead = ahead or asyncio.ensure_future(next_delta())
+            done, _ = await asyncio.wait({ahead}, timeout=every_s)
+            if not done:
+                yield None
+                continue
+            more, text = ahead.result()
+            ahead = None
+            if not more:
+                return
+            yield text
+    finally:
+        if ahead is not None:
+            ahead.cancel()
 
 
 async def _whole(

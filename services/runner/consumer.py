@@ -110,13 +110,15 @@ class ScheduledEvents:
 
     async def _fail_now(self, session: AsyncSession, launch: Launch, problem: str, causation: str) -> None:
         kind = "harness_launch" if problem.startswith("harness") else "workspace"
+        # The row says what its ExecutionFailed says: `gyre replay --service runner` rebuilds it.
+        reason = f"bad scheduled execution: {problem}"
         await repo.update_execution(
             session,
             launch.execution_id,
             state="failed",
             ended_at=datetime.now(UTC),
             failure_kind=kind,
-            failure_reason=problem,
+            failure_reason=reason,
         )
         failed = events_pb2.ExecutionFailed(
             execution=execution_ref(launch),
@@ -124,7 +126,7 @@ class ScheduledEvents:
                 kind=runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_LAUNCH
                 if kind == "harness_launch"
                 else runner_pb2.EXECUTION_FAILURE_KIND_WORKSPACE,
-                reason=f"bad scheduled execution: {problem}",
+                reason=reason,
             ),
             family=launch.family,
             task=launch.task,

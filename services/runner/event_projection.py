@@ -27,6 +27,7 @@ COLUMNS = (
     "deadline",
     "exit_code",
     "failure_kind",
+    "failure_reason",
 )
 FAILURE_NAMES = {value: name for name, value in FAILURE_VALUES.items()}
 ENDS: dict[type[Any], str] = {
@@ -37,8 +38,7 @@ ENDS: dict[type[Any], str] = {
 }
 NOT_REPLAYED = (
     "executions that have not started (no event yet), the harness, family, task and timeout an execution "
-    "was launched with, ended_at (the commit's clock), failure_reason (a launch refused before it started "
-    "stores a shorter reason than its ExecutionFailed carries), created_at; the rpc_requests log"
+    "was launched with, ended_at (the commit's clock), created_at; the rpc_requests log"
 )
 
 
@@ -56,7 +56,7 @@ def fold(events: Sequence[envelope_pb2.Envelope]) -> Mapping[str, Mapping[Row, R
                 "task_id": uuid.UUID(ref.task_id),
                 "index_in_group": ref.index_in_group,
             }
-            | {"workspace_uri": "", "failure_kind": ""},
+            | {"workspace_uri": "", "failure_kind": "", "failure_reason": ""},
         )
         if isinstance(p, events_pb2.ExecutionStarted):
             row["state"] = "running"
@@ -69,6 +69,7 @@ def fold(events: Sequence[envelope_pb2.Envelope]) -> Mapping[str, Mapping[Row, R
             row["exit_code"] = p.exit_code
         elif isinstance(p, events_pb2.ExecutionFailed):
             row["failure_kind"] = FAILURE_NAMES[p.failure.kind]
+            row["failure_reason"] = p.failure.reason
             row["workspace_uri"] = p.workspace_uri
             row["exit_code"] = p.exit_code if p.HasField("exit_code") else None
     return {"executions": {k: tuple(r[c] for c in COLUMNS) for k, r in rows.items()}}

@@ -68,9 +68,10 @@ def fold(events: Sequence[envelope_pb2.Envelope]) -> Mapping[str, Mapping[Row, R
                 executions[(uuid.UUID(e.execution_id),)] = (uuid.UUID(e.execution_id), *key, e.index_in_group)
         elif isinstance(p, events_pb2.StepAssigned):
             for task_id in p.task_ids:
-                row = tasks.get((uuid.UUID(task_id),))
-                if row is not None:
-                    row[-1] = p.step
+                # A task submitted before the replayed range is still touched by it; one the log
+                # never submitted keeps its unknown columns empty, and the diff shows it.
+                key = (uuid.UUID(task_id),)
+                tasks.setdefault(key, [*key, *[None] * (len(TASK_COLUMNS) - 1)])[-1] = p.step
         elif isinstance(p, events_pb2.CellRegistered):
             c = p.cell
             cells[(c.cell_id,)] = tuple(getattr(c, name) for name in CELL_COLUMNS)

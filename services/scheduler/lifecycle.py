@@ -3,6 +3,7 @@
     execution: pending -> admitted -> running -> finished | timed_out | failed | cancelled
                -> graded -> trained
     task:      pending -> admitted -> running -> done -> graded -> trained   (or cancelled)
+    both:      ... -> set_aside (the trainer's GroupSetAside: the group will not be trained)
 
 `admitted` is the scheduler's own decision (`driver`); the rest comes from the runner's start and
 end events, the evaluator's `RewardAssigned`, the trajectory service's `GroupReady` and the
@@ -121,7 +122,13 @@ class LifecycleEvents:
             ),
             self._spec("evaluator", {evaluator_events.RewardAssigned: self.on_reward}),
             self._spec("trajectory", {trajectory_events.GroupReady: self.on_group_ready}),
-            self._spec("trainer", {trainer_events.StepCompleted: self.on_step_completed}),
+            self._spec(
+                "trainer",
+                {
+                    trainer_events.StepCompleted: self.on_step_completed,
+                    trainer_events.GroupSetAside: self.on_group_set_aside,
+                },
+            ),
         ]
 
     def _spec(self, producer: str, handlers: dict[type[Message], InTransaction]) -> ConsumerSpec:
@@ -176,6 +183,24 @@ class LifecycleEvents:
         key = _uuid(event.payload.task_id)
         if key is not None:
             await advance_tasks(session, [key], to="graded", allowed_from=("admitted", "running", "done"))
+
+    async def on_group_set_aside(self, session: AsyncSession, event: DecodedEvent) -> None:
+        """The trainer will not train this group: it leaves its step, which takes another group
+        (left assigned, the step would wait for it forever)."""
+        key = _uuid(event.payload.task_id)
+        if key is None:
+            return
+        moved = await advance_tasks(
+            session, [key], to="set_aside", allowed_from=("admitted", "running", "done", "graded")
+        )
+        if moved:
+            e = repo.executions.c
+            await session.execute(
+                sa.update(repo.executions)
+                .where(e.task_id == key, e.state.not_in(("trained", "cancelled")))
+                .values(state="set_aside")
+            )
+            log.warning("group_set_aside_observed", task_id=str(key), reason=event.payload.reason)
 
     async def on_step_completed(self, session: AsyncSession, event: DecodedEvent) -> None:
         p = event.payload

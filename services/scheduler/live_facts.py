@@ -20,8 +20,10 @@ from services.scheduler import repo
 from services.scheduler.cells import CellRecord
 from services.scheduler.live_view import LiveFacts
 
-STARTED = ("running", "finished", "timed_out", "failed", "cancelled", "graded", "trained")
-ENDED = ("finished", "timed_out", "failed", "cancelled", "graded", "trained")
+STARTED = ("running", "finished", "timed_out", "failed", "cancelled", "graded", "trained", "set_aside")
+ENDED = ("finished", "timed_out", "failed", "cancelled", "graded", "trained", "set_aside")
+GONE = ("trained", "set_aside")
+"""Groups out of the ready pool: trained, or set aside by the trainer (their step takes others)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,7 +117,7 @@ async def load_facts(
         members = by_task.get(task.task_id, [])
         # A ready group's executions all ended, whatever order the runner's and the trajectory
         # service's streams arrived in (they are not ordered with each other).
-        ready = task.state in ("graded", "trained")
+        ready = task.state in ("graded", *GONE)
         for state, _ in members:
             if ready or state in STARTED:
                 facts.execution_started()
@@ -123,7 +125,7 @@ async def load_facts(
                 facts.execution_ended(task.seq)
         if ready:
             facts.group_ready(task.seq, tokens=tokens_per_group, duration_s=sum(d for _, d in members))
-            if task.state == "trained":
+            if task.state in GONE:
                 facts.ready = [g for g in facts.ready if g.group_id != task.seq]
             elif task.assigned_step == cluster.version:
                 assigned.append(task.seq)

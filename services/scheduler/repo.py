@@ -213,7 +213,7 @@ async def step_in_progress(session: AsyncSession) -> bool:
     """Groups are assigned to the running step (index = the version) and not trained yet."""
     version = sa.select(cluster.c.version).where(cluster.c.id == 1).scalar_subquery()
     stmt = sa.select(tasks.c.task_id).where(
-        tasks.c.assigned_step == version, tasks.c.state.not_in(("trained", "cancelled"))
+        tasks.c.assigned_step == version, tasks.c.state.not_in(("trained", "cancelled", "set_aside"))
     )
     return (await session.execute(stmt.limit(1))).first() is not None
 

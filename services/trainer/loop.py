@@ -187,26 +187,34 @@ class StepLoop:
         exhausted = [g for g in groups if g.attempts >= self.settings.max_group_attempts]
         for group in exhausted:
             reason = group.last_error or "the trainer process died while training it"
-            event = new_event(
-                events_pb2.GroupSetAside(task_id=group.task_id, reason=reason, attempts=group.attempts),
-                producer=PRODUCER,
-                correlation_id=group.task_id,
-            )
             async with self.sessions() as session, session.begin():
                 await repo.set_aside(session, group.task_id)
-                await enqueue(session, repo.outbox, event)
+                await self._announce_set_aside(session, group, reason)
             log.error("group_set_aside", task_id=group.task_id, attempts=group.attempts, reason=reason)
         if exhausted:
             self.relay.poke()
         return bool(exhausted)
 
-    async def _consume_without_step(self, task_ids: list[str]) -> None:
-        """Groups with nothing to train on (no execution made a model call) leave the queue, said aloud:
-        left there they would hold back every later group."""
+    async def _consume_without_step(self, groups: list[repo.QueuedGroup]) -> None:
+        """Groups with nothing to train on (no execution made a model call) leave the queue, said
+        aloud: left there they would hold back every later group. `GroupSetAside` tells the
+        scheduler, whose step would otherwise wait for them."""
         version = self.cell.trainer.version
         async with self.sessions() as session, session.begin():
-            await repo.consume_groups(session, task_ids=task_ids, version=version)
-        log.warning("groups_consumed_without_samples", task_ids=task_ids, version=version)
+            await repo.consume_groups(session, task_ids=[g.task_id for g in groups], version=version)
+            for group in groups:
+                await self._announce_set_aside(session, group, "no execution of the group made a model call")
+        self.relay.poke()
+        log.warning("groups_consumed_without_samples", task_ids=[g.task_id for g in groups], version=version)
+
+    @staticmethod
+    async def _announce_set_aside(session: AsyncSession, group: repo.QueuedGroup, reason: str) -> None:
+        event = new_event(
+            events_pb2.GroupSetAside(task_id=group.task_id, reason=reason, attempts=group.attempts),
+            producer=PRODUCER,
+            correlation_id=group.task_id,
+        )
+        await enqueue(session, repo.outbox, event)
 
     async def train(self, groups: list[repo.QueuedGroup]) -> None:
         task_ids = [g.task_id for g in groups]
@@ -215,7 +223,7 @@ class StepLoop:
         samples = await self.source.fetch(task_ids)
         request = self.source.request_for(task_ids)
         if not samples:
-            await self._consume_without_step(task_ids)
+            await self._consume_without_step(groups)
             return
         trainer = self.cell.trainer
         report = await asyncio.to_thread(trainer.step, samples)

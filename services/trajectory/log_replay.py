@@ -23,11 +23,12 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
+from gyre.db.outbox_replay import TableDiff
 from gyre.errors import InvalidArgument, NotFound
 from services.trajectory.call_log import (
     SHAPE_COLUMNS,
@@ -79,19 +80,8 @@ class LogRange:
         return self
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProjectionDiff:
-    table: str
-    num_live: int
-    num_replayed: int
-    only_live: list[dict[str, Any]] = field(default_factory=list)
-    """Live rows the log does not produce (at most `max_rows` shown)."""
-    only_replayed: list[dict[str, Any]] = field(default_factory=list)
-    """Rows the log produces that the live projection lacks or holds differently."""
-
-    @property
-    def same(self) -> bool:
-        return not self.only_live and not self.only_replayed
+ProjectionDiff = TableDiff
+"""A projection's rows, live against replayed: the kernel's outbox replay shape."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,16 +277,20 @@ async def diff_projections(
 
 
 async def replay_and_diff(pg: Any, log_range: LogRange, *, keep_scratch: bool = False) -> LogReplay:
-    """Replay the range into `trajectory_replay_<hex>` and diff it against the live projections."""
-    execution_ids = await select_executions(pg, log_range.check())
-    schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
-    await create_scratch(pg, schema)
-    try:
+    """Replay the range into `trajectory_replay_<hex>` and diff it against the live projections.
+
+    One repeatable-read transaction reads the log and the live projections, so calls ingested
+    meanwhile (log rows and projections commit together) cannot make them disagree. Without
+    `keep_scratch` the scratch schema is dropped in it; an error rolls all of it back.
+    """
+    async with pg.transaction(isolation="repeatable_read"):
+        execution_ids = await select_executions(pg, log_range.check())
+        schema = f"trajectory_replay_{uuid.uuid4().hex[:10]}"
+        await create_scratch(pg, schema)
         t0 = time.perf_counter()
         num_calls = await replay_into(pg, schema, execution_ids)
         replay_s = time.perf_counter() - t0
         diffs = await diff_projections(pg, schema, execution_ids)
-    finally:
         if not keep_scratch:
             await pg.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return LogReplay(

@@ -99,9 +99,13 @@ class ExecutionTree:
         self.seg_depth: list[int] = []
         self.seg_owner: list[int] = []
         # Each segment's ancestry (segment ids and their first depths, root first): a position at
-        # a given depth on a path is then two bisects, not a walk up hundreds of segments.
+        # a given depth on a path is then two bisects, not a walk up hundreds of segments. A
+        # segment's ancestry is the first `seg_anc_len` entries of its lists, which it shares with
+        # the segments below it: one that extends its parent's tip appends to the parent's lists
+        # instead of copying them (a chain of calls then costs O(1) per segment, not O(depth)).
         self.seg_anc: list[list[int]] = []
         self.seg_anc_depth: list[list[int]] = []
+        self.seg_anc_len: list[int] = []
         self.children: dict[int, dict[int, int]] = {}
         self.calls: list[PlacedCall] = []
         self.call_seq: dict[str, int] = {}
@@ -129,8 +133,9 @@ class ExecutionTree:
         if depth < 0:
             return ROOT
         seg = self.seg_of(pos)
-        depths = self.seg_anc_depth[seg]
-        owner = self.seg_anc[seg][bisect.bisect_right(depths, depth) - 1]
+        owner = self.seg_anc[seg][
+            bisect.bisect_right(self.seg_anc_depth[seg], depth, 0, self.seg_anc_len[seg]) - 1
+        ]
         return self.seg_start[owner] + depth - self.seg_depth[owner]
 
     def path_spans(self, pos: int) -> list[tuple[int, int]]:
@@ -140,7 +145,8 @@ class ExecutionTree:
         """
         if pos == ROOT:
             return []
-        anc = self.seg_anc[self.seg_of(pos)]
+        seg = self.seg_of(pos)
+        anc = self.seg_anc[seg][: self.seg_anc_len[seg]]
         stops = [self.seg_parent[s] + 1 for s in anc[1:]]
         stops.append(pos + 1)
         return [(self.seg_start[s], stop) for s, stop in zip(anc, stops, strict=True)]
@@ -222,15 +228,25 @@ class ExecutionTree:
         self.seg_parent.append(parent)
         self.seg_owner.append(owner)
         if parent == ROOT:
-            self.seg_depth.append(0)
-            self.seg_anc.append([seg])
-            self.seg_anc_depth.append([0])
+            depth, anc, depths, n = 0, [seg], [0], 1
         else:
             parent_seg = self.seg_of(parent)
             depth = self.seg_depth[parent_seg] + parent - self.seg_start[parent_seg] + 1
-            self.seg_depth.append(depth)
-            self.seg_anc.append([*self.seg_anc[parent_seg], seg])
-            self.seg_anc_depth.append([*self.seg_anc_depth[parent_seg], depth])
+            anc, depths, n = (
+                self.seg_anc[parent_seg],
+                self.seg_anc_depth[parent_seg],
+                self.seg_anc_len[parent_seg],
+            )
+            if len(anc) == n:  # nothing hangs below the parent's ancestry yet: share it
+                anc.append(seg)
+                depths.append(depth)
+            else:  # a branch: the parent's ancestry goes on elsewhere
+                anc, depths = [*anc[:n], seg], [*depths[:n], depth]
+            n += 1
+        self.seg_depth.append(depth)
+        self.seg_anc.append(anc)
+        self.seg_anc_depth.append(depths)
+        self.seg_anc_len.append(n)
         self.n += k
         return start + k - 1
 

@@ -107,6 +107,10 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """A step trained on the group."""
     TASK_STATE_CANCELLED: _TaskState.ValueType  # 7
     """Cancelled by CancelTask."""
+    TASK_STATE_SET_ASIDE: _TaskState.ValueType  # 8
+    """The trainer set the group aside untrained (GroupSetAside: a group it kept failing on, or one
+    with nothing to train on); its step takes another group.
+    """
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """TaskState is where a task stands in its life."""
@@ -127,6 +131,10 @@ TASK_STATE_TRAINED: TaskState.ValueType  # 6
 """A step trained on the group."""
 TASK_STATE_CANCELLED: TaskState.ValueType  # 7
 """Cancelled by CancelTask."""
+TASK_STATE_SET_ASIDE: TaskState.ValueType  # 8
+"""The trainer set the group aside untrained (GroupSetAside: a group it kept failing on, or one
+with nothing to train on); its step takes another group.
+"""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
 class _ExecutionState:
@@ -155,6 +163,8 @@ class _ExecutionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Execut
     """A step trained on it."""
     EXECUTION_STATE_CANCELLED: _ExecutionState.ValueType  # 9
     """Cancelled before it ended."""
+    EXECUTION_STATE_SET_ASIDE: _ExecutionState.ValueType  # 10
+    """Its group was set aside by the trainer, untrained."""
 
 class ExecutionState(_ExecutionState, metaclass=_ExecutionStateEnumTypeWrapper):
     """ExecutionState is where one execution stands."""
@@ -179,6 +189,8 @@ EXECUTION_STATE_TRAINED: ExecutionState.ValueType  # 8
 """A step trained on it."""
 EXECUTION_STATE_CANCELLED: ExecutionState.ValueType  # 9
 """Cancelled before it ended."""
+EXECUTION_STATE_SET_ASIDE: ExecutionState.ValueType  # 10
+"""Its group was set aside by the trainer, untrained."""
 Global___ExecutionState: _TypeAlias = ExecutionState  # noqa: Y015
 
 @_typing.final

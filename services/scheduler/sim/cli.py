@@ -43,6 +43,11 @@ def _table(report: dict[str, Any]) -> str:
         f"gyre / lower bound = {report['gyre_over_bound']:.3f}; gyre is"
         f" {report['gyre_speedup_over_best_baseline']:.3f}x the best baseline ({report['best_baseline']})"
     )
+    lines.append(
+        f"bound of policies admitting at the staleness cap {report['cap_admission_bound_s'] / 3600:.2f} h,"
+        f" gyre / it = {report['gyre_over_cap_admission_bound']:.3f};"
+        f" admitting at the cap: {', '.join(report['modes_admitting_at_cap']) or 'none'}"
+    )
     if report["paper_h"]:
         lines.append("the paper's run: " + ", ".join(f"{k} {v:.1f} h" for k, v in report["paper_h"].items()))
     return "\n".join(lines)

@@ -30,7 +30,10 @@ minimised away) + the edge. By induction each l_u is at most L_u(a), so min l_S 
 schedule. Unlike the game of `chain_bound`, the path is chosen knowing every batch; what is lost
 is that the minimisations of different l_s may pick different older counts.
 
-The table has (2K + 1) * B-ish entries per count kept, so the work grows as ((K B)^(K+2)) * S;
+Edges from version 0 may use `first_costs` instead (`bound.first_batch_costs`: with P_0 = 0,
+a group's readiness may also count the wait for a rollout slot).
+
+Each admission count takes up to K * B + 1 values, so the work grows as (K B)^(K+2) * S;
 past `MAX_CELLS` the term is not computed (None).
 """
 
