@@ -302,6 +302,7 @@ class Supervisor:
         request = proxy_pb2.RegisterExecutionTokenRequest(
             request_id=f"register:{launch.execution_id}", token=token, execution=execution_ref(launch)
         )
+        request.min_policy_version.steps = launch.min_policy_version
         request.expires_at.FromDatetime(expires_at)
         try:
             await self.proxy.RegisterExecutionToken(request, timeout=30)
