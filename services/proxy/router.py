@@ -51,6 +51,8 @@ class Router:
         self.version_poll_s = version_poll_s
         self.num_waiting = 0
         """Calls waiting for an engine with new enough weights."""
+        self._asks: dict[str, asyncio.Future[None]] = {}
+        self._asked_at: dict[str, float] = {}
 
     def loads(self) -> list[Load]:
         return [Load(route=r, num_in_flight=self.in_flight.get(r.engine_id, 0)) for r in self.routes.values()]
@@ -79,6 +81,14 @@ class Router:
                 )
                 if route is not None:
                     self.sticky[execution_id] = route.engine_id
+                    if waiting:
+                        log.info(
+                            "call_waited_for_weights",
+                            execution_id=execution_id,
+                            min_version=min_version,
+                            engine_id=route.engine_id,
+                            waited_s=round(self.version_wait_s - (deadline - time.monotonic()), 3),
+                        )
                     return route
                 if time.monotonic() >= deadline:
                     break
@@ -117,21 +127,32 @@ class Router:
         return route
 
     async def refresh(self, routes: Collection[Route]) -> None:
-        """Ask engines for the version of their loaded weights (those that do not answer keep theirs)."""
-        if not routes:
+        """Ask engines for the version of their loaded weights (those that do not answer keep theirs).
+
+        Every waiting call asks, so the asks are shared: an engine is asked at most once per
+        `version_poll_s`, and callers arriving meanwhile await that one answer."""
+        now = time.monotonic()
+        asks = []
+        for route in routes:
+            ask = self._asks.get(route.engine_id)
+            if ask is None or (
+                ask.done() and now - self._asked_at.get(route.engine_id, 0.0) >= self.version_poll_s
+            ):
+                ask = asyncio.ensure_future(self._ask(route))
+                self._asks[route.engine_id], self._asked_at[route.engine_id] = ask, now
+            asks.append(asyncio.shield(ask))  # a caller that goes away does not cancel the others' ask
+        if asks:
+            await asyncio.gather(*asks)
+
+    async def _ask(self, route: Route) -> None:
+        try:
+            stats = await self.pool.stub(route.address).GetEngineStats(
+                engine_pb2.GetEngineStatsRequest(), timeout=STATS_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.info("engine_version_unknown", engine_id=route.engine_id, error=exc.code().name)
             return
-
-        async def ask(route: Route) -> None:
-            try:
-                stats = await self.pool.stub(route.address).GetEngineStats(
-                    engine_pb2.GetEngineStatsRequest(), timeout=STATS_TIMEOUT_S
-                )
-            except grpc.aio.AioRpcError as exc:
-                log.info("engine_version_unknown", engine_id=route.engine_id, error=exc.code().name)
-                return
-            self.observed_version(route.engine_id, int(stats.policy_version.steps))
-
-        await asyncio.gather(*(ask(route) for route in routes))
+        self.observed_version(route.engine_id, int(stats.policy_version.steps))
 
     def call_started(self, engine_id: str) -> None:
         self.in_flight[engine_id] = self.in_flight.get(engine_id, 0) + 1
