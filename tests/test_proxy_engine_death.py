@@ -128,29 +128,43 @@ async def stream_text(rig: Rig, token: str) -> tuple[str, list[str]]:
     return text, lines
 
 
-async def test_a_call_on_an_engine_killed_mid_stream_ends_on_the_other_engine_unbroken(
-    rig: Rig, tmp_path: Path
-) -> None:
-    stop_id = rig.scripter.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    reply = [100 + i % 200 for i in range(NUM_TOKENS - 1)] + [stop_id]  # what bench.scripted_engine answers
-    engines: dict[str, subprocess.Popen[bytes]] = {}
+@pytest_asyncio.fixture(loop_scope="session")
+async def engines(rig: Rig, tmp_path: Path) -> AsyncIterator[dict[str, subprocess.Popen[bytes]]]:
+    """Two scripted engine processes behind the proxy, killed at the end (stopped ones too)."""
+    processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        await start_engines(rig, engines, stop_id, tmp_path)
-        token, execution_id = await rig.register_execution()
-        killed: list[str] = []
-        killer = asyncio.create_task(signal_its_engine(rig, engines, signal.SIGKILL, killed))
-        text, lines = await stream_text(rig, token)
-        await killer
-        assert killed, "the engine was killed while it generated"
-        assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines), lines[-3:]
-        # The same request again (a new call: the first answer was delivered) runs on the survivor whole.
-        again, _ = await stream_text(rig, token)
+        await start_engines(rig, processes, stop_id(rig), tmp_path)
+        yield processes
     finally:
-        for process in engines.values():
+        for process in processes.values():
             if process.poll() is None:
-                process.kill()
+                process.kill()  # SIGKILL ends a stopped process too
             process.wait(5)
+
+
+def stop_id(rig: Rig) -> int:
+    return int(rig.scripter.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+
+def scripted_reply(rig: Rig) -> list[int]:
+    """What bench.scripted_engine answers."""
+    return [100 + i % 200 for i in range(NUM_TOKENS - 1)] + [stop_id(rig)]
+
+
+async def test_a_call_on_an_engine_killed_mid_stream_ends_on_the_other_engine_unbroken(
+    rig: Rig, engines: dict[str, subprocess.Popen[bytes]]
+) -> None:
+    token, execution_id = await rig.register_execution()
+    killed: list[str] = []
+    killer = asyncio.create_task(signal_its_engine(rig, engines, signal.SIGKILL, killed))
+    text, lines = await stream_text(rig, token)
+    await killer
+    assert killed, "the engine was killed while it generated"
+    assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines), lines[-3:]
+    # The same request again (a new call: the first answer was delivered) runs on the survivor whole.
+    again, _ = await stream_text(rig, token)
     survivor = ({"engine-a", "engine-b"} - set(killed)).pop()
+    reply = scripted_reply(rig)
     first, second = await rig.records(execution_id, at_least=2)
     assert list(first.output_ids) == reply, "one output: the tokens before the kill, then the rest"
     assert (first.engine_id, first.num_migrations) == (survivor, 1)
@@ -160,31 +174,23 @@ async def test_a_call_on_an_engine_killed_mid_stream_ends_on_the_other_engine_un
 
 
 async def test_a_call_on_an_engine_that_hangs_with_its_stream_open_ends_on_the_other_engine(
-    rig: Rig, tmp_path: Path
+    rig: Rig, engines: dict[str, subprocess.Popen[bytes]]
 ) -> None:
     """SIGSTOP: the engine's connection stays open and sends nothing, so only the stall timeout
     can tell the call's stream is dead."""
-    stop_id = rig.scripter.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    reply = [100 + i % 200 for i in range(NUM_TOKENS - 1)] + [stop_id]
-    engines: dict[str, subprocess.Popen[bytes]] = {}
+    token, execution_id = await rig.register_execution()
+    frozen: list[str] = []
     rig.proxy.calls.engine_stall_s = STALL_S
     try:
-        await start_engines(rig, engines, stop_id, tmp_path)
-        token, execution_id = await rig.register_execution()
-        frozen: list[str] = []
         freezer = asyncio.create_task(signal_its_engine(rig, engines, signal.SIGSTOP, frozen))
         text, lines = await stream_text(rig, token)
         await freezer
     finally:
         rig.proxy.calls.engine_stall_s = 0.0
-        for process in engines.values():
-            if process.poll() is None:
-                process.kill()  # SIGKILL ends a stopped process too
-            process.wait(5)
     assert frozen, "the engine hung while it generated"
     assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines), lines[-3:]
     survivor = ({"engine-a", "engine-b"} - set(frozen)).pop()
     (record,) = await rig.records(execution_id, at_least=1)
-    assert list(record.output_ids) == reply, "the tokens before the hang, then the rest"
+    assert list(record.output_ids) == scripted_reply(rig), "the tokens before the hang, then the rest"
     assert (record.engine_id, record.num_migrations) == (survivor, 1)
     assert text, "the harness read the answer"

@@ -16,7 +16,7 @@ import grpc
 import openai
 import pytest
 import pytest_asyncio
-from proxy_support import Rig, start_rig
+from proxy_support import Rig, greedy_stream, start_rig
 
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.proxy.v1 import proxy_pb2
@@ -27,7 +27,6 @@ from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 K = 1
 """The scheduler's staleness bound in these checks: admitted at v, trained by step v+K."""
-MESSAGES = [{"role": "user", "content": "Fix the failing test and run the test suite again."}]
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +96,7 @@ async def load(engine: object, version: int, tiny_model: Path) -> None:
 
 
 async def stream(rig: Rig, token: str, *, max_tokens: int, during: object = None) -> str:
-    client = openai.AsyncOpenAI(base_url=f"{rig.http_url}/v1", api_key=token, max_retries=0)
-    chunks = await client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        stream=True,
-        temperature=0,
-        max_tokens=max_tokens,  # type: ignore[arg-type]
-    )
-    parts: list[str] = []
-    async for chunk in chunks:
-        if chunk.choices:
-            parts.append(chunk.choices[0].delta.content or "")
-        if during is not None:
-            await during(parts)  # type: ignore[operator]
-    return "".join(parts)
+    return await greedy_stream(rig.http_url, token, max_tokens=max_tokens, during=during)  # type: ignore[arg-type]
 
 
 def token_versions(record: proxy_pb2.CallRecord) -> list[int]:
