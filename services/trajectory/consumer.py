@@ -59,7 +59,13 @@ async def publish_if_ready(session: AsyncSession, task_id: str, *, causation_id:
         causation_id=causation_id,
     )
     await enqueue(session, repo.outbox, event)
-    log.info("group_ready", task_id=task_id, group_size=len(members), unassessable=len(unassessable))
+    log.info(
+        "group_ready",
+        task_id=task_id,
+        group_size=len(members),
+        unassessable=len(unassessable),
+        replacements=await repo.count_replacements(session, task_id),
+    )
     return True
 
 

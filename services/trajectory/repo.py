@@ -320,6 +320,13 @@ async def load_outcomes(session: AsyncSession, execution_ids: list[str]) -> dict
     return outcomes
 
 
+async def count_replacements(session: AsyncSession, task_id: str) -> int:
+    """Members of the group that replace an infrastructure failure."""
+    ge = group_executions.c
+    stmt = sa.select(sa.func.count()).where(ge.task_id == uuid.UUID(task_id), ge.replaces.is_not(None))
+    return int(await session.scalar(stmt) or 0)
+
+
 async def unassessable_executions(session: AsyncSession, execution_ids: list[str]) -> set[str]:
     """The executions among `execution_ids` whose grade was not assessable."""
     rows = await session.execute(

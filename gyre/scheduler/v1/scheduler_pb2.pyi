@@ -953,7 +953,9 @@ class Task(_message.Message):
 
     @_builtins.property
     def executions(self) -> _containers.RepeatedCompositeFieldContainer[_ids_pb2.ExecutionRef]:
-        """The executions of its group, `spec.group_size` of them, in group order."""
+        """The executions of its group, `spec.group_size` of them, in group order, then any replacements
+        of infrastructure failures (see `Execution.replaces`).
+        """
 
     @_builtins.property
     def submitted_at(self) -> _timestamp_pb2.Timestamp:
