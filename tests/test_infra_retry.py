@@ -206,7 +206,11 @@ async def test_a_runner_lost_execution_is_replaced_and_the_group_trains_with_the
         assert spare.state == pb.EXECUTION_STATE_ADMITTED  # scheduled through the runner's event
         scheduled = await events_on_bus(s.rig.kernel, "scheduler", scheduler_events.ExecutionScheduled)
         assert [e.execution.execution_id for e in scheduled].count(spare.execution.execution_id) == 1
-        assert infra_failures("true") == replaced_before + 1
+
+        async def counted() -> bool:  # the relay counts it once the bus accepted the event
+            return infra_failures("true") == replaced_before + 1
+
+        await eventually(counted, timeout_s=30, what="the replaced failure counted")
 
         # The failure again: redelivered as it was (another message id, the same event id), and
         # re-sent under a new event id. Neither schedules a second replacement.

@@ -21,6 +21,7 @@ def test_an_open_group_with_allowance_left_gets_a_replacement(state: str) -> Non
     [
         ("running", 2, 2, 60.0, "allowance spent (2 of 2 retries used)"),
         ("running", 0, 0, 60.0, "allowance spent (0 of 0 retries used)"),
+        ("trained", 0, 0, 60.0, "allowance spent (0 of 0 retries used)"),
         ("cancelled", 2, 0, 60.0, "the task is cancelled"),
         ("graded", 2, 0, 60.0, "the task is graded: its group no longer rolls out"),
         ("set_aside", 2, 0, 60.0, "the task is set_aside: its group no longer rolls out"),

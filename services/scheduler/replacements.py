@@ -40,9 +40,11 @@ from services.scheduler.tasks import execution_limit_s
 
 log = structlog.get_logger(__name__)
 PRODUCER = "scheduler"
-FAILED_FROM = ("pending", "admitted", "running", "finished", "timed_out", "failed")
+FAILED_FROM = ("pending", "admitted", "running", "finished", "timed_out", "failed", "trained", "set_aside")
 """States an infrastructure failure is recorded from: the grade may come before the runner's end
-event (the two streams are not ordered with each other)."""
+event, and, where no retry was allowed, after the trainer's step (the trajectory service did not
+wait for this decision): the streams are not ordered with each other. Not `graded`: that was an
+assessable grade."""
 
 
 async def record_unassessable(

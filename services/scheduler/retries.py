@@ -38,13 +38,15 @@ def decide_replacement(
     """
     if task_state == "cancelled":
         return RetryDecision(replace=False, reason="the task is cancelled")
-    if task_state not in OPEN_TASK_STATES:
-        return RetryDecision(replace=False, reason=f"the task is {task_state}: its group no longer rolls out")
+    # Before the group's state: with the allowance spent the trajectory service did not wait for
+    # this decision, so the group may be ready or trained already; the allowance is the reason.
     if num_replacements >= max_infra_retries:
         return RetryDecision(
             replace=False,
             reason=f"allowance spent ({num_replacements} of {max_infra_retries} retries used)",
         )
+    if task_state not in OPEN_TASK_STATES:
+        return RetryDecision(replace=False, reason=f"the task is {task_state}: its group no longer rolls out")
     if limit_s <= 0:
         return RetryDecision(replace=False, reason="the task's deadline has passed")
     return RetryDecision(replace=True, reason="")
