@@ -298,9 +298,15 @@ def executions_list(
         return
     table(
         "executions",
-        ("execution_id", "task_id", "index", "state"),
+        ("execution_id", "task_id", "index", "state", "replaced_by / replaces"),
         (
-            (e.execution.execution_id, e.execution.task_id, e.execution.index_in_group, scheduler_state(e))
+            (
+                e.execution.execution_id,
+                e.execution.task_id,
+                e.execution.index_in_group,
+                scheduler_state(e),
+                e.replaced_by or e.replaces,  # an infrastructure failure and its replacement
+            )
             for e in found
         ),
     )
