@@ -44,6 +44,7 @@ def progress_dict(p: TaskProgress) -> dict[str, Any]:
         "num_rewarded": p.num_rewarded,
         "ready": p.ready,
         "rewards": list(p.rewards),
+        "num_unassessable": p.num_unassessable,
     }
 
 
@@ -109,9 +110,9 @@ def submit(
         async for p in client.watch([t.task_id for t in tasks], timeout_s=watch_timeout_s):
             seen.append(p)
             if not as_json:
-                console.print(
-                    f"{p.task_id} {p.state}: {p.num_rewarded}/{p.group_size} rewarded, ready={p.ready}"
-                )
+                failed = f" ({p.num_unassessable} not assessable)" if p.num_unassessable else ""
+                rewarded = f"{p.num_rewarded}/{p.group_size} rewarded{failed}"
+                console.print(f"{p.task_id} {p.state}: {rewarded}, ready={p.ready}")
         return seen
 
     tasks = run(send)
