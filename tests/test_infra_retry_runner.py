@@ -47,11 +47,6 @@ async def test_a_sandbox_that_cannot_be_created_is_replaced_and_the_replacement_
             RunnerSettings(
                 sandbox_root=REPO / ".gyre" / "test-sandboxes" / uuid.uuid4().hex[:8],
                 proxy_base_url=url,
-                memory_mb=1024,
-                max_procs=64,
-                disk_mb=64,
-                file_size_mb=16,
-                cpu_s=60,
             ),
             kernel,
         )
