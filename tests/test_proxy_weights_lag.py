@@ -236,3 +236,28 @@ async def test_a_token_with_a_version_beyond_the_range_is_refused_naming_the_fie
         await register(rig, min_version=2**63)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "min_policy_version.steps" in (refused.value.details() or "")
+
+
+async def test_an_engine_back_on_older_weights_than_the_proxy_knew_refuses_and_the_next_call_waits(
+    lagging: tuple[Rig, ServiceHost, object], tiny_model: Path
+) -> None:
+    """The proxy's version of an engine is only ever too low, unless the engine restarted on older
+    weights at the same address: then the engine's own check refuses, and the proxy asks again."""
+    rig, _, engine = lagging
+    router = rig.proxy.calls.router
+    v = await loaded_version(engine) + 1
+    router.observed_version("torch-lag", v)  # as if the engine had held v before a restart
+    token, _ = await register(rig, min_version=v)
+    client = openai.AsyncOpenAI(base_url=f"{rig.http_url}/v1", api_key=token, max_retries=0)
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with pytest.raises(openai.InternalServerError) as refused:
+        await client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    assert refused.value.status_code == 503 and "min_policy_version" in str(refused.value)
+    call = asyncio.ensure_future(client.chat.completions.create(**ask))  # type: ignore[call-overload]
+    for _ in range(300):  # bounded: 30 s for the retry to reach the proxy's wait
+        if router.num_waiting == 1 or call.done():
+            break
+        await asyncio.sleep(0.1)
+    assert router.num_waiting == 1 and not call.done(), "the proxy asked the engine again and waits"
+    await load(engine, v, tiny_model)
+    assert (await call).choices[0].message is not None
