@@ -99,6 +99,16 @@ async def stream(rig: Rig, token: str, *, max_tokens: int, during: object = None
     return await greedy_stream(rig.http_url, token, max_tokens=max_tokens, during=during)  # type: ignore[arg-type]
 
 
+async def held(rig: Rig, call: asyncio.Future[object]) -> bool:
+    """Whether the call reaches the proxy's wait for weights (and is still there)."""
+    router = rig.proxy.calls.router
+    for _ in range(300):  # bounded: 30 s for the call to reach the proxy's wait
+        if router.num_waiting == 1 or call.done():
+            break
+        await asyncio.sleep(0.1)
+    return router.num_waiting == 1 and not call.done()
+
+
 def token_versions(record: proxy_pb2.CallRecord) -> list[int]:
     """Each output token's policy version (one version for all when the weights did not change)."""
     return list(record.output_policy_versions) or [record.policy_version.steps] * len(record.output_ids)
@@ -144,11 +154,7 @@ async def test_a_call_admitted_at_a_version_the_engine_lacks_waits_and_is_genera
     token, execution_id = await register(rig, min_version=v)
     sampled_before = (await engine.GetEngineStats(engine_pb2.GetEngineStatsRequest())).num_output_tokens  # type: ignore[attr-defined]
     call = asyncio.ensure_future(stream(rig, token, max_tokens=24))
-    for _ in range(300):  # bounded: 30 s for the call to reach the proxy's wait
-        if router.num_waiting == 1 or call.done():
-            break
-        await asyncio.sleep(0.1)
-    assert router.num_waiting == 1 and not call.done(), "the call waits for weights of version v"
+    assert await held(rig, call), "the call waits for weights of version v"
     stats = await engine.GetEngineStats(engine_pb2.GetEngineStatsRequest())  # type: ignore[attr-defined]
     assert stats.num_output_tokens == sampled_before, "nothing was sampled with the old weights"
     await load(engine, v, tiny_model)
@@ -254,10 +260,6 @@ async def test_an_engine_back_on_older_weights_than_the_proxy_knew_refuses_and_t
         await client.chat.completions.create(**ask)  # type: ignore[call-overload]
     assert refused.value.status_code == 503 and "min_policy_version" in str(refused.value)
     call = asyncio.ensure_future(client.chat.completions.create(**ask))  # type: ignore[call-overload]
-    for _ in range(300):  # bounded: 30 s for the retry to reach the proxy's wait
-        if router.num_waiting == 1 or call.done():
-            break
-        await asyncio.sleep(0.1)
-    assert router.num_waiting == 1 and not call.done(), "the proxy asked the engine again and waits"
+    assert await held(rig, call), "the proxy asked the engine again and waits"
     await load(engine, v, tiny_model)
     assert (await call).choices[0].message is not None
