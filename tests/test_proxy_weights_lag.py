@@ -199,12 +199,12 @@ async def test_a_call_that_outwaits_the_bound_gets_a_503_naming_the_version(
     router = rig.proxy.calls.router
     v = await loaded_version(engine)
     ahead, _ = await register(rig, min_version=v + 5)
-    router.version_wait_s = 0.3
+    waited_s, router.version_wait_s = router.version_wait_s, 0.3
     try:
         with pytest.raises(openai.InternalServerError) as refused:
             await stream(rig, ahead, max_tokens=4)
     finally:
-        router.version_wait_s = 60.0
+        router.version_wait_s = waited_s
     assert refused.value.status_code == 503
     assert f"policy version {v + 5} or newer" in str(refused.value)
     assert router.num_waiting == 0
