@@ -81,18 +81,27 @@ class ScriptedRunner:
         length = LENGTHS[self.count % len(LENGTHS)]
         score = float(self.count % 2)
         self.count += 1
-        task = asyncio.create_task(self.run(event.payload.execution, length=length, score=score))
+        task = asyncio.create_task(
+            self.run(
+                event.payload.execution,
+                length=length,
+                score=score,
+                admitted_version=event.payload.admitted_version.steps,
+            )
+        )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def publish(self, payload: object, producer: str, correlation_id: str) -> None:
         await self.bus.publish(new_event(payload, producer=producer, correlation_id=correlation_id))  # type: ignore[arg-type]
 
-    async def run(self, ref: object, *, length: int, score: float) -> None:
+    async def run(self, ref: object, *, length: int, score: float, admitted_version: int) -> None:
         task_id, execution_id = ref.task_id, ref.execution_id  # type: ignore[attr-defined]
         started = time.monotonic()
         await self.publish(runner_events.ExecutionStarted(execution=ref), "runner", task_id)  # type: ignore[arg-type]
-        token = await self.live.register_execution(execution_id=execution_id, task_id=task_id)
+        token = await self.live.register_execution(
+            execution_id=execution_id, task_id=task_id, admitted_version=admitted_version
+        )
         client = openai.AsyncOpenAI(base_url=f"{self.live.http_url}/v1", api_key=token, max_retries=0)
         stream: Any = await client.chat.completions.create(
             model="tiny",
