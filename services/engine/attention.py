@@ -1,9 +1,10 @@
 """Prefill attention for the torch engine: a prompt chunk over a long cached prefix, on CPU kernels.
 
 A chunk of T new tokens after P cached ones needs bottom-right causal attention over P + T keys.
-Handed an explicit [T, P + T] mask, torch's SDPA leaves its CPU flash kernel for the math path
-(the whole score matrix in memory), and transformers copies the one KV head once per query head
-(`repeat_kv`). Here the chunk is split instead:
+transformers' SDPA path builds an explicit [T, P + T] mask for it (torch's `is_causal` is
+top-left aligned), which the kernel then reads for every block, and, with a mask, copies the one
+KV head once per query head (`repeat_kv`: the whole cache, every layer, every chunk). Here the
+chunk is split instead:
 
     prefix part: every new token sees all P cached keys      -> no mask at all
     block part:  the T new tokens among themselves, causal    -> `is_causal` (square, so exact)

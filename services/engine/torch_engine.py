@@ -6,7 +6,7 @@ whose attention honours 4-D boolean masks and per-row position ids (Qwen2, Llama
 
 Prefill: at most `prefill_chunk_tokens` prompt tokens per step (`_prefill_some`), so a long prompt
 is cached over several steps while the running sequences decode in each; its attention runs on
-CPU flash kernels (attention.py), not transformers' masked math path.
+CPU flash kernels without a mask (attention.py), not transformers' masked SDPA path.
 
 Decode batching: running sequences share one left-padded DynamicCache; each row's padding is
 masked out and its position ids are its own, so rows of different lengths decode together. The
