@@ -23,12 +23,17 @@ def greedy(n: int) -> Sampling:
     return Sampling(temperature=0.0, max_tokens=n)
 
 
+def finish(engine: TorchEngine) -> None:
+    for _ in range(1000):  # bounded: one chunk or one token a step
+        if not engine.has_work():
+            return
+        engine.step()
+    raise AssertionError("the engine still has work after 1000 steps")
+
+
 def run_alone(engine: TorchEngine, request_id: str, prompt: list[int], n: int) -> list[int]:
     engine.submit(request_id=request_id, execution_id="", prompt_ids=prompt, sampling=greedy(n))
-    for _ in range(10 * (len(prompt) + n)):  # bounded: one chunk or one token a step
-        if not engine.has_work():
-            break
-        engine.step()
+    finish(engine)
     return engine.get(request_id).output_ids
 
 
@@ -36,13 +41,10 @@ def test_a_chunk_prefilled_prompt_generates_what_a_one_shot_prefill_generates(mo
     chunked = TorchEngine(model_dir, engine_id="chunked", prefill_chunk_tokens=CHUNK)
     one_shot = TorchEngine(model_dir, engine_id="one-shot", prefill_chunk_tokens=len(LONG))
     chunked.submit(request_id="r", execution_id="", prompt_ids=LONG, sampling=greedy(12))
-    steps_before_first_token = 0
-    while not chunked.step():
-        steps_before_first_token += 1
+    steps_before_first_token = next(i for i in range(100) if chunked.step())  # bounded
     assert steps_before_first_token == math.ceil((len(LONG) - 1) / CHUNK) - 1
     assert chunked.num_prefill_tokens == len(LONG) - 1
-    while chunked.has_work():
-        chunked.step()
+    finish(chunked)
     expected = run_alone(one_shot, "r", LONG, 12)
     assert one_shot.num_prefill_tokens == len(LONG) - 1
     assert chunked.get("r").output_ids == expected
@@ -61,18 +63,18 @@ def test_a_running_generation_decodes_a_token_every_step_while_a_long_prompt_pre
     long = engine.get("long")
     cached = [long.num_cached]
     emitted: list[str] = []
-    while long.status is Status.WAITING:
+    for _ in range(100):  # bounded: one chunk a step
         emitted = [e.request_id for e in engine.step()]
         cached.append(long.num_cached)
-        if long.status is Status.WAITING:
-            assert emitted == ["short"]  # the prefilling prompt holds nobody back
+        if long.status is not Status.WAITING:
+            break
+        assert emitted == ["short"]  # the prefilling prompt holds nobody back
     # One chunk a step; the step that caches the prompt's rest also decodes its first token.
     steps = math.ceil((len(LONG) - 1) / CHUNK)
     assert cached == [i * CHUNK for i in range(steps)] + [len(LONG)]
     assert sorted(emitted) == ["long", "short"]
     assert len(engine.get("short").output_ids) == 1 + steps
-    while engine.has_work():
-        engine.step()
+    finish(engine)
     assert engine.get("short").output_ids == run_alone(alone, "short", SHORT, 40)
 
 
@@ -89,10 +91,7 @@ def test_a_generation_paused_mid_prefill_moves_and_finishes_as_if_never_paused(m
     assert header.num_cached_tokens == 3 * CHUNK
     target.import_kv(header, data)
     target.resume("m")
-    for _ in range(100):  # bounded
-        if not target.has_work():
-            break
-        target.step()
+    finish(target)
     assert target.num_prefill_tokens == len(LONG) - 1 - 3 * CHUNK
     assert target.get("m").output_ids == run_alone(
         TorchEngine(model_dir, engine_id="whole", prefill_chunk_tokens=len(LONG)), "m", LONG, 10
