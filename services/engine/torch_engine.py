@@ -111,7 +111,7 @@ class TorchEngine:
         engine_id: str,
         policy_version: int = 0,
         max_batch: int = 32,
-        prefill_chunk_tokens: int = 512,
+        prefill_chunk_tokens: int = 2048,
         prefix_cache_max_tokens: int = 65536,
         max_kv_tokens: int = 1 << 20,
     ) -> None:
