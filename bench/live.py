@@ -46,6 +46,7 @@ from bench.live_measure import (
     assumed,
     export_command,
     measured_costs,
+    samples_fetch_s,
     simulate_export,
 )
 from bench.slice import servers
@@ -136,8 +137,10 @@ async def run_mode(
         )
         async with GyreClient(addresses) as client:
             collected = await collect(client, [])
+            fetch_s = await samples_fetch_s(client, len(steps_seen))
     record.step_started = sampler.started
-    costs = measured_costs(record, trained_tokens=sum(t.tokens for t in collected.traces))
+    trained = sum(t.tokens for t in collected.traces)
+    costs = measured_costs(record, trained_tokens=trained, fetch_s=fetch_s)
     options = assumed(record, costs)
     complete = len(steps_seen) == steps
     sim_wall = (

@@ -23,6 +23,7 @@ from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.scheduler.v1 import scheduler_pb2_grpc
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from gyre_app.client import GyreClient
 from gyre_app.trace_export import Assumed
 
 SAMPLE_S = 0.1
@@ -130,6 +131,7 @@ class Costs:
     training_to_rollout_s: float
     migrate_s: float
     group_setup_s: float
+    step_start_s: float
 
 
 def median_or(values: list[float], default: float) -> float:
@@ -159,10 +161,15 @@ GROUP_SETUP_S = 0.05
 """Assumed: forming a gloo group of a few local processes (not measured by any event)."""
 
 
-def measured_costs(run: RunRecord, *, trained_tokens: int) -> Costs:
+def measured_costs(run: RunRecord, *, trained_tokens: int, fetch_s: list[float]) -> Costs:
     """The run's costs in the simulator's terms; `trained_tokens` in the trace's units (the
     selected trajectories' tokens of the executions the steps trained), so that the simulator
-    trains the trace's tokens at the rate the run trained them."""
+    trains the trace's tokens at the rate the run trained them.
+
+    A step's time outside its compute (from the trainer starting it to its `StepCompleted`) is
+    split: before the compute the trainer fetches the samples (`fetch_s`, timed by
+    `samples_fetch_s`; the simulator's `step_start_s`: cells switching in meanwhile train from the
+    first microbatch), after it the checkpoint, the weights and the commit (`step_overhead_s`)."""
     to_training = [s for s in run.switches if s.ok and s.to_role == pb.CELL_ROLE_TRAINING]
     to_rollout = [s for s in run.switches if s.ok and s.to_role == pb.CELL_ROLE_ROLLOUT]
     cell_s = sum(d * w for d, w, _ in run.steps)
@@ -171,9 +178,11 @@ def measured_costs(run: RunRecord, *, trained_tokens: int) -> Costs:
         for v, (duration, _, seen) in enumerate(run.steps, start=1)
         if v in run.step_started
     ]
+    start = median_or(fetch_s, 0.0)
     return Costs(
         tokens_per_s_per_cell=trained_tokens / cell_s if cell_s > 0 else 1.0,
-        step_overhead_s=median_or(overhead, 0.0),
+        step_overhead_s=max(0.0, median_or(overhead, 0.0) - start),
+        step_start_s=start,
         # The drain is the simulator's migration (it pauses the moved executions and the cell).
         rollout_to_training_s=median_or([s.total_s - s.drain_s for s in to_training], 0.0),
         training_to_rollout_s=median_or([s.total_s for s in to_rollout], 0.0),
@@ -194,6 +203,7 @@ def assumed(run: RunRecord, costs: Costs) -> Assumed:
         training_to_rollout_s=costs.training_to_rollout_s,
         migrate_s=costs.migrate_s,
         group_setup_s=costs.group_setup_s,
+        step_start_s=costs.step_start_s,
         microbatch_tokens=run.microbatch_tokens,
         weight_bytes=run.weight_bytes,
         link_bytes_per_s=LINK_BYTES_PER_S,
@@ -217,3 +227,18 @@ def simulate_export(mode: str, workload_path: Path) -> float:
 
     w = load_workload(workload_path)
     return simulate(SIM_MODE[mode], w, draw_executions(w)).wall_s
+
+
+async def samples_fetch_s(client: GyreClient, steps: int) -> list[float]:
+    """How long the trajectory service takes to serve each trained step's samples, timed again
+    after the run with the request the trainer recorded for the step (`Step.samples_request`):
+    the part of a step before its first microbatch, which no event reports."""
+    took = []
+    for version in range(1, steps + 1):
+        step = await client.step(version)
+        if not step.HasField("samples_request"):
+            continue
+        started = time.monotonic()
+        await client.stream_samples(step.samples_request)
+        took.append(time.monotonic() - started)
+    return took

@@ -167,6 +167,9 @@ def export(
     group_setup_s: Annotated[
         float | None, typer.Option(help="assumed: forming a data-parallel group")
     ] = None,
+    step_start_s: Annotated[
+        float | None, typer.Option(help="assumed: a step's assignment to its first microbatch")
+    ] = None,
     microbatch_tokens: Annotated[int | None, typer.Option(help="the trainer's microbatch")] = None,
     weight_bytes: Annotated[float | None, typer.Option(help="bytes a replica all-reduces")] = None,
     link_bytes_per_s: Annotated[float | None, typer.Option(help="assumed: a cell's link")] = None,
@@ -184,6 +187,7 @@ def export(
         training_to_rollout_s=training_to_rollout_s,
         migrate_s=migrate_s,
         group_setup_s=group_setup_s,
+        step_start_s=step_start_s,
         microbatch_tokens=microbatch_tokens,
         weight_bytes=weight_bytes,
         link_bytes_per_s=link_bytes_per_s,

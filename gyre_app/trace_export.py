@@ -53,6 +53,7 @@ class Assumed:
     # Optional costs: None leaves the workload schema's default (`sim.workload`).
     migrate_s: float | None = None
     group_setup_s: float | None = None
+    step_start_s: float | None = None
     microbatch_tokens: int | None = None
     weight_bytes: float | None = None
     link_bytes_per_s: float | None = None
@@ -97,7 +98,7 @@ def workload(name: str, trace_file: str, *, measured: Measured, assumed: Assumed
         "training": {
             "tokens_per_s_per_cell": assumed.tokens_per_s_per_cell,
             "step_overhead_s": assumed.step_overhead_s,
-            **assumed.optional("microbatch_tokens", "group_setup_s", "weight_bytes"),
+            **assumed.optional("microbatch_tokens", "group_setup_s", "step_start_s", "weight_bytes"),
         },
         "switch": {
             "rollout_to_training_s": assumed.rollout_to_training_s,

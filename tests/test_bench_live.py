@@ -34,9 +34,10 @@ def test_rounds_alternate_the_order_of_the_modes() -> None:
 
 
 def test_costs_come_from_the_runs_steps_and_successful_switches() -> None:
-    costs = measured_costs(_record(), trained_tokens=800)
+    costs = measured_costs(_record(), trained_tokens=800, fetch_s=[0.1, 0.3, 0.2])
     assert costs.tokens_per_s_per_cell == 200.0  # 800 tokens in 2*1 + 1*2 cell-seconds
-    assert costs.step_overhead_s == pytest.approx(0.4)  # median of 0.5 and 0.3
+    # Outside the compute: median 0.4 (0.5 and 0.3), of which the samples' fetch (median 0.2) first.
+    assert (costs.step_start_s, costs.step_overhead_s) == pytest.approx((0.2, 0.2))
     assert costs.rollout_to_training_s == 0.4  # the drain is the migration: 0.5 and 0.3 less it
     assert (costs.training_to_rollout_s, costs.migrate_s) == (1.2, 0.4)
 
@@ -44,7 +45,9 @@ def test_costs_come_from_the_runs_steps_and_successful_switches() -> None:
 def test_the_printed_export_command_is_one_gyre_trace_export_accepts() -> None:
     record = _record()
     line = export_command(
-        Path("/tmp/x"), "live-gyre-1", assumed(record, measured_costs(record, trained_tokens=800))
+        Path("/tmp/x"),
+        "live-gyre-1",
+        assumed(record, measured_costs(record, trained_tokens=800, fetch_s=[0.2])),
     )
     argv = shlex.split(line)
     assert argv[:3] == ["gyre", "trace", "export"]
@@ -52,6 +55,7 @@ def test_the_printed_export_command_is_one_gyre_trace_export_accepts() -> None:
     params = command.make_context("export", argv[3:]).params
     assert (params["cells"], params["executions_per_cell"], params["microbatch_tokens"]) == (3, 2, 4096)
     assert params["tokens_per_s_per_cell"] == 200.0 and params["link_bytes_per_s"] == 1e9
+    assert params["step_start_s"] == 0.2
 
 
 def test_each_mode_is_summarised_by_its_medians_and_each_round_by_its_fastest() -> None:

@@ -29,13 +29,14 @@ def test_costs_given_as_options_reach_the_simulators_workload(tmp_path: Path) ->
         training_to_rollout_s=1.1,
         migrate_s=0.2,
         group_setup_s=0.05,
+        step_start_s=0.25,
         microbatch_tokens=4096,
         weight_bytes=5.6e6,
         link_bytes_per_s=1e9,
     )
     w = parse_workload(workload("t", "t.jsonl", measured=MEASURED, assumed=assumed), base_dir=tmp_path)
     assert (w.cells, w.steps, w.group_size, w.executions_per_cell) == (3, 3, 2, 2)
-    assert (w.migrate_s, w.group_setup_s, w.microbatch_tokens) == (0.2, 0.05, 4096)
+    assert (w.migrate_s, w.group_setup_s, w.microbatch_tokens, w.step_start_s) == (0.2, 0.05, 4096, 0.25)
     assert (w.weight_bytes, w.link_bytes_per_s) == (5.6e6, 1e9)
     assert (w.rollout_to_training_s, w.training_to_rollout_s) == (0.4, 1.1)
     assert w.duration.values == (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
@@ -46,4 +47,4 @@ def test_costs_not_given_keep_the_schemas_defaults(tmp_path: Path) -> None:
     data = workload("t", "t.jsonl", measured=MEASURED, assumed=Assumed(cells=3, async_rollout_cells=2))
     assert "migrate_s" not in data["rollout"] and "group_setup_s" not in data["training"]
     w = parse_workload(data, base_dir=tmp_path)
-    assert (w.migrate_s, w.group_setup_s) == (DEFAULT_MIGRATE_S, DEFAULT_GROUP_SETUP_S)
+    assert (w.migrate_s, w.group_setup_s, w.step_start_s) == (DEFAULT_MIGRATE_S, DEFAULT_GROUP_SETUP_S, 0.0)
