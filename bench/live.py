@@ -236,6 +236,8 @@ async def main_async(*, steps: int, modes: list[str], rounds: int, out: Path | N
                             name=f"live-{mode}-{i}",
                         )
                     )
+                if out is not None:  # each run as it ends: a long benchmark cut short keeps them
+                    (out / f"live-{mode}-{i}.result.json").write_text(json.dumps(runs[mode][-1]))
     return summarize(runs, orders)
 
 
