@@ -60,7 +60,6 @@ from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre_app.cli_trace import collect, write
 from gyre_app.client import GyreClient, ServiceAddresses
 from gyre_app.demo import EventTap
-from services.trainer.config import TrainerSettings
 
 GROUP_SIZE = 2
 SLOTS = 2
@@ -80,7 +79,6 @@ async def run_mode(
         record = RunRecord(
             cells=len(live.satellites) + 1,
             slots=SLOTS,
-            microbatch_tokens=TrainerSettings().microbatch_max_tokens,
             weight_bytes=gradient_bytes(model),
         )
         specs = [

@@ -144,7 +144,6 @@ class RunRecord:
 
     cells: int
     slots: int
-    microbatch_tokens: int
     weight_bytes: float
     steps: list[tuple[float, int, float]] = field(default_factory=list)
     """Per StepCompleted: (duration_s, DP world size, monotonic time seen)."""
@@ -204,7 +203,6 @@ def assumed(run: RunRecord, costs: Costs) -> Assumed:
         migrate_s=costs.migrate_s,
         group_setup_s=costs.group_setup_s,
         step_start_s=costs.step_start_s,
-        microbatch_tokens=run.microbatch_tokens,
         weight_bytes=run.weight_bytes,
         link_bytes_per_s=LINK_BYTES_PER_S,
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -120,6 +122,11 @@ def write(out_dir: Path, name: str, collected: Collected, assumed: Assumed) -> d
         raise NotFound(
             f"no ended execution with model calls to export (skipped: {collected.skipped or 'none'})"
         )
+    if assumed.microbatch_tokens is None:
+        # The trainer makes one microbatch per execution (`plan_microbatches`), so a round of the
+        # simulator's (a microbatch per training cell) holds one execution's tokens: their mean.
+        mean = round(statistics.mean(t.tokens for t in traces))
+        assumed = dataclasses.replace(assumed, microbatch_tokens=max(1, mean))
     data = workload(name, f"{name}.jsonl", measured=collected.measured, assumed=assumed)
     from services.scheduler.sim.workload import parse_workload
 
@@ -170,7 +177,9 @@ def export(
     step_start_s: Annotated[
         float | None, typer.Option(help="assumed: a step's assignment to its first microbatch")
     ] = None,
-    microbatch_tokens: Annotated[int | None, typer.Option(help="the trainer's microbatch")] = None,
+    microbatch_tokens: Annotated[
+        int | None, typer.Option(help="tokens a cell trains per round; default: an execution's mean")
+    ] = None,
     weight_bytes: Annotated[float | None, typer.Option(help="bytes a replica all-reduces")] = None,
     link_bytes_per_s: Annotated[float | None, typer.Option(help="assumed: a cell's link")] = None,
     as_json: JsonOpt = False,

@@ -110,7 +110,8 @@ def workload(name: str, trace_file: str, *, measured: Measured, assumed: Assumed
 
 HEADER = """# Exported by `gyre trace export` from a live run.
 # Measured: execution.duration_s and execution.tokens (trace file), group_size, groups_per_step,
-#   steps, max_staleness, execution.timeout_s.
+#   steps, max_staleness, execution.timeout_s; training.microbatch_tokens unless given (the
+#   executions' mean tokens: the trainer makes one microbatch per execution).
 # From the command's options (not measured by the live services yet; `bench.live` passes what it
 #   measured on its run): cells, async_rollout_cells, rollout.*, training.*, switch.*.
 """

@@ -6,8 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gyre_app.trace_export import Assumed, Measured, workload
-from services.scheduler.sim.workload import DEFAULT_GROUP_SETUP_S, DEFAULT_MIGRATE_S, parse_workload
+from gyre_app.cli_trace import Collected, write
+from gyre_app.trace_export import Assumed, ExecutionTrace, Measured, workload
+from services.scheduler.sim.workload import (
+    DEFAULT_GROUP_SETUP_S,
+    DEFAULT_MIGRATE_S,
+    load_workload,
+    parse_workload,
+)
 
 MEASURED = Measured(group_sizes=[2, 2, 2], groups_per_step=[1, 1, 1], max_staleness=1, timeouts_s=[600.0] * 3)
 
@@ -48,3 +54,26 @@ def test_costs_not_given_keep_the_schemas_defaults(tmp_path: Path) -> None:
     assert "migrate_s" not in data["rollout"] and "group_setup_s" not in data["training"]
     w = parse_workload(data, base_dir=tmp_path)
     assert (w.migrate_s, w.group_setup_s, w.step_start_s) == (DEFAULT_MIGRATE_S, DEFAULT_GROUP_SETUP_S, 0.0)
+
+
+def test_the_microbatch_defaults_to_an_executions_mean_tokens(tmp_path: Path) -> None:
+    """The trainer makes one microbatch per execution: unless given, a simulated round holds one
+    execution's tokens."""
+    traces = [
+        ExecutionTrace(
+            execution_id=f"e{i}",
+            task_id=f"t{i // 2}",
+            duration_s=1.0 + i,
+            tokens=100 * (i + 1),
+            timed_out=False,
+            num_calls=1,
+        )
+        for i in range(6)
+    ]
+    collected = Collected(traces=traces, skipped={}, measured=MEASURED)
+    summary = write(
+        tmp_path, "run", collected, Assumed(cells=3, async_rollout_cells=2, executions_per_cell=2)
+    )
+    assert load_workload(summary["workload"]).microbatch_tokens == 350  # mean of 100..600
+    given = Assumed(cells=3, async_rollout_cells=2, executions_per_cell=2, microbatch_tokens=4096)
+    assert load_workload(write(tmp_path, "run2", collected, given)["workload"]).microbatch_tokens == 4096
