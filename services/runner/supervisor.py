@@ -232,6 +232,7 @@ class Supervisor:
                 family=launch.family,
                 task=launch.task,
             )
+            log.info("execution_out_of_time", by="deadline" if outcome.killed else "harness_budget")
             await self._end(run, "timed_out", event)
         elif outcome.killed == "" and outcome.exit_code == 0:
             event = events_pb2.ExecutionFinished(
