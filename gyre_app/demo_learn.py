@@ -34,11 +34,12 @@ from gyre.errors import GyreError
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre_app.client import GyreClient, ServiceAddresses
-from gyre_app.demo import EventTap
+from gyre_app.demo import WATCHED, EventTap
 from gyre_app.report_gather import gather
 from gyre_app.report_model import Report
 from gyre_app.report_render import write_report
@@ -96,7 +97,9 @@ class Progress:
     executions: set[str]
     submitted: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("started", "finished", "timed out", "failed", "rewarded"), 0)
+        default_factory=lambda: dict.fromkeys(
+            ("started", "finished", "timed out", "failed", "infra failed", "replaced", "rewarded"), 0
+        )
     )
     rewards: list[float] = field(default_factory=list)
     partial: int = 0
@@ -120,8 +123,14 @@ class Progress:
                 self.counts["failed"] += 1
             case evaluator_events.RewardAssigned() if p.grade.execution_id in self.executions:
                 self.counts["rewarded"] += 1
-                self.rewards.append(p.grade.score)
+                if p.grade.assessable:  # an infrastructure failure is no reward of 0
+                    self.rewards.append(p.grade.score)
                 self.partial += int(p.grade.partial)
+            case scheduler_events.ExecutionReplacementDecided() if not p.cancelled:
+                self.counts["infra failed"] += 1
+                if p.HasField("replacement"):
+                    self.counts["replaced"] += 1
+                    self.executions.add(p.replacement.execution_id)
             case trainer_events.StepCompleted():
                 self.step = max(self.step, int(p.version.steps))
                 self.staleness.append(p.staleness_mean_steps)
@@ -221,7 +230,7 @@ async def train(
     """Keep `in_flight` training tasks submitted (the next one as each step completes) and follow
     the bus until the trainer has taken `steps` steps; returns the last weights' folder."""
     bus = await Bus.connect(BusConfig(url=state.nats_url, prefix=prefix), name="gyre-demo-learn")
-    tap = EventTap(bus)
+    tap = EventTap(bus, (*WATCHED, scheduler_events.ExecutionReplacementDecided))
     await tap.start()
     started = time.monotonic()
     progress = Progress(set())

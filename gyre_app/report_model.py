@@ -85,6 +85,8 @@ class Report:
     num_partial: int = 0
     """Assessable grades of executions that did not finish (timed out, or crashed with their
     workspace): partial credit for what the workspace held."""
+    num_replacements: int = 0
+    """Executions run in place of infrastructure failures (kept out of baseline and loss)."""
 
     def summary(self) -> dict[str, object]:
         rewards = [s.reward_mean for s in self.steps if s.reward_mean is not None]
@@ -99,6 +101,7 @@ class Report:
             "num_grades": self.num_grades,
             "num_unassessable": self.num_unassessable,
             "num_partial": self.num_partial,
+            "num_replacements": self.num_replacements,
             "checks": {
                 c.name: {"weight": round(c.weight, 6), "mean_score": round(c.mean_score, 6)}
                 for c in self.checks

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 from gyre.common.v1 import ids_pb2
 from gyre.scheduler.v1 import events_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from services.scheduler.cells import CellRecord, Registration
-from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedTask, TaskSpec, spec_from_record
+from services.scheduler.tasks import (
+    DEFAULT_INFRA_RETRIES,
+    SCALAR_SPEC_FIELDS,
+    PlannedTask,
+    TaskSpec,
+    spec_from_record,
+)
 
 
 def spec_from_proto(msg: pb.TaskSpec) -> TaskSpec:
     deadline = msg.deadline.ToDatetime(tzinfo=UTC) if msg.HasField("deadline") else None
-    return spec_from_record(msg, labels=msg.labels, deadline=deadline)
+    spec = spec_from_record(msg, labels=msg.labels, deadline=deadline)
+    if not msg.HasField("max_infra_retries"):  # unset is the default, not 0
+        spec = dataclasses.replace(spec, max_infra_retries=DEFAULT_INFRA_RETRIES)
+    return spec
 
 
 def spec_to_proto(spec: TaskSpec) -> pb.TaskSpec:

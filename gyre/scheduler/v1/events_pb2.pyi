@@ -271,3 +271,60 @@ class StepAssigned(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StepAssigned: _TypeAlias = StepAssigned  # noqa: Y015
+
+@_typing.final
+class ExecutionReplacementDecided(_message.Message):
+    """ExecutionReplacementDecided: an execution's grade was not assessable (an infrastructure
+    failure: sandbox, grader or runner crash, engine lost), so it is out of its group's baseline and
+    loss, and the scheduler decided whether an execution runs in its place. Published once per
+    such execution; the trajectory service waits for it (while the task's allowance has retries
+    left) before it calls the group ready, so a group never trains without its replacement.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_FIELD_NUMBER: _builtins.int
+    REPLACEMENT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    NUM_REPLACEMENTS_FIELD_NUMBER: _builtins.int
+    MAX_INFRA_RETRIES_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why the grade was not assessable (the evaluator's reason), or, without a replacement, also
+    why none was scheduled (the allowance is spent, the task was cancelled or its deadline passed).
+    """
+    num_replacements: _builtins.int
+    """Replacements scheduled for the group so far, this one included."""
+    max_infra_retries: _builtins.int
+    """The task's `max_infra_retries`."""
+    cancelled: _builtins.bool
+    """The task was cancelled: its executions are graded not assessable, which is no infrastructure
+    failure; never replaced, not counted as one.
+    """
+    @_builtins.property
+    def execution(self) -> _ids_pb2.ExecutionRef:
+        """The execution whose grade was not assessable."""
+
+    @_builtins.property
+    def replacement(self) -> _ids_pb2.ExecutionRef:
+        """The replacement, scheduled in the same group (`index_in_group` from `group_size` on); unset
+        when none was scheduled.
+        """
+
+    def __init__(
+        self,
+        *,
+        execution: _ids_pb2.ExecutionRef | None = ...,
+        replacement: _ids_pb2.ExecutionRef | None = ...,
+        reason: _builtins.str = ...,
+        num_replacements: _builtins.int = ...,
+        max_infra_retries: _builtins.int = ...,
+        cancelled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "replacement", b"replacement"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "execution", b"execution", "max_infra_retries", b"max_infra_retries", "num_replacements", b"num_replacements", "reason", b"reason", "replacement", b"replacement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecutionReplacementDecided: _TypeAlias = ExecutionReplacementDecided  # noqa: Y015
