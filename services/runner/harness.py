@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gyre.sandbox.limits import SandboxLimits
+
+if TYPE_CHECKING:  # the outcome's type only: this module stays free of the sandbox's I/O
+    from gyre.sandbox.host import Outcome
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,3 +189,22 @@ def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
         "GYRE_PROMPT_FILE": i.prompt_file,
     }
     return LaunchPlan(argv=plan.argv, env=env)
+
+
+def crash_reason(outcome: Outcome, log_tail: str) -> str:
+    """Why a started harness counts as crashed (pure).
+
+    Example: crash_reason(Outcome(exit_code=139), "") -> "the harness died of signal 11 (SIGSEGV)"
+    """
+    if outcome.killed:
+        why = f"the runner killed the harness: {outcome.killed.replace('_', ' ')} exceeded"
+    elif outcome.exit_code is not None and outcome.exit_code > 128:
+        sig = outcome.exit_code - 128
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
+        why = f"the harness died of signal {sig} ({name})"
+    else:
+        why = f"the harness exited with code {outcome.exit_code}"
+    return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why

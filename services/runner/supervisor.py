@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch, recovered_launch
-from services.runner.harness import HarnessInput, limits_for, plan_launch, spent_own_budget
+from services.runner.harness import HarnessInput, crash_reason, limits_for, plan_launch, spent_own_budget
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -466,25 +465,6 @@ def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
         family=run.launch.family,
         task=run.launch.task,
     )
-
-
-def crash_reason(outcome: Outcome, log_tail: str) -> str:
-    """Why a started harness counts as crashed (pure).
-
-    Example: crash_reason(Outcome(exit_code=139), "") -> "the harness died of signal 11 (SIGSEGV)"
-    """
-    if outcome.killed:
-        why = f"the runner killed the harness: {outcome.killed.replace('_', ' ')} exceeded"
-    elif outcome.exit_code is not None and outcome.exit_code > 128:
-        sig = outcome.exit_code - 128
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = "unknown"
-        why = f"the harness died of signal {sig} ({name})"
-    else:
-        why = f"the harness exited with code {outcome.exit_code}"
-    return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why
 
 
 def _forward(base_url: str) -> Forward:
