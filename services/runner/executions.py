@@ -39,6 +39,8 @@ class Launch:
     family: str = ""
     task: str = ""
     harness_env: tuple[tuple[str, str], ...] = ()
+    min_policy_version: int = 0
+    """The execution's admitted version: the proxy serves its calls from weights this new or newer."""
 
 
 def grading_task(*, workspace_template: str, labels: dict[str, str], task: str = "") -> str:

@@ -129,10 +129,15 @@ class Harness:
     min_address_space_mb: int = 0
     """Address space per process (RLIMIT_AS) below which the runtime cannot start, whatever the
     runner's settings say; resident memory stays bounded by the memory cgroup (`memory_mb`)."""
+    budget_exit_code: int | None = None
+    """The exit code by which the harness says its own budget (turns) ran out before it declared
+    the work done: the runner ends the execution as timed out, as at the wall-clock deadline,
+    and the evaluator grades the workspace for partial credit. None: every non-zero exit is a crash."""
 
 
 REGISTRY = {
-    "gyre-agent": Harness(plan=_gyre_agent),
+    # services.runner.agent.__main__.OUT_OF_TURNS_EXIT (not imported: the agent runs in the sandbox).
+    "gyre-agent": Harness(plan=_gyre_agent, budget_exit_code=124),
     # Claude Code's runtime (Bun) reserves gigabytes of address space it never touches: under
     # 2 GiB it dies at start with SIGILL, 4 GiB runs; 8 GiB leaves room for its worker threads.
     "claude-code": Harness(plan=_claude_code, min_address_space_mb=8192),
@@ -152,6 +157,15 @@ def limits_for(harness: str, limits: SandboxLimits) -> SandboxLimits:
     if need <= (limits.address_space_mb or limits.memory_mb):
         return limits
     return replace(limits, address_space_mb=need)
+
+
+def spent_own_budget(harness: str, exit_code: int | None) -> bool:
+    """Whether the harness's exit says its own budget ran out (a timeout, not a crash).
+
+    Example: spent_own_budget("gyre-agent", 124) -> True; spent_own_budget("claude-code", 124) -> False
+    """
+    code = REGISTRY[harness].budget_exit_code
+    return code is not None and exit_code == code
 
 
 def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:

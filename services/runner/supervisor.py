@@ -41,7 +41,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch, recovered_launch
-from services.runner.harness import HarnessInput, limits_for, plan_launch
+from services.runner.harness import HarnessInput, limits_for, plan_launch, spent_own_budget
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -229,7 +229,11 @@ class Supervisor:
             raise LaunchFailed("runner_lost", "the sandbox's keeper ended without an outcome")
         elif outcome.killed not in ("", "deadline", "disk_quota"):
             raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
-        elif outcome.killed == "deadline":
+        elif outcome.killed == "deadline" or (
+            outcome.killed == "" and spent_own_budget(launch.harness, outcome.exit_code)
+        ):
+            # The wall-clock deadline, or the harness's own budget (its turns) spent before it
+            # declared the work done: either way the policy ran out of time, not the infrastructure.
             event: Any = events_pb2.ExecutionTimedOut(
                 execution=execution_ref(launch),
                 workspace_uri=uri,
@@ -237,6 +241,7 @@ class Supervisor:
                 family=launch.family,
                 task=launch.task,
             )
+            log.info("execution_out_of_time", by="deadline" if outcome.killed else "harness_budget")
             await self._end(run, "timed_out", event)
         elif outcome.killed == "" and outcome.exit_code == 0:
             event = events_pb2.ExecutionFinished(
@@ -311,6 +316,7 @@ class Supervisor:
         request = proxy_pb2.RegisterExecutionTokenRequest(
             request_id=f"register:{launch.execution_id}", token=token, execution=execution_ref(launch)
         )
+        request.min_policy_version.steps = launch.min_policy_version
         request.expires_at.FromDatetime(expires_at)
         try:
             await self.proxy.RegisterExecutionToken(request, timeout=30)
