@@ -12,9 +12,11 @@ from __future__ import annotations
 import pwd
 from pathlib import Path
 
+from gyre.errors import InvalidArgument
 from gyre.sandbox.host import Sandbox, SandboxHost
 from gyre.sandbox.keeper import KEEPER_FILE, ForwardStats, read_keeper
 from gyre.sandbox.limits import SandboxLimits
+from gyre.sandbox.roots import usable_root
 
 
 def adopt(host: SandboxHost, name: str, limits: SandboxLimits) -> Sandbox | None:
@@ -62,6 +64,10 @@ def sweep_leftovers(root: Path, *, uid_base: int) -> int:
     """Release every sandbox under `root` (keeper killed, unmounted, users, cgroups and folders
     removed) once its owner is stopped: a runner killed past its grace leaves them running and
     mounted. A missing root has none. Returns how many."""
-    if not root.is_dir():
+    try:
+        where = usable_root(root)  # where a host given `root` keeps them
+    except InvalidArgument:
+        return 0  # no host could use this root
+    if not where.is_dir():
         return 0
     return SandboxHost(root, uid_base=uid_base).sweep()

@@ -27,7 +27,8 @@ class Finish(enum.Enum):
 
 class Status(enum.Enum):
     WAITING = "waiting"
-    """Admitted; its uncached tokens still need a prefill."""
+    """Admitted; its uncached tokens still need a prefill (a chunk per engine step, so a long
+    prompt waits here over several steps with the chunks done so far in `kv`)."""
     RUNNING = "running"
     PAUSED = "paused"
     FINISHED = "finished"

@@ -430,10 +430,9 @@ class Supervisor:
 
     async def _shut_down(self) -> None:
         """Kill what runs, then release every sandbox, ended or not: a stopped runner leaves no
-        process, mount or folder behind. The releases run even when the host cancels this worker
-        mid-way (an end event slow to commit, a revocation retried while the proxy is away); an
-        execution whose end was not recorded by then ends as runner lost at the next start
-        (`recover` finds no sandbox)."""
+        process, mount or folder behind, even when the host cancels this worker mid-way (an end
+        slow to commit, a revocation retried while the proxy is away); an execution whose end was
+        not recorded by then ends as runner lost at the next start (no sandbox to `recover`)."""
         self.stopping = True
         try:
             for run in list(self.running.values()):
