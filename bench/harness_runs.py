@@ -197,6 +197,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 ) as services:
                     env = {"GYRE_HARNESS_MAX_TURNS": str(args.max_turns),
                            "GYRE_HARNESS_MAX_OUTPUT_TOKENS": str(args.max_output_tokens)}  # fmt: skip
+                    if args.claude_tools:
+                        env["GYRE_CLAUDE_CODE_TOOLS"] = args.claude_tools
                     for harness in args.harness:
                         started = time.monotonic()
                         ended = await services.run(harness, timeout_s=args.timeout_s, env=env)
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument("--claude", default="", help="the Claude Code binary (default: the tests' install)")
+    parser.add_argument(
+        "--claude-tools", default="", help="Claude Code's built-in tools, e.g. Bash,Read (default: all)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     args = parser.parse_args(argv)
     args.harness = args.harness or ["mini-swe-agent", "claude-code"]

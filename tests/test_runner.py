@@ -304,6 +304,7 @@ async def test_an_agent_out_of_turns_times_out_with_its_workspace_graded_as_it_s
         ({"workspace_template": "task:no-such-task"}, "workspace_template"),
         ({"harness_env": {"OPENAI_API_KEY": "x"}}, "harness_env['OPENAI_API_KEY']"),
         ({"harness_env": {"GYRE_HARNESS_MAX_TURNS": "-1"}}, "harness_env['GYRE_HARNESS_MAX_TURNS']"),
+        ({"harness_env": {"GYRE_CLAUDE_CODE_TOOLS": "Bash;rm"}}, "harness_env['GYRE_CLAUDE_CODE_TOOLS']"),
         ({"execution": ids_pb2.ExecutionRef(task_id="t", execution_id="e")}, "execution.task_id"),
     ],
 )

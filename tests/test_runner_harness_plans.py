@@ -63,7 +63,7 @@ def _argv_seen(harness: str, **extra_env: str) -> list[str]:
 @pytest.mark.parametrize("harness", sorted(HARNESSES - {"gyre-agent"}))
 def test_unbounded_harnesses_get_no_bound_flags(harness: str) -> None:
     argv = _argv_seen(harness)
-    assert "--max-turns" not in argv
+    assert "--max-turns" not in argv and "--tools" not in argv
     assert not any("max_tokens" in a for a in argv)
     if harness == "mini-swe-agent":
         assert "agent.step_limit=0" in argv
@@ -76,6 +76,11 @@ def test_bounds_reach_claude_code_in_its_own_terms() -> None:
     line = plan.argv[2].split("exec ")[0] + 'echo "$CLAUDE_CODE_MAX_OUTPUT_TOKENS"'
     out = subprocess.run(["/bin/sh", "-c", line], env=plan.env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "32"
+
+
+def test_a_restricted_tool_set_reaches_claude_code_as_its_tools_flag() -> None:
+    argv = _argv_seen("claude-code", GYRE_CLAUDE_CODE_TOOLS="Bash,Read,Edit,Write,Agent")
+    assert argv[argv.index("--tools") + 1] == "Bash,Read,Edit,Write,Agent"
 
 
 def test_bounds_reach_mini_swe_agent_in_its_own_terms() -> None:

@@ -5,8 +5,9 @@ the trajectory service's tree with the right agent roles and ids.
 The tiny torch model writes nonsense, so with it a harness cannot use a tool: mini-swe-agent runs
 on it until its step limit. Claude Code's sub-agent needs the model to call its Agent tool, so that
 test scripts the engine's words (bench/scripted_engine.py) and keeps everything else real, its
-whole ~53k-token prompt included. Claude Code on the tiny torch model itself is measured by
-`python -m bench.harness_runs` (its first prompt takes minutes to prefill on 2 CPU cores).
+whole ~53k-token prompt included. Claude Code on the tiny torch model runs with a restricted
+tool set (GYRE_CLAUDE_CODE_TOOLS): its tool definitions are most of its prompt, and with all of
+them the first prompt takes minutes to prefill on 2 CPU cores (`python -m bench.harness_runs`).
 The runner's sandboxes have 2 GiB (bench/harness_runs.py): Claude Code's runtime dies at start in
 that address space, so its run also shows that its registry entry raises it.
 """
@@ -108,6 +109,29 @@ async def test_claude_code_in_the_sandbox_gives_its_sub_agent_an_agent_id_of_its
     by_agent = {(t.agent_role, t.agent_id) for t in tree.trajectories}
     assert ("main", "main") in by_agent and any(role == "sub" for role, _ in by_agent)
     assert min(c.num_prompt_tokens for c in tree.calls if c.agent_role == "main") > 40_000
+
+
+CLAUDE_CODE_TOOLS = "Bash,Read,Edit,Write,Agent"
+
+
+async def test_claude_code_with_a_restricted_tool_set_calls_the_tiny_model_in_the_sandbox(
+    kernel: KernelSettings, tiny_model: Path
+) -> None:
+    """Every reply of the tiny model hits the output cap, which Claude Code retries 3 times and
+    then exits 1: the runner ends it as a crashed harness, its calls all main in the tree."""
+    claude = install_claude_code()
+    env = {"GYRE_HARNESS_MAX_TURNS": "1", "GYRE_HARNESS_MAX_OUTPUT_TOKENS": "16",
+           "GYRE_CLAUDE_CODE_TOOLS": CLAUDE_CODE_TOOLS}  # fmt: skip
+    async with stack(kernel, tiny_model, torch=True, runtime=[str(claude.parent)]) as (_, s):
+        ended = await s.run("claude-code", timeout_s=600, env=env)
+        assert ended.state == runner_pb2.EXECUTION_STATE_FAILED, ended
+        assert ended.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, ended
+        assert ended.exit_code == 1, ended
+        tree = await s.tree(ended.execution.execution_id, num_calls=1)
+    assert {(c.agent_role, c.agent_id) for c in tree.calls} == {("main", "main")}, tree
+    assert [c.num_output_tokens for c in tree.calls] == [16] * len(tree.calls)
+    # its own system prompt and 5 tools: about a fifth of the ~53k tokens of all 24 tools
+    assert 5_000 < tree.calls[0].num_prompt_tokens < 20_000, tree.calls[0]
 
 
 async def test_mini_swe_agent_calls_the_tiny_model_in_the_sandbox_until_its_step_limit(

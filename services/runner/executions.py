@@ -22,6 +22,9 @@ ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TASK_LABEL = "gyre.task"
 BOUNDS_ENV = ("GYRE_HARNESS_MAX_TURNS", "GYRE_HARNESS_MAX_OUTPUT_TOKENS")
 """Harness bounds an execution may set in `harness_env`: positive integers (services/runner/harness.py)."""
+TOOLS_ENV = "GYRE_CLAUDE_CODE_TOOLS"
+"""Claude Code's built-in tools (its `--tools`): names joined by commas, e.g. `Bash,Read,Agent`."""
+_TOOLS_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(,[A-Za-z][A-Za-z0-9_]*)*")
 
 ENDED = frozenset({"finished", "timed_out", "failed", "cancelled"})
 
@@ -100,6 +103,8 @@ def validate_launch(launch: Launch, *, harnesses: frozenset[str], reserved_env: 
             raise InvalidArgument(f"harness_env[{key!r}]", "must not contain NUL")
         if key in BOUNDS_ENV and not (value.isascii() and value.isdigit() and 0 < int(value) < 10**9):
             raise InvalidArgument(f"harness_env[{key!r}]", f"must be a positive integer, got {value!r}")
+        if key == TOOLS_ENV and not _TOOLS_RE.fullmatch(value):
+            raise InvalidArgument(f"harness_env[{key!r}]", f"must be tool names and commas, not {value!r}")
 
 
 def recovered_launch(row: Any) -> Launch:

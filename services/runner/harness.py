@@ -62,6 +62,9 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # integers); each adapter passes them on in its harness's own terms: GYRE_HARNESS_MAX_TURNS is
 # Claude Code's `--max-turns` and mini-swe-agent's `agent.step_limit`, and
 # GYRE_HARNESS_MAX_OUTPUT_TOKENS is CLAUDE_CODE_MAX_OUTPUT_TOKENS and litellm's `max_tokens`.
+# GYRE_CLAUDE_CODE_TOOLS (e.g. `Bash,Read,Edit,Write,Agent`) is Claude Code's `--tools`, the
+# built-in tools it offers the model: their definitions are most of its first prompt (about 64k
+# of 77k characters with all 24), so a restricted set cuts the prefill. Unset: its defaults.
 # The built-in agent has its own (`GYRE_AGENT_*`).
 
 
@@ -85,7 +88,8 @@ def _claude_code(i: HarnessInput) -> LaunchPlan:
             '[ -n "$GYRE_HARNESS_MAX_OUTPUT_TOKENS" ] && '
             'export CLAUDE_CODE_MAX_OUTPUT_TOKENS="$GYRE_HARNESS_MAX_OUTPUT_TOKENS"; '
             "exec claude -p --output-format json --dangerously-skip-permissions "
-            '${GYRE_HARNESS_MAX_TURNS:+--max-turns "$GYRE_HARNESS_MAX_TURNS"} < "$GYRE_PROMPT_FILE"',
+            '${GYRE_HARNESS_MAX_TURNS:+--max-turns "$GYRE_HARNESS_MAX_TURNS"} '
+            '${GYRE_CLAUDE_CODE_TOOLS:+--tools "$GYRE_CLAUDE_CODE_TOOLS"} < "$GYRE_PROMPT_FILE"',
         ),
         env={
             "ANTHROPIC_BASE_URL": i.base_url,
