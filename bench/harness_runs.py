@@ -6,10 +6,11 @@ sandboxes) on NATS and Postgres (GYRE_NATS_URL / GYRE_DATABASE_URL, else the emb
 runs each harness once on the bundled task `csvsum` and prints, per harness, its end state, wall
 time, calls (role, agent id, prompt and output tokens, seconds from the start to the call being
 recorded) and trajectories. The tiny model writes nonsense: the harnesses use no tool, so this
-measures serving their real prompts (Claude Code's first is ~53k tokens) on CPU. Claude Code
-comes from `.gyre/harnesses/claude-code` (the tests install it there) or `--claude PATH`.
+measures serving their real prompts (Claude Code's first is ~53k tokens with all its tools,
+~11k with `--claude-tools Bash,Read,Edit,Write,Agent`) on CPU. Claude Code comes from
+`.gyre/harnesses/claude-code` (the tests install it there) or `--claude PATH`.
 
-    python -m bench.harness_runs --json [--harness claude-code] [--timeout-s 1800]
+    python -m bench.harness_runs --json [--harness claude-code] [--timeout-s 1800] [--claude-tools T]
 """
 
 from __future__ import annotations

@@ -117,19 +117,24 @@ CLAUDE_CODE_TOOLS = "Bash,Read,Edit,Write,Agent"
 async def test_claude_code_with_a_restricted_tool_set_calls_the_tiny_model_in_the_sandbox(
     kernel: KernelSettings, tiny_model: Path
 ) -> None:
-    """Every reply of the tiny model hits the output cap, which Claude Code retries 3 times and
-    then exits 1: the runner ends it as a crashed harness, its calls all main in the tree."""
+    """The tiny model samples nonsense: a reply that hits the output cap Claude Code retries 3
+    times and then exits 1 (the runner ends it as a crashed harness); a reply that stops before
+    the cap ends its one turn and it exits 0. Either way its calls are all main in the tree."""
     claude = install_claude_code()
     env = {"GYRE_HARNESS_MAX_TURNS": "1", "GYRE_HARNESS_MAX_OUTPUT_TOKENS": "16",
            "GYRE_CLAUDE_CODE_TOOLS": CLAUDE_CODE_TOOLS}  # fmt: skip
     async with stack(kernel, tiny_model, torch=True, runtime=[str(claude.parent)]) as (_, s):
         ended = await s.run("claude-code", timeout_s=600, env=env)
-        assert ended.state == runner_pb2.EXECUTION_STATE_FAILED, ended
-        assert ended.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, ended
-        assert ended.exit_code == 1, ended
+        if ended.state == runner_pb2.EXECUTION_STATE_FAILED:
+            assert ended.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, ended
+            assert ended.exit_code == 1, ended
+        else:
+            assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED and ended.exit_code == 0, ended
         tree = await s.tree(ended.execution.execution_id, num_calls=1)
     assert {(c.agent_role, c.agent_id) for c in tree.calls} == {("main", "main")}, tree
-    assert [c.num_output_tokens for c in tree.calls] == [16] * len(tree.calls)
+    assert all(0 < c.num_output_tokens <= 16 for c in tree.calls), tree
+    for before, after in itertools.pairwise(tree.calls):  # each call extends the previous one
+        assert after.num_shared_prompt_tokens > before.num_prompt_tokens - 16, tree
     # its own system prompt and 5 tools: about a fifth of the ~53k tokens of all 24 tools
     assert 5_000 < tree.calls[0].num_prompt_tokens < 20_000, tree.calls[0]
 

@@ -49,7 +49,8 @@ class RunnerSettings(BaseSettings):
     agent_model: str = "gyre-policy"
     harness_env: dict[str, str] = {}
     """Variables every harness gets (JSON object), e.g. the built-in agent's budget
-    `{"GYRE_AGENT_MAX_TOKENS": "96"}`; an execution's own `harness_env` wins over these."""
+    `{"GYRE_AGENT_MAX_TOKENS": "96"}` or Claude Code's tool set `{"GYRE_CLAUDE_CODE_TOOLS":
+    "Bash,Read,Edit,Write,Agent"}` (harness.py); an execution's own `harness_env` wins over these."""
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
     keep_workspace_s: float = 6 * 3600.0
