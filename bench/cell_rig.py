@@ -13,7 +13,7 @@ import asyncio
 import secrets
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from bench import engine_process
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runtime import ServiceHost
 from gyre.scheduler.v1 import scheduler_pb2 as pb
@@ -38,9 +39,14 @@ class LiveCells:
     """Each satellite's agent (stopping one takes its training worker down: a failure to inject)."""
     scheduler_address: str = ""
     trainer_address: str = ""
+    trajectory_address: str = ""
+    """Empty without a loop (no trajectory service runs)."""
 
-    async def register_execution(self, *, execution_id: str = "", task_id: str = "") -> str:
-        """A token for an execution, a fresh one unless named (what the runner does for a harness)."""
+    async def register_execution(
+        self, *, execution_id: str = "", task_id: str = "", admitted_version: int = 0
+    ) -> str:
+        """A token for an execution, a fresh one unless named (what the runner does for a harness):
+        its calls are served from weights of `admitted_version` or newer."""
         token = "gyre-" + secrets.token_hex(24)
         request = proxy_pb2.RegisterExecutionTokenRequest(
             request_id=f"tok-{uuid.uuid4().hex[:12]}", token=token
@@ -48,6 +54,7 @@ class LiveCells:
         request.execution.execution_id = execution_id or str(uuid.uuid4())
         request.execution.task_id = task_id or str(uuid.uuid4())
         request.expires_at.FromDatetime(datetime.now(UTC) + timedelta(hours=1))
+        request.min_policy_version.steps = admitted_version
         await self.proxy.RegisterExecutionToken(request)
         return token
 
@@ -92,8 +99,12 @@ async def live_cells(
     satellites: int = 2,
     slots: int = 4,
     loop: Loop | None = None,
+    engine_processes: bool = False,
 ) -> AsyncIterator[LiveCells]:
-    """Start everything, wait until every cell is registered, yield, stop everything."""
+    """Start everything, wait until every cell is registered, yield, stop everything.
+
+    `engine_processes`: each engine runs as a process of its own (`bench.engine_process`, with a
+    loop only: it publishes events and follows the trainer's weights) instead of in this one."""
     from services.cell.config import CellSettings
     from services.cell.main import build as build_cell
     from services.engine.config import EngineSettings
@@ -109,6 +120,7 @@ async def live_cells(
 
     hosts: list[ServiceHost] = []
     channels: list[grpc.aio.Channel] = []
+    processes = AsyncExitStack()
 
     async def start(host: ServiceHost) -> ServiceHost:
         await host.start()
@@ -163,9 +175,14 @@ async def live_cells(
             )
         )
         names = tuple(f"cell-{i}" for i in range(1, satellites + 1))
-        engines = [
-            await start(
-                await build_engine(
+        if engine_processes and loop:
+            engine_addresses = await processes.enter_async_context(
+                engine_process.engine_processes(kernel, model_dir, names, state_dir / "logs")
+            )
+        else:
+            engine_addresses = []
+            for name in names:
+                engine = await build_engine(
                     EngineSettings(
                         model_dir=model_dir,
                         engine_id=f"engine-{name}",
@@ -177,20 +194,19 @@ async def live_cells(
                     ),
                     kernel,
                 )
-            )
-            for name in names
-        ]
+                engine_addresses.append((await start(engine)).address)
         agents = [
             build_cell(
                 CellSettings(
                     cell_id=name,
                     scheduler_address=scheduler.address,
-                    engine_address=engine.address,
+                    engine_address=address,
                     slots=slots,
+                    worker_ready_timeout_s=300,  # torch's import on a loaded shared machine
                 ),
                 kernel,
             )
-            for name, engine in zip(names, engines, strict=True)
+            for name, address in zip(names, engine_addresses, strict=True)
         ]
         started = await asyncio.gather(*agents)  # the workers' imports overlap
         for agent in started:
@@ -207,6 +223,7 @@ async def live_cells(
             agents=dict(zip(names, started, strict=True)),
             scheduler_address=scheduler.address,
             trainer_address=trainer.address,
+            trajectory_address=trajectory.address if trajectory else "",
         )
 
         async def all_registered() -> bool:
@@ -221,3 +238,4 @@ async def live_cells(
             await channel.close(None)
         for host in reversed(hosts):
             await host.stop(grace_s=1)
+        await processes.aclose()

@@ -1,11 +1,12 @@
 """What `bench.live` measures while a mode runs: cell-time shares by sampling the live services,
-and the run described as a `gyre sim` workload (shell).
+and the costs the run's `gyre trace export` passes to `gyre sim` (shell).
 
 Cell-time shares use the simulator's accounting (`sim.result.Result.shares`), sampled every
 `SAMPLE_S` from the live services themselves: a cell the scheduler shows `switching` is switching;
 a rollout cell is busy for the share of its slots holding calls (the proxy's in-flight calls: a
-half-full cell is half idle); a training cell is busy while the trainer has a step in progress
-and the cell is one of its data-parallel members, idle otherwise (a satellite waiting for work).
+half-full cell is half idle, and so is a slot whose execution's harness is running a tool); a
+training cell is busy while the trainer has a step in progress and the cell is one of its
+data-parallel members, idle otherwise (a satellite waiting for work).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -21,6 +23,8 @@ from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.scheduler.v1 import scheduler_pb2_grpc
 from gyre.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from gyre_app.client import GyreClient
+from gyre_app.trace_export import Assumed
 
 SAMPLE_S = 0.1
 
@@ -127,6 +131,7 @@ class Costs:
     training_to_rollout_s: float
     migrate_s: float
     group_setup_s: float
+    step_start_s: float
 
 
 def median_or(values: list[float], default: float) -> float:
@@ -135,19 +140,13 @@ def median_or(values: list[float], default: float) -> float:
 
 @dataclass(slots=True, kw_only=True)
 class RunRecord:
-    """What one live run measured, for its simulation."""
+    """What one live run measured besides its executions (those come from `gyre trace export`)."""
 
     cells: int
     slots: int
-    group_size: int
-    groups_per_step: int
-    max_staleness: int
-    microbatch_tokens: int
     weight_bytes: float
-    executions: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
-    """(task index in submission order, index in group) -> (duration_s, output tokens)."""
-    steps: list[tuple[float, int, int, float]] = field(default_factory=list)
-    """Per StepCompleted: (duration_s, target tokens, DP world size, monotonic time seen)."""
+    steps: list[tuple[float, int, float]] = field(default_factory=list)
+    """Per StepCompleted: (duration_s, DP world size, monotonic time seen)."""
     step_started: dict[int, float] = field(default_factory=dict)
     """Target version -> monotonic time the trainer started it (from its GetStatus)."""
     switches: list[pb.CellSwitch] = field(default_factory=list)
@@ -161,20 +160,28 @@ GROUP_SETUP_S = 0.05
 """Assumed: forming a gloo group of a few local processes (not measured by any event)."""
 
 
-def measured_costs(run: RunRecord) -> Costs:
+def measured_costs(run: RunRecord, *, trained_tokens: int, fetch_s: list[float]) -> Costs:
+    """The run's costs in the simulator's terms; `trained_tokens` in the trace's units (the
+    selected trajectories' tokens of the executions the steps trained), so that the simulator
+    trains the trace's tokens at the rate the run trained them.
+
+    A step's time outside its compute (from the trainer starting it to its `StepCompleted`) is
+    split: before the compute the trainer fetches the samples (`fetch_s`, timed by
+    `samples_fetch_s`; the simulator's `step_start_s`: cells switching in meanwhile train from the
+    first microbatch), after it the checkpoint, the weights and the commit (`step_overhead_s`)."""
     to_training = [s for s in run.switches if s.ok and s.to_role == pb.CELL_ROLE_TRAINING]
     to_rollout = [s for s in run.switches if s.ok and s.to_role == pb.CELL_ROLE_ROLLOUT]
-    cell_s = sum(d * w for d, _, w, _ in run.steps)
-    tokens = sum(t for _, t, _, _ in run.steps)
-    versions = sorted(run.step_started)
+    cell_s = sum(d * w for d, w, _ in run.steps)
     overhead = [
         max(0.0, seen - run.step_started[v] - duration)
-        for v, (duration, _, _, seen) in zip(range(1, len(run.steps) + 1), run.steps, strict=True)
-        if v in versions
+        for v, (duration, _, seen) in enumerate(run.steps, start=1)
+        if v in run.step_started
     ]
+    start = median_or(fetch_s, 0.0)
     return Costs(
-        tokens_per_s_per_cell=tokens / cell_s if cell_s > 0 else 1.0,
-        step_overhead_s=median_or(overhead, 0.0),
+        tokens_per_s_per_cell=trained_tokens / cell_s if cell_s > 0 else 1.0,
+        step_overhead_s=max(0.0, median_or(overhead, 0.0) - start),
+        step_start_s=start,
         # The drain is the simulator's migration (it pauses the moved executions and the cell).
         rollout_to_training_s=median_or([s.total_s - s.drain_s for s in to_training], 0.0),
         training_to_rollout_s=median_or([s.total_s for s in to_rollout], 0.0),
@@ -183,41 +190,53 @@ def measured_costs(run: RunRecord) -> Costs:
     )
 
 
-def simulate_run(mode: str, run: RunRecord, costs: Costs) -> float:
-    """`gyre sim`'s wall time for the run: its measured execution lengths and costs."""
-    from services.scheduler.sim.modes import simulate
-    from services.scheduler.sim.workload import Dist, Executions, Workload
-
-    keys = sorted(run.executions)
-    durations = [run.executions[k][0] for k in keys]
-    chunks = [run.executions[k][1] for k in keys]
-    # The trainer counts target tokens its own way; the executions' shares of them are their outputs'.
-    scale = sum(t for _, t, _, _ in run.steps) / max(1, sum(chunks))
-    tokens = [max(1, round(c * scale)) for c in chunks]
-    steps = len(keys) // (run.group_size * run.groups_per_step)
-    w = Workload(
-        name=f"live-{mode}",
-        seed=0,
+def assumed(run: RunRecord, costs: Costs) -> Assumed:
+    """The export's options for this run: its cells and the costs it measured."""
+    return Assumed(
         cells=run.cells,
-        steps=steps,
-        groups_per_step=run.groups_per_step,
-        group_size=run.group_size,
-        max_staleness=run.max_staleness,
-        async_rollout_cells=run.cells - 1,
-        duration=Dist(kind="trace", values=tuple(durations)),
-        timeout_s=3600.0,
-        tokens=Dist(kind="trace", values=tuple(float(t) for t in tokens)),
+        async_rollout_cells=run.cells - 1,  # live, every satellite serves and the core trains
         executions_per_cell=run.slots,
         tokens_per_s_per_cell=costs.tokens_per_s_per_cell,
         step_overhead_s=costs.step_overhead_s,
         rollout_to_training_s=costs.rollout_to_training_s,
         training_to_rollout_s=costs.training_to_rollout_s,
-        microbatch_tokens=run.microbatch_tokens,
         migrate_s=costs.migrate_s,
         group_setup_s=costs.group_setup_s,
+        step_start_s=costs.step_start_s,
         weight_bytes=run.weight_bytes,
-        kv_bytes_per_token=0.0,
         link_bytes_per_s=LINK_BYTES_PER_S,
     )
-    x = Executions(duration_s=tuple(durations), tokens=tuple(tokens), timed_out=(False,) * len(keys))
-    return simulate(SIM_MODE[mode], w, x, rollout_cells=run.cells - 1).wall_s
+
+
+def export_command(out_dir: Path, name: str, options: Assumed) -> str:
+    """The `gyre trace export` command line that writes the same workload by hand."""
+    flags = " ".join(
+        f"--{k.replace('_', '-')} {v:.6g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+        for k, v in asdict(options).items()
+        if v is not None
+    )
+    return f"gyre trace export {out_dir} --name {name} {flags}"
+
+
+def simulate_export(mode: str, workload_path: Path) -> float:
+    """What `gyre sim` gives for the exported workload in the live mode's simulated counterpart."""
+    from services.scheduler.sim.modes import simulate
+    from services.scheduler.sim.workload import draw_executions, load_workload
+
+    w = load_workload(workload_path)
+    return simulate(SIM_MODE[mode], w, draw_executions(w)).wall_s
+
+
+async def samples_fetch_s(client: GyreClient, steps: int) -> list[float]:
+    """How long the trajectory service takes to serve each trained step's samples, timed again
+    after the run with the request the trainer recorded for the step (`Step.samples_request`):
+    the part of a step before its first microbatch, which no event reports."""
+    took = []
+    for version in range(1, steps + 1):
+        step = await client.step(version)
+        if not step.HasField("samples_request"):
+            continue
+        started = time.monotonic()
+        await client.stream_samples(step.samples_request)
+        took.append(time.monotonic() - started)
+    return took

@@ -6,12 +6,14 @@ One JSONL record per execution that ended and made model calls:
      "timed_out": false, "num_calls": 12, "call_latency_s": [0.8, ...],
      "call_output_tokens": [96, ...]}
 
-`duration_s` is the runner's start-to-end time; `tokens` the tokens of the execution's selected
-trajectories (what training sees after J_max selection), as the workload schema defines it. The
-workload file replays both with `{dist: trace, file: <name>.jsonl, field: ...}`; its other fields
-are measured where the live services say (group size, groups per step, steps, staleness bound,
-timeout) and otherwise taken from the command's options, and the file's header comment lists
-which are which.
+`duration_s` is how long the harness ran as the scheduler recorded it (the runner's measurement,
+carried by its end event); `tokens` the tokens of the execution's selected trajectories (what
+training sees after J_max selection), as the workload schema defines it. Records are in admission
+order (the scheduler admits the oldest task first), which is the order the simulator replays
+them in. The workload file replays both with `{dist: trace, file: <name>.jsonl, field: ...}`; its
+other fields are measured where the live services say (group size, groups per step, steps,
+staleness bound, timeout) and otherwise taken from the command's options (`bench.live` passes
+the costs it measured on the run), and the file's header comment lists which are which.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ class Assumed:
     step_overhead_s: float = 10.0
     rollout_to_training_s: float = 8.52
     training_to_rollout_s: float = 3.46
+    # Optional costs: None leaves the workload schema's default (`sim.workload`).
+    migrate_s: float | None = None
+    group_setup_s: float | None = None
+    step_start_s: float | None = None
+    microbatch_tokens: int | None = None
+    weight_bytes: float | None = None
+    link_bytes_per_s: float | None = None
+
+    def optional(self, *names: str) -> dict[str, Any]:
+        """The named optional costs that were given."""
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,21 +94,24 @@ def workload(name: str, trace_file: str, *, measured: Measured, assumed: Assumed
             "timeout_s": max(measured.timeouts_s),
             "tokens": {"dist": "trace", "file": trace_file, "field": "tokens"},
         },
-        "rollout": {"executions_per_cell": assumed.executions_per_cell},
+        "rollout": {"executions_per_cell": assumed.executions_per_cell, **assumed.optional("migrate_s")},
         "training": {
             "tokens_per_s_per_cell": assumed.tokens_per_s_per_cell,
             "step_overhead_s": assumed.step_overhead_s,
+            **assumed.optional("microbatch_tokens", "group_setup_s", "step_start_s", "weight_bytes"),
         },
         "switch": {
             "rollout_to_training_s": assumed.rollout_to_training_s,
             "training_to_rollout_s": assumed.training_to_rollout_s,
+            **assumed.optional("link_bytes_per_s"),
         },
     }
 
 
 HEADER = """# Exported by `gyre trace export` from a live run.
 # Measured: execution.duration_s and execution.tokens (trace file), group_size, groups_per_step,
-#   steps, max_staleness, execution.timeout_s.
-# Assumed (command options, not measured by the live services yet): cells, async_rollout_cells,
-#   rollout.executions_per_cell, training.*, switch.*.
+#   steps, max_staleness, execution.timeout_s; training.microbatch_tokens unless given (the
+#   executions' mean tokens: the trainer makes one microbatch per execution).
+# From the command's options (not measured by the live services yet; `bench.live` passes what it
+#   measured on its run): cells, async_rollout_cells, rollout.*, training.*, switch.*.
 """

@@ -401,20 +401,31 @@ async def test_status_reports_the_version_and_the_last_steps_staleness(
 async def test_trace_export_writes_a_workload_gyre_sim_reads(
     stack: Stack, two_steps: list[scheduler_pb2.Task]
 ) -> None:
+    async def lengths_recorded() -> bool:  # the scheduler consumes the runner's end events
+        for task in two_steps:
+            request = scheduler_pb2.ListExecutionsRequest(task_id=task.task_id)
+            if not all(
+                e.HasField("duration_s") for e in (await stack.scheduler.ListExecutions(request)).executions
+            ):
+                return False
+        return True
+
+    await eventually(lengths_recorded, timeout_s=30, what="the scheduler to record the lengths")
     out = stack.tmp / "trace"
     summary = await stack.gyre_json("trace", "export", str(out), "--name", "run1")
     assert (summary["num_executions"], summary["num_calls"], summary["skipped"]) == (4, 4, {})
     workload = load_workload(out / "run1.yaml")
     assert (workload.steps, workload.groups_per_step, workload.group_size) == (2, 1, 2)
     records = [json.loads(line) for line in (out / "run1.jsonl").read_text().splitlines()]
-    runner = {}
+    # In admission order, each with the length the scheduler recorded from the runner's end event.
+    assert [r["execution_id"] for r in records] == [e.execution_id for t in two_steps for e in t.executions]
+    scheduler = {}
     for task in two_steps:
-        for e in task.executions:
-            got = (
-                await stack.runner.GetExecution(runner_pb2.GetExecutionRequest(execution_id=e.execution_id))
-            ).execution
-            runner[e.execution_id] = (got.ended_at.ToDatetime() - got.started_at.ToDatetime()).total_seconds()
-    assert workload.duration.values == tuple(runner[r["execution_id"]] for r in records)
+        listed = await stack.scheduler.ListExecutions(
+            scheduler_pb2.ListExecutionsRequest(task_id=task.task_id)
+        )
+        scheduler.update({e.execution.execution_id: e.duration_s for e in listed.executions})
+    assert workload.duration.values == tuple(scheduler[r["execution_id"]] for r in records)
     assert workload.tokens.values == (6.0, 6.0, 6.0, 6.0)  # prompt 3 + output 3, one selected trajectory each
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -193,3 +194,51 @@ def test_every_fixed_split_mode_at_its_best_split_is_no_slower_than_at_the_workl
     assert report["gyre_speedup_over_best_baseline"] == pytest.approx(
         modes[best]["wall_s"] / modes["gyre"]["wall_s"], rel=1e-3
     )
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_a_steps_first_round_waits_for_its_start(small: tuple[Workload, Executions], mode: str) -> None:
+    """`step_start_s`: a step's first group is assigned no earlier than the previous step's end,
+    and its first microbatch round begins that long after the assignment."""
+    w, x = small
+    w = dataclasses.replace(w, step_start_s=30.0)
+    result = simulate(mode, w, x, trace=True)
+    assert result.steps == w.steps and result.trained_tokens == sum(x.tokens)
+    for step_start in [0.0, *result.step_end_s[:-1]]:
+        first = min(start for start, _, _ in result.rounds if start >= step_start)
+        assert first >= step_start + w.step_start_s
+
+
+def test_cells_switching_in_while_a_step_starts_train_from_its_first_round() -> None:
+    """Live the trainer fetches the samples before the first microbatch, and satellites the policy
+    switches in at the assignment join that microbatch. Without a start time, a step of one
+    microbatch round runs on the cells already training (here: the core alone). The executions
+    and costs are a `bench.live` Gyre run's (it trained with 2, 3, 2, 3, 2, 3 members)."""
+    data = {
+        **SMALL,
+        "cells": 3,
+        "steps": 6,
+        "groups_per_step": 1,
+        "group_size": 2,
+        "async_rollout_cells": 2,
+        "rollout": {"executions_per_cell": 2, "migrate_s": 0.0},
+        "training": {
+            "tokens_per_s_per_cell": 100.7,
+            "step_overhead_s": 0.34,
+            "microbatch_tokens": 4096,
+            "group_setup_s": 0.05,
+            "weight_bytes": 5.56e6,
+        },
+        "switch": {"rollout_to_training_s": 0.13, "training_to_rollout_s": 0.18, "link_bytes_per_s": 1e9},
+    }
+    w = parse_workload(data, base_dir=Path("."))
+    x = Executions(
+        duration_s=(6.3, 7.2, 10.7, 17.1, 0.9, 2.4, 6.4, 9.9, 0.8, 2.5, 4.8, 8.9),
+        tokens=(111, 269, 404, 649, 111, 269, 408, 600, 111, 269, 427, 617),
+        timed_out=(False,) * 12,
+    )
+    at_once = simulate("gyre", w, x, trace=True)
+    fetched = simulate("gyre", dataclasses.replace(w, step_start_s=0.2), x, trace=True)
+    assert any(members == (0,) for _, _, members in at_once.rounds)
+    assert [len(members) for _, _, members in fetched.rounds] == [2, 3, 2, 3, 2, 3]
+    assert fetched.wall_s < at_once.wall_s

@@ -50,12 +50,14 @@ def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_
 
 
 def execution_scheduled(
-    task: pb.Task, execution: ids_pb2.ExecutionRef, *, timeout_s: float | None = None
+    task: pb.Task, execution: ids_pb2.ExecutionRef, *, admitted_version: int, timeout_s: float | None = None
 ) -> events_pb2.ExecutionScheduled:
     """What the runner and the evaluator need to run and grade one execution of `task`
-    (`timeout_s`: its limit when the task's deadline cuts it, else the task's timeout)."""
+    (`timeout_s`: its limit when the task's deadline cuts it, else the task's timeout;
+    `admitted_version`: the trainer's version at admission, the oldest weights its calls may use)."""
     spec = task.spec
     return events_pb2.ExecutionScheduled(
+        admitted_version=ids_pb2.PolicyVersion(steps=admitted_version),
         execution=execution,
         task_name=spec.name,
         family=spec.family,

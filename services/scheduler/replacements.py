@@ -112,7 +112,10 @@ async def record_unassessable(
         replacement = await _insert_replacement(session, row.task_id, replaces=key)
         decided.replacement.CopyFrom(replacement)
         decided.num_replacements += 1
-        scheduled = execution_scheduled(task_to_proto(planned), replacement, timeout_s=limit_s)
+        version = await repo.current_version(session)  # admitted now: its calls use weights this new
+        scheduled = execution_scheduled(
+            task_to_proto(planned), replacement, admitted_version=version, timeout_s=limit_s
+        )
         events.append(
             new_event(scheduled, producer=PRODUCER, correlation_id=failed.task_id, causation_id=causation_id)
         )

@@ -22,6 +22,9 @@ What is modelled, and how:
   (`Workload.allreduce_s(n)`: 2(n-1)/n of the gradient bytes over each link). Cells join or leave
   a step only between rounds: a satellite that finishes switching waits for the running round,
   and one told to leave finishes its microbatch first.
+- **Starting a step.** Its first microbatch round begins `step_start_s` after its first group is
+  assigned (live: the trainer fetches the samples first); cells that finish switching into
+  training meanwhile are members from that first round.
 - **Weight publication.** After a step's B groups are trained, the optimizer update and weight
   publication take `step_overhead_s` on one training cell (an update always holds one: if every
   cell was told to leave, one stays until it is published); no training happens meanwhile (the
@@ -48,7 +51,7 @@ from services.scheduler.sim.workload import Executions, Workload
 
 Policy = Callable[[ClusterView], Decision]
 
-_EXEC_END, _SWITCH_END, _ROUND_END, _UPDATE_END = 0, 1, 2, 3
+_EXEC_END, _SWITCH_END, _ROUND_END, _UPDATE_END, _STEP_START = 0, 1, 2, 3, 4
 
 
 @dataclass(slots=True)
@@ -115,6 +118,7 @@ class Simulation:
         self.group: tuple[int, ...] = ()  # the data-parallel group's members, as last formed
         self.in_round = False
         self.in_update = False
+        self.starts_at = 0.0  # the running step's first round begins no earlier (`step_start_s`)
         self.update_cell = -1  # the training cell running the step's update
         self.starved_since: float | None = 0.0
         # Accounting.
@@ -148,6 +152,8 @@ class Simulation:
                     self._switch_end(ref)
                 elif kind == _ROUND_END:
                     self._round_end()
+                elif kind == _STEP_START:
+                    self._maybe_start_round()
                 else:
                     self._update_end()
             if self.version < self.w.steps:
@@ -381,6 +387,9 @@ class Simulation:
         assert len(taken) == len(wanted), "policy assigned a group that is not ready"
         assert self.step_groups + len(taken) <= self.w.groups_per_step and not self.in_update
         self.ready = [g for g in self.ready if g.group_id not in wanted]
+        if self.step_groups == 0 and taken and self.w.step_start_s > 0:
+            self.starts_at = self.now + self.w.step_start_s
+            self._at(self.starts_at, _STEP_START, 0)
         for g in taken:
             stale = self.version - g.version
             assert stale <= self.w.max_staleness, f"group {g.group_id} staleness {stale}"
@@ -390,7 +399,7 @@ class Simulation:
         self._maybe_start_round()
 
     def _maybe_start_round(self) -> None:
-        if self.in_round or self.in_update:
+        if self.in_round or self.in_update or self.now < self.starts_at:
             return
         if self.pending_tokens == 0:
             if self._step_complete():

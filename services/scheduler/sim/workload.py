@@ -7,6 +7,9 @@ in the README's simulator section):
 
     training.microbatch_tokens: 32768      # a satellite joins or leaves a step between microbatches
     training.group_setup_s: 2.0            # forming the data-parallel group anew when its members change
+    training.step_start_s: 0.0             # from a step's first group assigned to its first microbatch
+                                           # (the trainer fetching the samples); cells that finish
+                                           # switching in meanwhile train from the first microbatch
     training.weight_bytes: <derived>       # bytes of one replica's weights (= its bf16 gradients);
                                            # default 2 * CELL_FLOPS / (6 * tokens_per_s_per_cell)
     rollout.migrate_s: 5.0                 # fixed pause of a moved execution (pause, hand-over, resume)
@@ -91,6 +94,7 @@ class Workload:
     microbatch_tokens: int = DEFAULT_MICROBATCH_TOKENS
     migrate_s: float = DEFAULT_MIGRATE_S
     group_setup_s: float = DEFAULT_GROUP_SETUP_S
+    step_start_s: float = 0.0
     weight_bytes: float | None = None  # None: derived from the training rate (`replica_bytes`)
     kv_bytes_per_token: float = DEFAULT_KV_BYTES_PER_TOKEN
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
@@ -142,6 +146,7 @@ _SECTIONS = {
     "rollout": {"executions_per_cell", "migrate_s", "kv_bytes_per_token", "max_context_tokens"},
     "training": {
         "tokens_per_s_per_cell", "step_overhead_s", "microbatch_tokens", "group_setup_s", "weight_bytes",
+        "step_start_s",
     },
     "switch": {"rollout_to_training_s", "training_to_rollout_s", "link_bytes_per_s"},
 }  # fmt: skip
@@ -274,6 +279,7 @@ def parse_workload(data: object, *, base_dir: Path) -> Workload:
         group_setup_s=_num(
             training.get("group_setup_s", DEFAULT_GROUP_SETUP_S), "training.group_setup_s", positive=False
         ),
+        step_start_s=_num(training.get("step_start_s", 0.0), "training.step_start_s", positive=False),
         weight_bytes=(
             _num(training["weight_bytes"], "training.weight_bytes", positive=False)
             if "weight_bytes" in training
