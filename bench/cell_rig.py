@@ -42,8 +42,11 @@ class LiveCells:
     trajectory_address: str = ""
     """Empty without a loop (no trajectory service runs)."""
 
-    async def register_execution(self, *, execution_id: str = "", task_id: str = "") -> str:
-        """A token for an execution, a fresh one unless named (what the runner does for a harness)."""
+    async def register_execution(
+        self, *, execution_id: str = "", task_id: str = "", admitted_version: int = 0
+    ) -> str:
+        """A token for an execution, a fresh one unless named (what the runner does for a harness):
+        its calls are served from weights of `admitted_version` or newer."""
         token = "gyre-" + secrets.token_hex(24)
         request = proxy_pb2.RegisterExecutionTokenRequest(
             request_id=f"tok-{uuid.uuid4().hex[:12]}", token=token
@@ -51,6 +54,7 @@ class LiveCells:
         request.execution.execution_id = execution_id or str(uuid.uuid4())
         request.execution.task_id = task_id or str(uuid.uuid4())
         request.expires_at.FromDatetime(datetime.now(UTC) + timedelta(hours=1))
+        request.min_policy_version.steps = admitted_version
         await self.proxy.RegisterExecutionToken(request)
         return token
 

@@ -11,6 +11,10 @@ temporary folder, runs two engines in this process and talks to them over gRPC o
 - migration_identical: a greedy generation paused on A, moved to B and resumed there equals the
   uninterrupted run, and B's prefill counter did not move.
 - weight_update_s: UpdateWeights from a `model.safetensors` folder while a generation runs.
+- prefill_tokens_per_s: prompt tokens per second prefilling one `--prefill-context`-token prompt
+  (16,384 by default) in the engine's chunks, with its prefill attention (services/engine/
+  attention.py), and `..._sdpa_mask` with transformers' SDPA path over an explicit causal mask
+  (what the engine ran before); `prefill_speedup` is their ratio. The two run back to back.
 """
 
 from __future__ import annotations
@@ -49,6 +53,19 @@ def decode_throughput(model_dir: Path, batch: int, *, new_tokens: int = 48) -> f
     while engine.has_work():
         produced += len(engine.step())
     return produced / (time.perf_counter() - started)
+
+
+def prefill_throughput(model_dir: Path, tokens: int, *, attention: str | None = None) -> float:
+    """Prompt tokens per second until the first output token (prefill plus one decode step)."""
+    engine = TorchEngine(model_dir, engine_id="bench-prefill")
+    if attention is not None:
+        engine.model.set_attn_implementation(attention)
+    prompt = [(13 * j) % 500 + 10 for j in range(tokens)]
+    engine.submit(request_id="p", execution_id="", prompt_ids=prompt, sampling=Sampling(max_tokens=1))
+    started = time.perf_counter()
+    while not engine.step():
+        pass
+    return tokens / (time.perf_counter() - started)
 
 
 async def read_all(call: Any) -> tuple[list[int], int]:
@@ -166,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--context", type=int, default=8192, help="context tokens moved (default 8192)")
+    parser.add_argument(
+        "--prefill-context", type=int, default=16384, help="prompt tokens to prefill (default 16384)"
+    )
     ns = parser.parse_args(argv)
     torch.set_num_threads(ns.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             runs = sorted(decode_throughput(model_dir, batch) for _ in range(3))
             figures[f"decode_tokens_per_s_b{batch}"] = round(runs[1], 1)  # median of 3: the CPU is shared
         figures.update(asyncio.run(grpc_figures(model_dir, ns.threads, ns.context)))
+        fast = prefill_throughput(model_dir, ns.prefill_context)
+        masked = prefill_throughput(model_dir, ns.prefill_context, attention="sdpa")
+        figures["prefill_context_tokens"] = ns.prefill_context
+        figures["prefill_tokens_per_s"] = round(fast, 1)
+        figures["prefill_tokens_per_s_sdpa_mask"] = round(masked, 1)
+        figures["prefill_speedup"] = round(fast / masked, 2)
     if not ns.json:
         for key, value in figures.items():
             print(f"{key:>28}: {value}")

@@ -77,18 +77,27 @@ class ScriptedAgent:
         shape = SHAPES[self.count % len(SHAPES)]
         score = float(self.count % 2)
         self.count += 1
-        task = asyncio.create_task(self.run(event.payload.execution, shape=shape, score=score))
+        task = asyncio.create_task(
+            self.run(
+                event.payload.execution,
+                shape=shape,
+                score=score,
+                admitted_version=event.payload.admitted_version.steps,
+            )
+        )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def publish(self, payload: object, producer: str, correlation_id: str) -> None:
         await self.bus.publish(new_event(payload, producer=producer, correlation_id=correlation_id))  # type: ignore[arg-type]
 
-    async def run(self, ref: Any, *, shape: Shape, score: float) -> None:
+    async def run(self, ref: Any, *, shape: Shape, score: float, admitted_version: int) -> None:
         task_id, execution_id = ref.task_id, ref.execution_id
         started = time.monotonic()
         await self.publish(runner_events.ExecutionStarted(execution=ref), "runner", task_id)
-        token = await self.live.register_execution(execution_id=execution_id, task_id=task_id)
+        token = await self.live.register_execution(
+            execution_id=execution_id, task_id=task_id, admitted_version=admitted_version
+        )
         client = openai.AsyncOpenAI(base_url=f"{self.live.http_url}/v1", api_key=token, max_retries=0)
         messages: list[dict[str, str]] = [{"role": "user", "content": TASK_PROMPT}]
         for i, length in enumerate(shape.outputs):

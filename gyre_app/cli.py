@@ -145,12 +145,17 @@ def demo(
         int, typer.Option(help="--learn: instances per family (every 4th held out)", min=4)
     ] = 16,
     warm_start_families: Annotated[
-        str, typer.Option(help="--learn: families the warm start imitates, comma-separated, or all")
-    ] = "all",
+        str,
+        typer.Option(
+            help="--learn: families the warm start imitates, comma-separated, or all "
+            "(default: the warm start's own mix, 12 repo-gen, 12 repair, 96 terminal)"
+        ),
+    ] = "",
     warm_start_count: Annotated[
-        int, typer.Option(help="--learn: instances per family the warm start imitates", min=4)
-    ] = 48,
-    warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 80,
+        int,
+        typer.Option(help="--learn: instances of each family the warm start imitates (0: its mix)", min=0),
+    ] = 0,
+    warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 40,
     learning_rate: Annotated[float, typer.Option(help="--learn: the trainer's learning rate", min=0)] = 2e-4,
     temperature: Annotated[float, typer.Option(help="--learn: the agent's temperature", min=0)] = 0.7,
 ) -> None:
@@ -164,12 +169,13 @@ def demo(
 
         if mode not in MODES:
             raise typer.BadParameter(f"--mode: one of {', '.join(MODES)}, got {mode!r}")
-        from gyre_app.warmstart.build import WarmStartConfig
+        from gyre_app.warmstart.build import WarmStartConfig, each
         from services.evaluator.generate.families import parse_families
 
-        warm = WarmStartConfig(
-            families=tuple(parse_families(warm_start_families)), count_per_family=warm_start_count
-        )
+        warm = WarmStartConfig()
+        if warm_start_families or warm_start_count:
+            names = parse_families(warm_start_families or "all")
+            warm = dataclasses.replace(warm, counts=each(names, warm_start_count or 48))
         config = LearnConfig(
             steps=steps,
             group_size=group_size,

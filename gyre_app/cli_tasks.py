@@ -44,6 +44,7 @@ def progress_dict(p: TaskProgress) -> dict[str, Any]:
         "num_rewarded": p.num_rewarded,
         "ready": p.ready,
         "rewards": list(p.rewards),
+        "num_unassessable": p.num_unassessable,
     }
 
 
@@ -109,9 +110,9 @@ def submit(
         async for p in client.watch([t.task_id for t in tasks], timeout_s=watch_timeout_s):
             seen.append(p)
             if not as_json:
-                console.print(
-                    f"{p.task_id} {p.state}: {p.num_rewarded}/{p.group_size} rewarded, ready={p.ready}"
-                )
+                failed = f" ({p.num_unassessable} not assessable)" if p.num_unassessable else ""
+                rewarded = f"{p.num_rewarded}/{p.group_size} rewarded{failed}"
+                console.print(f"{p.task_id} {p.state}: {rewarded}, ready={p.ready}")
         return seen
 
     tasks = run(send)
@@ -298,9 +299,15 @@ def executions_list(
         return
     table(
         "executions",
-        ("execution_id", "task_id", "index", "state"),
+        ("execution_id", "task_id", "index", "state", "replaced_by / replaces"),
         (
-            (e.execution.execution_id, e.execution.task_id, e.execution.index_in_group, scheduler_state(e))
+            (
+                e.execution.execution_id,
+                e.execution.task_id,
+                e.execution.index_in_group,
+                scheduler_state(e),
+                e.replaced_by or e.replaces,  # an infrastructure failure and its replacement
+            )
             for e in found
         ),
     )

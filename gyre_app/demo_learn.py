@@ -34,11 +34,12 @@ from gyre.errors import GyreError
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre_app.client import GyreClient, ServiceAddresses
-from gyre_app.demo import EventTap
+from gyre_app.demo import WATCHED, EventTap
 from gyre_app.report_gather import gather
 from gyre_app.report_model import Report
 from gyre_app.report_render import write_report
@@ -54,7 +55,7 @@ class LearnConfig:
     """Training tasks submitted, one group (one step) each; the train split is cycled."""
     group_size: int = 6
     timeout_s: int = 15
-    """Each execution's deadline: short enough that some time out and earn partial credit."""
+    """Each execution's wall-clock deadline (its policy's budget is `max_turns`)."""
     families: tuple[str, ...] = ("terminal",)
     """The task set trained on (the warm start imitates all three families). Terminal tasks: in
     a run on all three, every repair execution earned the untouched 0.3 and repo-gen's groups
@@ -76,11 +77,17 @@ class LearnConfig:
     in_flight: int = 2
     """Training tasks submitted at a time: the next goes in as a step completes, so samples stay
     within the trainer's staleness bound and executions do not all contend for 2 cores at once."""
-    max_turns: int = 5
-    """The built-in agent's turns (each a model call): the longest reference solution and its
-    final message."""
+    max_turns: int = 3
+    """The built-in agent's turn budget (each turn a model call): a terminal reference solution's
+    two tool calls and its final message, no spare. A policy that wanders (inspects twice,
+    rewrites a file) spends it before declaring the work done: the agent exits with its
+    out-of-turns code, the runner ends the execution as timed out, and the evaluator grades the
+    workspace as it stands for partial credit. The wall-clock deadline (`timeout_s`) stays, as a
+    bound on the machine, not the policy: on a loaded machine a cut there would follow the load."""
     deadline_s: float = 1800.0
     """The whole training phase's bound."""
+    start_timeout_s: float = 600.0
+    """How long the stack may take to come up."""
 
 
 @dataclass(slots=True)
@@ -90,7 +97,9 @@ class Progress:
     executions: set[str]
     submitted: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("started", "finished", "timed out", "failed", "rewarded"), 0)
+        default_factory=lambda: dict.fromkeys(
+            ("started", "finished", "timed out", "failed", "infra failed", "replaced", "rewarded"), 0
+        )
     )
     rewards: list[float] = field(default_factory=list)
     partial: int = 0
@@ -114,8 +123,14 @@ class Progress:
                 self.counts["failed"] += 1
             case evaluator_events.RewardAssigned() if p.grade.execution_id in self.executions:
                 self.counts["rewarded"] += 1
-                self.rewards.append(p.grade.score)
+                if p.grade.assessable:  # an infrastructure failure is no reward of 0
+                    self.rewards.append(p.grade.score)
                 self.partial += int(p.grade.partial)
+            case scheduler_events.ExecutionReplacementDecided() if not p.cancelled:
+                self.counts["infra failed"] += 1
+                if p.HasField("replacement"):
+                    self.counts["replaced"] += 1
+                    self.executions.add(p.replacement.execution_id)
             case trainer_events.StepCompleted():
                 self.step = max(self.step, int(p.version.steps))
                 self.staleness.append(p.staleness_mean_steps)
@@ -215,7 +230,7 @@ async def train(
     """Keep `in_flight` training tasks submitted (the next one as each step completes) and follow
     the bus until the trainer has taken `steps` steps; returns the last weights' folder."""
     bus = await Bus.connect(BusConfig(url=state.nats_url, prefix=prefix), name="gyre-demo-learn")
-    tap = EventTap(bus)
+    tap = EventTap(bus, (*WATCHED, scheduler_events.ExecutionReplacementDecided))
     await tap.start()
     started = time.monotonic()
     progress = Progress(set())
@@ -292,7 +307,9 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
         "GYRE_AGENT_TEMPERATURE": str(config.temperature),
         "GYRE_AGENT_MAX_TURNS": str(config.max_turns),
     }
-    state = up(learn_kernel, mode=config.mode, agent_env=agent_env)
+    # Ten processes import torch at once: on the shared 2-core machine (load 12) that passed
+    # `up`'s 180 s default before the first cell answered.
+    state = up(learn_kernel, mode=config.mode, agent_env=agent_env, timeout_s=config.start_timeout_s)
     console.print(
         f"stack up ({time.monotonic() - started:.0f} s so far); training {config.steps} steps, "
         f"groups of {config.group_size}, deadline {config.timeout_s} s, mode {config.mode}"

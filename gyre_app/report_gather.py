@@ -249,6 +249,8 @@ async def gather(
         checks=check_shares([(c.name, c.score, c.weight) for c in g.checks] for g in assessable),
         num_grades=len(grades),
         num_unassessable=len(grades) - len(assessable),
+        num_partial=sum(g.partial for g in assessable),
+        num_replacements=sum(1 for g in groups.values() for e in g.executions if e.replaces),
         tree_execution=execution_id,
         tree_lanes=lanes,
         cells=cell_segments(changes, until=datetime.now(UTC)),

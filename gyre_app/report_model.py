@@ -82,6 +82,11 @@ class Report:
     cells: tuple[CellSegment, ...]
     notes: Mapping[str, str] = field(default_factory=dict)
     """Part -> why it is empty (no held-out tasks, no cells in this scheduler, ...)."""
+    num_partial: int = 0
+    """Assessable grades of executions that did not finish (timed out, or crashed with their
+    workspace): partial credit for what the workspace held."""
+    num_replacements: int = 0
+    """Executions run in place of infrastructure failures (kept out of baseline and loss)."""
 
     def summary(self) -> dict[str, object]:
         rewards = [s.reward_mean for s in self.steps if s.reward_mean is not None]
@@ -95,6 +100,8 @@ class Report:
             "heldout_last": self.heldout[versions[-1]] if versions else None,
             "num_grades": self.num_grades,
             "num_unassessable": self.num_unassessable,
+            "num_partial": self.num_partial,
+            "num_replacements": self.num_replacements,
             "checks": {
                 c.name: {"weight": round(c.weight, 6), "mean_score": round(c.mean_score, 6)}
                 for c in self.checks

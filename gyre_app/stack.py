@@ -3,7 +3,7 @@
 With GYRE_NATS_URL / GYRE_DATABASE_URL unset, NATS and PostgreSQL come from the embedded wheels
 (`embedded.py`) in the state folder; when set, those servers are used as they are. Every service
 runs as its own detached process on a free port, and `stack.json` records what was started so
-that `gyre down` stops exactly that and nothing else.
+that `gyre down` stops exactly that and nothing else (and sweeps the sandboxes a killed one left).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.devstack.embedded import free_port, start_nats, start_postgres, stop_nats_in, stop_postgres
 from gyre.devstack.processes import failure, is_our_process, read_json, spawn_detached, terminate, write_json
+from gyre.sandbox.adopt import sweep_leftovers
 from gyre.sandbox.roots import SHARED_TEMP
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings, stack_state_path
@@ -121,8 +122,7 @@ def sandboxes_dir(state_dir: Path) -> Path:
 
     Sandboxes hide the shared temp folders inside them, so they cannot live there: a stack whose
     state folder is under /tmp (the tests') keeps them in the checkout's `.gyre/sandboxes/`, in a
-    folder named after the state folder, so two stacks never sweep each other's.
-    """
+    folder named after the state folder, so two stacks never sweep each other's."""
     if not any(state_dir.is_relative_to(t) for t in SHARED_TEMP):
         return state_dir / "sandboxes"
     tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
@@ -453,9 +453,8 @@ def wait_cells_registered(state: StackState, cells: int, deadline: float) -> Non
             if sum(1 for c in known if c.role != scheduler_pb2.CELL_ROLE_LOST) == cells:
                 return
             time.sleep(0.2)
-    raise failure(
-        f"the scheduler did not see all {cells} cells registered in time", Path(state.services[-1].log_path)
-    )
+    log_path = Path(state.services[-1].log_path)
+    raise failure(f"the scheduler did not see all {cells} cells registered in time", log_path)
 
 
 def wait_serving(service: ServiceProcess, deadline: float) -> None:
@@ -493,7 +492,9 @@ def down(kernel: KernelSettings, *, timeout_s: float = 15.0) -> list[str]:
         stop_postgres(state_dir / "postgres")
         stopped.append("postgres")
     stack_state_path(state_dir).unlink(missing_ok=True)
-    relocated = sandboxes_dir(state_dir)
-    if not relocated.is_relative_to(state_dir):  # the stopped runner and evaluator released their sandboxes
-        shutil.rmtree(relocated, ignore_errors=True)
+    sandboxes = sandboxes_dir(state_dir)
+    for owner, uid_base in (("runner", 62000), ("evaluator", 63000)):  # the settings' uid defaults
+        sweep_leftovers(sandboxes / owner, uid_base=uid_base)
+    if not sandboxes.is_relative_to(state_dir):
+        shutil.rmtree(sandboxes, ignore_errors=True)
     return stopped

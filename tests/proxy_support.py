@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -204,3 +204,34 @@ def prompt_of(record: proxy_pb2.CallRecord, earlier: dict[str, proxy_pb2.CallRec
     parent = earlier[delta.parent_call_id]
     context = [*prompt_of(parent, earlier), *parent.output_ids]
     return [*context[: delta.num_shared_tokens], *delta.new_ids]
+
+
+GREEDY_MESSAGES = [{"role": "user", "content": "Fix the failing test and run the test suite again."}]
+
+
+async def greedy_stream(
+    http_url: str,
+    token: str,
+    *,
+    max_tokens: int,
+    during: Callable[[list[str]], Awaitable[None]] | None = None,
+) -> str:
+    """One greedy streaming chat call's text; `during(parts)` runs between chunks (it may switch
+    cells, load weights)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{http_url}/v1", api_key=token, max_retries=0)
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=GREEDY_MESSAGES,  # type: ignore[arg-type]
+        stream=True,
+        temperature=0,
+        max_tokens=max_tokens,
+    )
+    parts: list[str] = []
+    async for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+        if during is not None:
+            await during(parts)
+    return "".join(parts)

@@ -58,7 +58,11 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 @asynccontextmanager
-async def driver_rig(server_urls: tuple[str, str], tmp_path: Path) -> AsyncIterator[Rig]:
+async def driver_rig(
+    server_urls: tuple[str, str], tmp_path: Path, *, cell_lost_after_s: float = 1.5
+) -> AsyncIterator[Rig]:
+    """`cell_lost_after_s`: longer where the test runs services in this process that hold its event
+    loop while they start (the cells' heartbeats are sent from it)."""
     async with scratch_kernel(*server_urls, label="driver") as kernel:
         proxy = await build_proxy(ProxySettings(model_dir=write_tokenizer(tmp_path / "tok")), kernel)
         await proxy.host.start()
@@ -69,7 +73,7 @@ async def driver_rig(server_urls: tuple[str, str], tmp_path: Path) -> AsyncItera
                 groups_per_step=1,
                 max_staleness=1,
                 tick_s=0.2,
-                cell_lost_after_s=1.5,
+                cell_lost_after_s=cell_lost_after_s,
             ),
             kernel,
         )

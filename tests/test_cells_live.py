@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-import openai
 import pytest
 import pytest_asyncio
+from proxy_support import greedy_stream
 
 from bench.cell_rig import LiveCells, live_cells
 from gyre.devstack.scratch import scratch_kernel
@@ -19,7 +19,6 @@ from gyre.proxy.v1 import proxy_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
-MESSAGES = [{"role": "user", "content": "Fix the failing test and run the test suite again."}]
 
 
 @pytest.fixture(scope="module")
@@ -40,23 +39,12 @@ async def cells(
 
 async def stream_text(live: LiveCells, *, max_tokens: int, during: object = None) -> str:
     """One greedy streaming call; `during(parts)` runs between chunks (and may switch cells)."""
-    client = openai.AsyncOpenAI(
-        base_url=f"{live.http_url}/v1", api_key=await live.register_execution(), max_retries=0
+    return await greedy_stream(
+        live.http_url,
+        await live.register_execution(),
+        max_tokens=max_tokens,
+        during=during,  # type: ignore[arg-type]
     )
-    stream = await client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        stream=True,
-        temperature=0,
-        max_tokens=max_tokens,  # type: ignore[arg-type]
-    )
-    parts: list[str] = []
-    async for chunk in stream:
-        if chunk.choices:
-            parts.append(chunk.choices[0].delta.content or "")
-        if during is not None:
-            await during(parts)  # type: ignore[operator]
-    return "".join(parts)
 
 
 async def test_the_scheduler_routes_every_satellite_it_registered(cells: LiveCells) -> None:

@@ -196,7 +196,7 @@ async def test_runner_end_events_become_rewards(
     evaluator: evaluator_pb2_grpc.EvaluatorServiceStub, kernel: KernelSettings, tmp_path: Path
 ) -> None:
     ws = workspace(tmp_path, {"wordfreq/__init__.py": "", "wordfreq/tokenize.py": TOKENIZE})
-    timed_out, failed, crashed = ref(), ref(), ref()
+    timed_out, failed, crashed, no_sandbox = ref(), ref(), ref(), ref()
     bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
     await bus.ensure_stream("runner")
     for payload in (
@@ -218,13 +218,27 @@ async def test_runner_end_events_become_rewards(
             family="repo_generation",
             task="wordfreq",
         ),
+        runner_events.ExecutionFailed(  # the workspace landed, then the sandbox did not start
+            execution=no_sandbox,
+            failure=runner_pb2.ExecutionFailure(
+                kind=runner_pb2.EXECUTION_FAILURE_KIND_SANDBOX, reason="sandbox could not be created"
+            ),
+            workspace_uri=ws.as_uri(),
+            family="repo_generation",
+            task="wordfreq",
+        ),
     ):
         await bus.publish(new_event(payload, producer="runner", correlation_id=payload.execution.task_id))
     await bus.close()
     by_id: dict[str, events_pb2.RewardAssigned] = {}
     for _ in range(150):  # bounded: 30 s
         by_id = {r.grade.execution_id: r for r in await rewards(kernel)}
-        if {timed_out.execution_id, failed.execution_id, crashed.execution_id} <= set(by_id):
+        if {
+            timed_out.execution_id,
+            failed.execution_id,
+            crashed.execution_id,
+            no_sandbox.execution_id,
+        } <= set(by_id):
             break
         await asyncio.sleep(0.2)
     partial = by_id[timed_out.execution_id].grade
@@ -237,6 +251,9 @@ async def test_runner_end_events_become_rewards(
     assert left.assessable and left.partial and left.score == pytest.approx(0.4)
     gone = by_id[failed.execution_id].grade
     assert not gone.assessable and "failed" in gone.unassessable_reason
+    # An infrastructure failure: the policy never ran, so the template it left is not graded.
+    never_ran = by_id[no_sandbox.execution_id].grade
+    assert not never_ran.assessable and "sandbox could not be created" in never_ran.unassessable_reason
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -87,14 +87,14 @@ def test_a_derived_key_answers_retries_only_until_its_answer_was_delivered() -> 
     assert replayable(explicit) and not replayable(None)
 
 
-def test_a_broken_engine_rests_and_its_calls_go_to_another() -> None:
+async def test_a_broken_engine_rests_and_its_calls_go_to_another() -> None:
     a, b = (
         Route(cell_id=f"cell-{x}", engine_id=f"engine-{x}", address=f"h:{i}") for i, x in enumerate("ab", 1)
     )
     router = Router(EnginePool(), [a, b], down_s=60.0)
-    assert router.pick("exec-1") == a
-    assert router.failover("exec-1", a) == b
-    assert router.pick("exec-1") == b and router.pick("exec-2") == b, "a gets no calls while it rests"
-    assert router.failover("exec-1", b) is None, "no engine left"
+    assert await router.pick("exec-1") == a
+    assert await router.failover("exec-1", a) == b
+    assert await router.pick("exec-1") == b and await router.pick("exec-2") == b, "a rests: no calls"
+    assert await router.failover("exec-1", b) is None, "no engine left"
     router.register(a)  # registered again: it serves again
-    assert router.pick("exec-3") == a
+    assert await router.pick("exec-3") == a

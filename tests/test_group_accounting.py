@@ -76,11 +76,13 @@ async def publish(bus: Bus, payload: message.Message, producer: str, task_id: st
     await bus.publish(new_event(payload, producer=producer, correlation_id=task_id))
 
 
-async def submit(bus: Bus, executions: Sequence[str]) -> str:
+async def submit(bus: Bus, executions: Sequence[str], *, max_infra_retries: int | None = None) -> str:
     task_id = str(uuid.uuid4())
     task = scheduler_pb2.Task(
         task_id=task_id,
-        spec=scheduler_pb2.TaskSpec(family="terminal", group_size=len(executions)),
+        spec=scheduler_pb2.TaskSpec(
+            family="terminal", group_size=len(executions), max_infra_retries=max_infra_retries
+        ),
         executions=[
             ids_pb2.ExecutionRef(task_id=task_id, execution_id=e, index_in_group=i)
             for i, e in enumerate(executions)
@@ -90,8 +92,10 @@ async def submit(bus: Bus, executions: Sequence[str]) -> str:
     return task_id
 
 
-async def reward(bus: Bus, task_id: str, execution_id: str, *, num_calls: int | None) -> None:
-    grade = evaluator_pb2.Grade(execution_id=execution_id, task_id=task_id, score=0.5, assessable=True)
+async def reward(
+    bus: Bus, task_id: str, execution_id: str, *, num_calls: int | None, assessable: bool = True
+) -> None:
+    grade = evaluator_pb2.Grade(execution_id=execution_id, task_id=task_id, score=0.5, assessable=assessable)
     event = evaluator_events.RewardAssigned(grade=grade, num_calls_recorded=num_calls)
     await publish(bus, event, "evaluator", task_id)
 
@@ -215,3 +219,58 @@ async def test_a_call_refused_for_good_counts_so_its_group_does_not_wait_forever
         r.sample async for r in stub.StreamSamples(trajectory_pb2.StreamSamplesRequest(task_ids=[task_id]))
     ]
     assert [list(s.token_ids) for s in samples] == [[1, 2, 100]]
+
+
+def decided(
+    task_id: str, failed: str, *, replacement: str = ""
+) -> scheduler_events.ExecutionReplacementDecided:
+    """The scheduler's word on an unassessable member at index 1: its replacement at index 2, or none."""
+    event = scheduler_events.ExecutionReplacementDecided(
+        execution=ids_pb2.ExecutionRef(task_id=task_id, execution_id=failed, index_in_group=1),
+        reason="the sandbox could not be created",
+        max_infra_retries=1,
+    )
+    if replacement:
+        event.replacement.CopyFrom(
+            ids_pb2.ExecutionRef(task_id=task_id, execution_id=replacement, index_in_group=2)
+        )
+    return event
+
+
+async def test_an_unassessable_member_holds_its_group_until_its_replacement_is_rewarded(
+    service: tuple[Stub, Bus],
+) -> None:
+    stub, bus = service
+    e1, e2, spare = (str(uuid.uuid4()) for _ in range(3))
+    task_id = await submit(bus, [e1, e2], max_infra_retries=1)
+    await reward(bus, task_id, e1, num_calls=None)
+    await reward(bus, task_id, e2, num_calls=None, assessable=False)
+    await eventually(lambda: rewarded(stub, task_id), timeout_s=30, what="both rewards stored")
+    assert not await is_ready(stub, task_id)  # the scheduler's decision is still out
+
+    await publish(bus, decided(task_id, e2, replacement=spare), "scheduler", task_id)
+
+    async def replacement_joined() -> bool:
+        found = await group(stub, task_id)
+        return found is not None and found.num_replacements == 1
+
+    await eventually(replacement_joined, timeout_s=30, what="the replacement in the group")
+    assert not await is_ready(stub, task_id)  # now it waits for the replacement's reward
+    await reward(bus, task_id, spare, num_calls=None)
+    await eventually(lambda: is_ready(stub, task_id), timeout_s=30, what="the group ready")
+    [ready] = await ready_events(bus, task_id)
+    assert list(ready.execution_ids) == [e1, e2, spare] and list(ready.unassessable_execution_ids) == [e2]
+
+
+async def test_no_replacement_decided_lets_the_group_train_without_it(service: tuple[Stub, Bus]) -> None:
+    """Whichever comes first, the decision (scheduler) or the grade (evaluator): their streams are
+    not ordered with each other."""
+    stub, bus = service
+    e1, e2 = str(uuid.uuid4()), str(uuid.uuid4())
+    task_id = await submit(bus, [e1, e2], max_infra_retries=1)
+    await publish(bus, decided(task_id, e2), "scheduler", task_id)
+    await reward(bus, task_id, e1, num_calls=None)
+    await reward(bus, task_id, e2, num_calls=None, assessable=False)
+    await eventually(lambda: is_ready(stub, task_id), timeout_s=30, what="the group ready")
+    found = await group(stub, task_id)
+    assert found is not None and (found.num_unassessable, found.num_replacements) == (1, 0)

@@ -62,6 +62,10 @@ def test_blank_lines_keep_line_numbers() -> None:
             "t.jsonl line 1, field timeout_s: must be a number > 0, got -1",
         ),
         (
+            json.dumps({**TASK, "max_infra_retries": -1}),
+            "t.jsonl line 1, field max_infra_retries: must be an integer >= 0, got -1",
+        ),
+        (
             json.dumps({**TASK, "labels": {"a": 1}}),
             "t.jsonl line 1, field labels: must map strings to strings",
         ),

@@ -118,3 +118,23 @@ async def test_a_range_after_a_tasks_submission_still_touches_it_by_its_step() -
     key = (uuid.UUID(task_id),)
     assert whole["tasks"][key][-1] == 3 and whole["tasks"][key][2] == "t"
     assert list(tail["tasks"]) == [key] and not tail["executions"]
+
+
+def test_a_replacement_execution_is_rebuilt_from_its_decision() -> None:
+    """The scheduler's fold: a replacement joins the executions table at the group's next index."""
+    task_id, failed, spare = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    decided = scheduler_events.ExecutionReplacementDecided(
+        execution=ids_pb2.ExecutionRef(task_id=task_id, execution_id=failed, index_in_group=0),
+        replacement=ids_pb2.ExecutionRef(task_id=task_id, execution_id=spare, index_in_group=1),
+        reason="sandbox could not be created",
+    )
+    none = scheduler_events.ExecutionReplacementDecided(
+        execution=ids_pb2.ExecutionRef(task_id=task_id, execution_id=spare, index_in_group=1),
+        reason="grader crashed; not replaced: allowance spent (1 of 1 retries used)",
+    )
+    folded = SCHEDULER_EVENTS.fold(
+        [new_event(e, producer="scheduler", correlation_id=task_id) for e in (decided, none)]
+    )
+    assert folded["executions"] == {
+        (uuid.UUID(spare),): (uuid.UUID(spare), uuid.UUID(task_id), 1),
+    }

@@ -16,7 +16,7 @@ from services.proxy.chat import ChatMessage, ChatRequest
 from services.proxy.delta import CallHistory
 from services.proxy.detok import IncrementalText
 from services.proxy.render import OutputMemory, render_prompt, reusable_output
-from services.proxy.routing import Load, Route, choose_engine
+from services.proxy.routing import Load, Route, behind, choose_engine
 from services.proxy.toolcalls import HERMES, parse_output, visible_prefix
 
 
@@ -51,6 +51,25 @@ def test_routing_is_sticky_while_the_engine_serves_and_least_loaded_otherwise() 
     assert choose_engine(loads, sticky_engine_id="") == b.route
     assert choose_engine(loads, sticky_engine_id="", allowed_cells={"cell-1"}) == a.route
     assert choose_engine([c], sticky_engine_id="c") is None
+
+
+def test_a_call_goes_only_to_an_engine_with_weights_of_its_admitted_version_or_newer() -> None:
+    new = Load(
+        route=Route(cell_id="cell-1", engine_id="new", address="x:1", policy_version=2), num_in_flight=3
+    )
+    old = Load(
+        route=Route(cell_id="cell-2", engine_id="old", address="x:2", policy_version=1), num_in_flight=0
+    )
+    gone = Load(
+        route=Route(cell_id="cell-3", engine_id="gone", address="x:3", state="drained", policy_version=0),
+        num_in_flight=0,
+    )
+    loads = [new, old, gone]
+    assert choose_engine(loads, sticky_engine_id="old", min_version=2) == new.route, "sticky yields"
+    assert choose_engine(loads, sticky_engine_id="", min_version=1) == old.route, "least loaded"
+    assert choose_engine(loads, sticky_engine_id="", min_version=3) is None, "none yet: the call waits"
+    assert behind(loads, min_version=2) == [old.route], "a drained engine is not asked"
+    assert behind(loads, min_version=0) == []
 
 
 def test_agent_detection_and_header_overrides() -> None:

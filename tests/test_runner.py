@@ -62,6 +62,8 @@ SCRIPTS = {
     "crash": {"main": [{"tool": "write_file", "args": {"path": "half.py", "content": "x = 1\n"}},
                        {"tool": "shell", "args": {"command": "kill -SEGV $PPID"}}]},
     "quick": {"main": [{"final": "nothing to do"}]},
+    # More tool calls than the agent's turn budget allows: it stops without a final answer.
+    "wander": {"main": [{"tool": "shell", "args": {"command": f"echo {i} >> tries.txt"}} for i in range(4)]},
     # A harness looking for the hidden tests of the bundled tasks finds an empty folder.
     "peek": {"main": [{"tool": "shell", "args": {"command": f"ls -R {BUNDLED} > peek.txt 2>&1"}}]},
     # Issue 16, cases 1 and 3: the host's Postgres socket and the checkout's git history.
@@ -272,6 +274,21 @@ async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_k
     failed = runner_events_pb2.ExecutionFailed()
     events["ExecutionFailed"].payload.Unpack(failed)
     assert failed.exit_code == 139 and failed.workspace_uri == crashed.workspace_uri
+
+
+async def test_an_agent_out_of_turns_times_out_with_its_workspace_graded_as_it_stands(runner: Runner) -> None:
+    # The agent's own budget is a deadline too: the turns ran out before it declared the work done.
+    request = start_request(prompt="[script: wander]", harness_env={"GYRE_AGENT_MAX_TURNS": "2"})
+    await runner.stub.StartExecution(request)
+    ended = await wait_ended(runner, request.execution.execution_id)
+    assert ended.state == runner_pb2.EXECUTION_STATE_TIMED_OUT
+    assert in_workspace(ended, "tries.txt").read_text() == "0\n1\n"  # both turns' work kept
+    kinds = [
+        e.event_type.rsplit(".", 1)[1]
+        for e in await runner_events(runner.kernel)
+        if e.correlation_id == request.execution.task_id
+    ]
+    assert kinds[-1] == "ExecutionTimedOut", kinds
 
 
 @pytest.mark.parametrize(

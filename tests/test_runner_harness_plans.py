@@ -8,7 +8,15 @@ from dataclasses import replace
 import pytest
 
 from gyre.sandbox.limits import SandboxLimits
-from services.runner.harness import DEFAULT_PATH, HARNESSES, HarnessInput, limits_for, plan_launch
+from services.runner.agent.__main__ import OUT_OF_TURNS_EXIT
+from services.runner.harness import (
+    DEFAULT_PATH,
+    HARNESSES,
+    HarnessInput,
+    limits_for,
+    plan_launch,
+    spent_own_budget,
+)
 
 
 def harness_input(**extra_env: str) -> HarnessInput:
@@ -75,3 +83,11 @@ def test_bounds_reach_mini_swe_agent_in_its_own_terms() -> None:
     assert "agent.step_limit=3" in argv
     assert "model.model_kwargs.max_tokens=32" in argv
     assert argv[argv.index("-m") + 1] == "openai/gyre-policy"
+
+
+def test_only_the_built_in_agents_own_out_of_turns_exit_is_a_timeout() -> None:
+    assert spent_own_budget("gyre-agent", OUT_OF_TURNS_EXIT)
+    assert not spent_own_budget("gyre-agent", 0) and not spent_own_budget("gyre-agent", 3)
+    # other harnesses declare no budget exit: a 124 from them is a crash like any other code
+    assert not spent_own_budget("claude-code", OUT_OF_TURNS_EXIT)
+    assert not spent_own_budget("mini-swe-agent", OUT_OF_TURNS_EXIT)

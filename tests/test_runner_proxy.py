@@ -13,7 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from bench.scripted_model import ScriptedModel
+from gyre.bus import Bus, BusConfig
+from gyre.common.v1 import ids_pb2
+from gyre.devstack.scratch import scratch_kernel
+from gyre.events import new_event
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.settings import KernelSettings
 from services.proxy import repo as proxy_repo
 from services.proxy.config import ProxySettings
@@ -104,3 +109,49 @@ async def test_the_token_works_at_the_proxy_while_the_execution_runs_and_not_aft
         supervisor.host.root.rmdir()
         await proxy.host.stop()
         model.stop()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_token_carries_the_version_the_execution_was_admitted_at(
+    server_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    """ExecutionScheduled.admitted_version reaches the proxy with the token, so the proxy serves the
+    execution's calls only from weights of that version or newer."""
+    async with scratch_kernel(*server_urls, label="admitted") as kernel:
+        proxy = await build_proxy(ProxySettings(model_dir=tmp_path / "no-model"), kernel)
+        await proxy.host.start()
+        model = ScriptedModel(script=SCRIPT)
+        settings = runner_settings(proxy_address=proxy.host.address, proxy_base_url=model.start())
+        host, supervisor = await build_with_supervisor(settings, kernel)
+        await host.start()
+        assert kernel.nats_url and kernel.database_url
+        bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix))
+        engine = sa.ext.asyncio.create_async_engine(kernel.database_url)
+        ref = ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4()))
+        try:
+            scheduled = scheduler_events.ExecutionScheduled(
+                execution=ref, family="terminal", prompt="Sleep.", harness="gyre-agent", timeout_s=60,
+                admitted_version=ids_pb2.PolicyVersion(steps=7),
+            )  # fmt: skip
+            await bus.publish(new_event(scheduled, producer="scheduler", correlation_id=ref.task_id))
+            tokens = proxy_repo.execution_tokens.c
+            versions: list[int] = []
+            for _ in range(150):  # bounded: 30 s for the runner to launch and register
+                async with engine.connect() as conn:
+                    query = sa.select(tokens.min_policy_version).where(
+                        tokens.execution_id == ref.execution_id
+                    )
+                    versions = list((await conn.execute(query)).scalars())
+                if versions:
+                    break
+                await asyncio.sleep(0.2)
+            assert versions == [7]
+            await supervisor.wait_started(ref.execution_id)
+        finally:
+            await engine.dispose()
+            await bus.close()
+            await host.stop()
+            supervisor.host.sweep()
+            supervisor.host.root.rmdir()
+            await proxy.host.stop()
+            model.stop()

@@ -54,6 +54,12 @@ async def test_admission_stays_within_the_staleness_cap_until_a_step_completes(r
     assert (first.task_id, "EXECUTION_STATE_TRAINED") in await rig.states()
     task = (await rig.stub.GetTask(pb.GetTaskRequest(task_id=first.task_id))).task
     assert task.state == pb.TASK_STATE_TRAINED
+    # Each ExecutionScheduled carries the version its task was admitted at: the proxy serves the
+    # execution's calls from weights of that version or newer only.
+    scheduled = await events_on_bus(rig.kernel, "scheduler", scheduler_events.ExecutionScheduled)
+    versions = {e.execution.task_id: e.admitted_version.steps for e in scheduled}
+    ids = {t.task_id for t in tasks}
+    assert sorted(v for t, v in versions.items() if t in ids) == [0, 0, 1]
 
 
 async def test_a_ready_group_is_assigned_to_the_running_step_and_the_trainer_told(rig: Rig) -> None:

@@ -46,6 +46,8 @@ def test_a_good_spec_passes() -> None:
         ({"labels": tuple((f"k{i}", "v") for i in range(33))}, "tasks[1].labels"),
         ({"labels": (("bad key", "v"),)}, "tasks[1].labels['bad key']"),
         ({"labels": (("k", "v" * 257),)}, "tasks[1].labels['k']"),
+        ({"max_infra_retries": -1}, "tasks[1].max_infra_retries"),
+        ({"max_infra_retries": 65}, "tasks[1].max_infra_retries"),
     ],
 )
 def test_each_bad_field_is_named(change: dict[str, object], field: str) -> None:

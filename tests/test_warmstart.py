@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, install, verify
+from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, each, install, verify
 from gyre_app.warmstart.scripted import RecordedCall, record_transcript
 from gyre_app.warmstart.tokens import chains, render_transcript, supervised_samples
 from gyre_app.warmstart.train import TrainConfig
@@ -46,8 +46,8 @@ def test_the_scripted_solver_runs_the_agent_through_a_delegation_and_a_compactio
 def test_an_imperfect_demonstration_declares_the_work_done_before_its_last_write() -> None:
     terminal = build(plan(["terminal"], count=1)[0], seed=0)
     early = record_transcript(terminal, context_tokens=24000, stop_early=True)
-    assert tool_names(early) == ["shell", "shell", "-"]  # head, the result file, then "done": no rows.txt
-    assert "result.txt" in early[1].reply["tool_calls"][0]["function"]["arguments"]
+    assert tool_names(early) == ["shell", "-"]  # the result file, then "done": no rows.txt
+    assert "result.txt" in early[0].reply["tool_calls"][0]["function"]["arguments"]
     repo_gen = next(p for p in plan(["repo-gen"], count=8) if build(p, seed=0).delegate)
     cut = record_transcript(build(repo_gen, seed=0), context_tokens=24000, stop_early=True)
     assert tool_names(cut) == ["write_file", "-"] and {c.agent_id for c in cut} == {"main"}
@@ -109,7 +109,11 @@ def test_a_supervised_gradient_step_raises_the_targets_likelihood() -> None:
 
 
 def test_the_warm_start_is_cached_by_its_inputs_and_a_corrupt_cache_is_rebuilt(tmp_path: Path) -> None:
-    config = WarmStartConfig(seed=3, count_per_family=4, train=TrainConfig(steps=2, transcripts_per_step=2))
+    config = WarmStartConfig(
+        seed=3,
+        counts=each(["repo-gen", "repair", "terminal"], 4),
+        train=TrainConfig(steps=2, transcripts_per_step=2),
+    )
     said: list[str] = []
     folder, built = cached_warm_start(tmp_path, config, say=said.append)
     assert built and verify(folder) == "" and any("recorded 9 scripted transcripts" in m for m in said)

@@ -4,7 +4,7 @@ A runner killed with -9 leaves its sandboxes running under their keepers (`gyre.
 The restarted runner knows which executions it was running from its own tables; `adopt` rebuilds
 the `Sandbox` of one from what is on disk: its folder, its user (the owner of `work/`), its
 cgroups, its mount and the keeper's pid. The adopted sandbox is waited for, killed and released
-exactly like one this process launched.
+exactly like one this process launched. `sweep_leftovers` releases what a stopped stack left.
 """
 
 from __future__ import annotations
@@ -56,3 +56,12 @@ def _is_mount(path: Path) -> bool:
     except OSError:
         return False
     return any(line.split()[1] == str(path) for line in mounts if len(line.split()) > 1)
+
+
+def sweep_leftovers(root: Path, *, uid_base: int) -> int:
+    """Release every sandbox under `root` (keeper killed, unmounted, users, cgroups and folders
+    removed) once its owner is stopped: a runner killed past its grace leaves them running and
+    mounted. A missing root has none. Returns how many."""
+    if not root.is_dir():
+        return 0
+    return SandboxHost(root, uid_base=uid_base).sweep()

@@ -107,9 +107,14 @@ class SandboxHost:
         async with self._lock:
             uid, gid, user = await asyncio.to_thread(self._allocate_user)
         box = Sandbox(host=self, name=name, path=path, limits=limits, uid=uid, gid=gid, user=user)
+        preparing = asyncio.ensure_future(asyncio.to_thread(box.prepare))
         try:
-            await asyncio.to_thread(box.prepare)
+            await asyncio.shield(preparing)
         except BaseException:
+            # Cancelled (a stopping runner) while the thread mounts: let it finish first, or the
+            # release below runs beside it and the mount it makes afterwards outlives the sandbox.
+            with contextlib.suppress(BaseException):
+                await preparing
             await box.release()
             raise
         return box
@@ -147,21 +152,9 @@ class SandboxHost:
                 pass
             user = f"gyre{uid}"
             if self.caps.useradd:
-                made = subprocess.run(
-                    [
-                        "useradd",
-                        "--no-create-home",
-                        "--user-group",
-                        "--uid",
-                        str(uid),
-                        "--shell",
-                        "/usr/sbin/nologin",
-                        user,
-                    ],
-                    capture_output=True,
-                    timeout=30,
-                    check=False,
-                )
+                argv = ["useradd", "--no-create-home", "--user-group", "--uid", str(uid)]
+                argv += ["--shell", "/usr/sbin/nologin", user]
+                made = subprocess.run(argv, capture_output=True, timeout=30, check=False)
                 if made.returncode in (USERADD_UID_TAKEN, USERADD_NAME_TAKEN):
                     continue  # another process (a parallel runner) took it since the look-up
                 if made.returncode != 0:
@@ -204,6 +197,7 @@ class Sandbox:
         self.user = user
         self.isolation = host.isolation
         self.mounted = False
+        self.released = False
         self.cgroups: list[Path] = []
         self.proc: asyncio.subprocess.Process | None = None
         """The keeper (`gyre.sandbox.keeper`) this process started; None for an adopted sandbox."""
@@ -227,6 +221,7 @@ class Sandbox:
     def prepare(self) -> None:
         self.path.mkdir(mode=0o711)
         if self.isolation.tmpfs_quota:
+            self.mounted = True  # before the attempt: a mount that timed out may still have happened
             subprocess.run(
                 [
                     "mount",
@@ -241,7 +236,6 @@ class Sandbox:
                 capture_output=True,
                 timeout=30,
             )
-            self.mounted = True
         for sub in ("work", "home", "tmp", "log"):
             d = self.path / sub
             d.mkdir(exist_ok=True)
@@ -462,6 +456,9 @@ class Sandbox:
         await asyncio.to_thread(self._release)
 
     def _release(self) -> None:
+        if self.released:  # a second release must not free a uid another sandbox took since
+            return
+        self.released = True
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30, check=False)
             self.mounted = False

@@ -57,6 +57,10 @@ class TaskProgress:
     ready: bool
     """Every execution rewarded: the group can be trained."""
     rewards: tuple[float | None, ...]
+    """Per member, replacements included; None until rewarded, and for an infrastructure failure
+    (never a reward of 0: it is out of the baseline)."""
+    num_unassessable: int = 0
+    """Members whose grade was not assessable (infrastructure failures)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -346,16 +350,16 @@ class GyreClient:
             group: trajectory_pb2.Group | None = await self.group(task_id)
         except NotFound:  # the trajectory service has not consumed TaskSubmitted yet
             group = None
-        rewards = tuple(
-            (e.reward if e.has_reward else None) for e in (group.executions if group is not None else ())
-        )
+        members = group.executions if group is not None else ()
+        rewards = tuple((e.reward if e.has_reward and e.assessable else None) for e in members)
         return TaskProgress(
             task_id=task_id,
             state=scheduler_pb2.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower(),
             group_size=task.spec.group_size,
-            num_rewarded=sum(r is not None for r in rewards),
+            num_rewarded=sum(e.has_reward for e in members),
             ready=bool(group is not None and group.ready),
             rewards=rewards,
+            num_unassessable=group.num_unassessable if group is not None else 0,
         )
 
     async def watch(

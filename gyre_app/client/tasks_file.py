@@ -4,10 +4,11 @@ One task a line, the fields of `TaskSpec` (proto/gyre/scheduler/v1/scheduler.pro
 
     {"name": "fix-slug", "family": "repo_repair", "prompt": "...", "group_size": 4,
      "timeout_s": 600, "harness": "gyre-agent", "workspace_template": "task:slugfix",
-     "labels": {"split": "train"}}
+     "labels": {"split": "train"}, "max_infra_retries": 2}
 
-`name`, `family`, `prompt` and `group_size` are required; `timeout_s` defaults to 600 s and
-`harness` to `gyre-agent`. Blank lines are skipped. Types and unknown fields are checked here,
+`name`, `family`, `prompt` and `group_size` are required; `timeout_s` defaults to 600 s,
+`harness` to `gyre-agent` and `max_infra_retries` (replacements for infrastructure failures) to
+the scheduler's default. Blank lines are skipped. Types and unknown fields are checked here,
 with the line and field named; ranges are the scheduler's to check (`tasks[i].field` in its
 answer is mapped back to the line by `line_of`).
 """
@@ -27,7 +28,7 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_HARNESS = "gyre-agent"
 REQUIRED = ("name", "family", "prompt", "group_size")
 TEXT_FIELDS = ("name", "family", "prompt", "harness", "workspace_template")
-KNOWN = frozenset((*TEXT_FIELDS, "group_size", "timeout_s", "labels"))
+KNOWN = frozenset((*TEXT_FIELDS, "group_size", "timeout_s", "labels", "max_infra_retries"))
 BATCH_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 
 
@@ -69,6 +70,11 @@ def _spec(raw: Mapping[str, object], source: str, line: int) -> scheduler_pb2.Ta
         if not ok or timeout <= 0:  # type: ignore[operator]
             raise _fail(source, line, "timeout_s", f"must be a number > 0, got {timeout!r}")
         spec.timeout_s = float(timeout)  # type: ignore[arg-type]
+    if "max_infra_retries" in raw:
+        retries = raw["max_infra_retries"]
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise _fail(source, line, "max_infra_retries", f"must be an integer >= 0, got {retries!r}")
+        spec.max_infra_retries = min(retries, 2**32 - 1)  # the scheduler refuses what is too many
     labels = raw.get("labels", {})
     if not isinstance(labels, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()

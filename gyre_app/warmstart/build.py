@@ -23,7 +23,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ from gyre_app.warmstart.scripted import record_transcript
 from gyre_app.warmstart.tokens import Tokenizer, render_transcript, transcript_texts
 from gyre_app.warmstart.train import TrainConfig, fine_tune
 from services.engine import model_init
-from services.evaluator.generate.families import GENERATORS, build, plan
+from services.evaluator.generate.families import build, plan
 from services.trainer import loss, microbatch, packing, policy, steps
 
 MANIFEST = "warmstart.json"
@@ -46,12 +46,13 @@ FORMAT = 1
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmStartConfig:
     seed: int = 0
-    families: tuple[str, ...] = tuple(GENERATORS)
-    """`gyre tasks generate` family names the scripted solver demonstrates."""
-    count_per_family: int = 48
-    """Instances generated per family; the train split (3 of every 4) becomes transcripts. Many
-    instances seen a few times each generalise; 9 seen 25 times each were memorised (held-out
-    replies garbled even greedy)."""
+    counts: tuple[tuple[str, int], ...] = (("repo-gen", 24), ("repair", 24), ("terminal", 96))
+    """(`gyre tasks generate` family, instances generated) the scripted solver demonstrates; the
+    train split (3 of every 4) becomes transcripts. Many instances seen a few times each
+    generalise; 9 seen 25 times each were memorised (held-out replies garbled even greedy).
+    Terminal tasks weigh most: they are what `gyre demo --learn` trains on, and their transcripts
+    record in milliseconds, where every repo-gen and repair transcript runs pytest. 48 of each
+    family in 80 steps took 528 s and left every held-out terminal result wrong."""
     compact_every: int = 3
     """Every n-th instance runs with a small context budget, so its transcript holds a compaction."""
     stop_early_fraction: float = 0.25
@@ -63,6 +64,14 @@ class WarmStartConfig:
     vocab_size: int = 2048
     """Merges fitted to the transcripts (whole words of the tool list, code and commands)."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+
+def each(families: Sequence[str], count: int) -> tuple[tuple[str, int], ...]:
+    """`count` instances of every family, as `WarmStartConfig.counts`.
+
+    Example: each(["repair", "terminal"], 8) -> (("repair", 8), ("terminal", 8))
+    """
+    return tuple((f, count) for f in families)
 
 
 def _source_digest() -> str:
@@ -106,7 +115,7 @@ def verify(folder: Path) -> str:
 
 def _build(dest: Path, config: WarmStartConfig, inputs: dict[str, Any], say: Callable[[str], None]) -> None:
     started = time.perf_counter()
-    planned = [p for p in plan(config.families, count=config.count_per_family) if p.split == "train"]
+    planned = [p for family, n in config.counts for p in plan([family], count=n) if p.split == "train"]
 
     def one(p: Any) -> Any:
         small = config.compact_every and p.index % config.compact_every == 1

@@ -23,17 +23,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("directory", type=Path, help="model folder to write (e.g. .gyre/model)")
     parser.add_argument("--warm-start", action="store_true", required=True)
     parser.add_argument("--seed", type=int, default=0, help="the same seed builds the same model")
-    parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 80)")
-    parser.add_argument("--count", type=int, default=None, help="instances per family (default 48)")
+    parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 40)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        help="instances of every family (default 12 repo-gen, 12 repair, 96 terminal)",
+    )
     ns = parser.parse_args(argv)
-    from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, install
+    from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, each, install
 
     config = WarmStartConfig(seed=ns.seed)
     if ns.steps is not None:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, steps=ns.steps))
     if ns.count is not None:
-        config = dataclasses.replace(config, count_per_family=ns.count)
-    if config.train.steps < 1 or config.count_per_family < 4:
+        config = dataclasses.replace(config, counts=each([f for f, _ in config.counts], ns.count))
+    if config.train.steps < 1 or min(n for _, n in config.counts) < 4:
         print("gyre model init: --steps must be >= 1 and --count >= 4", file=sys.stderr)
         return 2
     folder, built = cached_warm_start(

@@ -132,7 +132,7 @@ def stopped_early(steps: Sequence[Step]) -> list[Step]:
     """The reference steps cut before their last workspace-changing step: a demonstration that
     declares the work done too soon (it earns part of the credit, or none).
 
-    Example: [head, awk > result.txt, awk > rows.txt] -> [head, awk > result.txt]
+    Example: [cut ... > result.txt, awk > rows.txt] -> [cut ... > result.txt]
     """
     last = max((i for i, s in enumerate(steps) if changes_workspace(s)), default=len(steps))
     return list(steps[:last])

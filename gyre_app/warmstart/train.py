@@ -23,7 +23,7 @@ from services.trainer.steps import OptimConfig, PolicyTrainer, make_optimizer
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    steps: int = 80
+    steps: int = 40
     transcripts_per_step: int = 8
     learning_rate: float = 3e-3
     final_learning_rate: float = 3e-4

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
-from gyre.errors import InvalidArgument
+from gyre.errors import Conflict, InvalidArgument
 from gyre.ids import validate_request_id
 from gyre.rpc import Context
 from services.engine import codec
@@ -28,6 +28,14 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self, request: engine_pb2.GenerateTokensRequest, context: Context
     ) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
         validate_request_id(request.request_id)
+        loaded = self.backend.stats().policy_version
+        if request.min_policy_version.steps > loaded:
+            # Weights only move forward, so an engine that holds the version now samples every
+            # token of the generation with it or a newer one.
+            raise Conflict(
+                f"min_policy_version: the call needs weights of version {request.min_policy_version.steps} "
+                f"or newer; this engine holds version {loaded}"
+            )
         stream = await self.backend.generate(
             request_id=request.request_id,
             execution_id=request.execution_id,

@@ -4,6 +4,10 @@ Synchronous and single-threaded by contract: `EngineLoop` (loop.py) calls one me
 between decode steps, so no method needs a lock. Works with any Hugging Face causal LM folder
 whose attention honours 4-D boolean masks and per-row position ids (Qwen2, Llama, ...).
 
+Prefill: at most `prefill_chunk_tokens` prompt tokens per step (`_prefill_some`), so a long prompt
+is cached over several steps while the running sequences decode in each; its attention runs on
+CPU flash kernels without a mask (attention.py), not transformers' masked SDPA path.
+
 Decode batching: running sequences share one left-padded DynamicCache; each row's padding is
 masked out and its position ids are its own, so rows of different lengths decode together. The
 padded batch is rebuilt only when membership changes (a sequence joins or leaves), so a steady
@@ -26,6 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from services.engine.attention import NAME as PREFILL_ATTENTION
 from services.engine.kv import (
     ExportedKv,
     KvLayout,
@@ -80,10 +85,15 @@ def cache_from(layers: list[LayerKV] | None) -> DynamicCache:
     return cache
 
 
-def layers_of(cache: DynamicCache, *, row: int = 0, start: int = 0, end: int | None = None) -> list[LayerKV]:
-    """One row's per-layer (keys, values), positions [start, end), as independent tensors."""
+def layers_of(
+    cache: DynamicCache, *, row: int = 0, start: int = 0, end: int | None = None, clone: bool = True
+) -> list[LayerKV]:
+    """One row's per-layer (keys, values), positions [start, end): independent tensors, or views
+    of the cache's (`clone=False`, for a cache that is dropped right after)."""
     return [
-        (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())  # type: ignore[index]
+        (layer.keys[row, :, start:end], layer.values[row, :, start:end])  # type: ignore[index]
+        if not clone
+        else (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())  # type: ignore[index]
         for layer in cache.layers
         if isinstance(layer, DynamicLayer) and layer.keys is not None and layer.keys.numel() > 0
     ]
@@ -139,7 +149,7 @@ class TorchEngine:
 
     def _load_model(self) -> Any:
         return AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32, attn_implementation="sdpa"
+            self.model_dir, dtype=torch.float32, attn_implementation=PREFILL_ATTENTION
         ).eval()  # type: ignore[no-untyped-call]
 
     # --- admission -------------------------------------------------------------------------
@@ -201,12 +211,13 @@ class TorchEngine:
 
     @torch.inference_mode()
     def step(self) -> list[Emission]:
-        """Admit and prefill waiting sequences, then decode one token for every running one."""
-        while self.waiting and len(self.running) < self.max_batch:
-            seq = self.seqs[self.waiting.pop(0)]
-            self._prefill(seq)
-            seq.status = Status.RUNNING
-            self.running.append(seq.request_id)
+        """Prefill at most one chunk of waiting prompts, then decode one token for every running one.
+
+        A long prompt takes several steps to prefill, and the running sequences decode a token in
+        each of them: no prompt stalls the batch for its whole prefill, and a pause, a cancel or a
+        drain lands between two chunks (the loop calls `step` once per lock hold).
+        """
+        self._prefill_some()
         if not self.running:
             return []
         batch = self._ensure_batch()
@@ -251,27 +262,38 @@ class TorchEngine:
             self._forget_old()
         return emissions
 
-    def _prefill(self, seq: Sequence) -> None:
-        """Cache every token but the last, in chunks; the last is the first decode step's input."""
-        target = seq.num_tokens - 1
-        if seq.num_cached >= target:
-            return
+    def _prefill_some(self) -> None:
+        """Spend up to `prefill_chunk_tokens` on waiting prompts, oldest first; a sequence whose
+        prompt is all cached (every token but the last) joins the decode batch."""
+        budget = self.prefill_chunk_tokens
+        while self.waiting and len(self.running) < self.max_batch:
+            seq = self.seqs[self.waiting[0]]
+            if budget > 0:
+                budget -= self._prefill(seq, max_tokens=budget)
+            if seq.num_cached < seq.num_tokens - 1:
+                return  # the budget ran out inside this prompt: it continues next step
+            self.waiting.pop(0)
+            seq.status = Status.RUNNING
+            self.running.append(seq.request_id)
+
+    def _prefill(self, seq: Sequence, *, max_tokens: int) -> int:
+        """Cache up to `max_tokens` more of every token but the last (the first decode step's
+        input), after what is cached; returns how many it cached."""
+        start, end = seq.num_cached, min(seq.num_tokens - 1, seq.num_cached + max_tokens)
+        if end <= start:
+            return 0
         cache = cache_from(seq.kv)
-        ids = seq.token_ids
-        pos = seq.num_cached
-        while pos < target:
-            end = min(target, pos + self.prefill_chunk_tokens)
-            self.model(
-                input_ids=torch.tensor([ids[pos:end]]),
-                cache=cache,
-                position_ids=torch.arange(pos, end)[None, :],
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            pos = end
-        self.num_prefill_tokens += target - seq.num_cached
-        seq.kv = layers_of(cache)
-        seq.num_cached = target
+        self.model(
+            input_ids=torch.tensor([seq.token_ids[start:end]]),
+            cache=cache,
+            position_ids=torch.arange(start, end)[None, :],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.num_prefill_tokens += end - start
+        seq.kv = layers_of(cache, clone=False)  # the chunk's cache is dropped here: no copy
+        seq.num_cached = end
+        return end - start
 
     def _ensure_batch(self) -> _Batch:
         ids = tuple(self.running)
@@ -438,7 +460,7 @@ class TorchEngine:
         """Copy a published state dict into the model in place; all checks pass before any copy."""
         if self.model is None:
             self.model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                self.config, dtype=torch.float32, attn_implementation="sdpa"
+                self.config, dtype=torch.float32, attn_implementation=PREFILL_ATTENTION
             ).eval()
         load_weight_source(self.model, source_uri, sha256=sha256)
         self.version = version

@@ -14,6 +14,7 @@ from gyre.evaluator.v1 import evaluator_pb2, events_pb2
 from gyre.events import DecodedEvent, new_event
 from gyre.ids import require_uuid
 from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.runner.v1 import runner_pb2
 from services.evaluator import repo
 from services.evaluator.config import EvaluatorSettings
 from services.evaluator.grading import Grader
@@ -65,12 +66,19 @@ class RunnerEvents:
         p: Any = event.payload
         execution_id = require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
         task_id = p.execution.task_id
-        crashed_with_workspace = isinstance(p, runner_events.ExecutionFailed) and bool(p.workspace_uri)
+        # Only a harness that ran and crashed left work of the policy's behind; a sandbox that
+        # never started, a harness that never launched or a runner that lost it left the template
+        # as it was, and grading that would score the task, not the policy.
+        crashed_with_workspace = (
+            isinstance(p, runner_events.ExecutionFailed)
+            and p.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED
+            and bool(p.workspace_uri)
+        )
         if crashed_with_workspace or isinstance(
             p, (runner_events.ExecutionFinished, runner_events.ExecutionTimedOut)
         ):
-            # A crashed harness (or a failure after the workspace landed) still left work behind:
-            # it earns partial credit like a timeout; an empty or missing one is `not assessable`.
+            # A crashed harness still left work behind: it earns partial credit like a timeout;
+            # an empty or missing workspace is `not assessable`.
             grade = await grade_execution(
                 self.grader,
                 tasks_dir=self.settings.tasks_dir,

@@ -182,6 +182,7 @@ class Calls:
         load_outputs: Callable[[str], Awaitable[list[ReusableOutput]]] | None = None,
         load_answers: Callable[[str], Awaitable[list[StoredAnswer]]] | None = None,
         load_model: Callable[[], ServedModel | None] | None = None,
+        engine_stall_s: float = 0.0,
     ) -> None:
         self._model = model
         self._load_model = load_model
@@ -190,6 +191,8 @@ class Calls:
         self._load_answers = load_answers
         self.router = router
         self.recorder = recorder
+        self.engine_stall_s = engine_stall_s
+        """A call's engine silent this long counts as failed (`Generation.stall_s`)."""
         self.executions: dict[str, ExecutionState] = {}
         self.in_flight: dict[str, CallRun] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
@@ -242,9 +245,15 @@ class Calls:
         )
 
     async def start(
-        self, *, execution_id: str, request: ChatRequest, headers: Mapping[str, str]
+        self,
+        *,
+        execution_id: str,
+        request: ChatRequest,
+        headers: Mapping[str, str],
+        min_policy_version: int = 0,
     ) -> CallRun | ReplayedRun:
-        """A new call, or the recorded answer when this is a retry of a recorded one."""
+        """A new call, or the recorded answer when this is a retry of a recorded one. The call
+        waits (`Router.pick`) until an engine holds weights of `min_policy_version` or newer."""
         if execution_id in self.closed:  # revoked while this request was being authenticated
             raise Unauthenticated("revoked credential: the execution's token was revoked")
         agent = detect(
@@ -277,7 +286,9 @@ class Calls:
         if request.sampling.seed is not None:
             sampling.seed = request.sampling.seed
         call_id = new_uuid7()
-        route = self.router.pick(execution_id)
+        route = await self.router.pick(execution_id, min_version=min_policy_version)
+        if execution_id in self.closed:  # revoked while the call waited for an engine
+            raise Unauthenticated("revoked credential: the execution's token was revoked")
         generation = Generation(
             call_id=call_id,
             execution_id=execution_id,
@@ -287,7 +298,12 @@ class Calls:
             pool=self.router.pool,
             on_move=self.router.moved,
             on_version=self.router.observed_version,
-            on_broken=lambda broken: self.router.failover(execution_id, broken),
+            on_broken=lambda broken: self.router.failover(
+                execution_id, broken, min_version=min_policy_version
+            ),
+            on_behind=self.router.version_unknown,
+            min_version=min_policy_version,
+            stall_s=self.engine_stall_s,
         )
         run = CallRun(
             self,

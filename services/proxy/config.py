@@ -25,3 +25,10 @@ class ProxySettings(BaseSettings):
     """Largest request body accepted (HTTP 413 above)."""
     token_cache_s: float = 5.0
     """How long a token lookup is trusted before Postgres is asked again."""
+    weights_wait_s: float = 30.0
+    """How long a call waits for an engine holding weights of its execution's admitted version
+    (engines load a new version a moment after the trainer publishes it) before HTTP 503."""
+    engine_stall_s: float = 120.0
+    """An engine stream with no token for this long is treated as a failed engine: the call moves
+    to another engine (recomputing its prefix) and the engine rests. Long enough for a long
+    prompt's prefill on a loaded CPU cell; 0 turns the check off."""

@@ -88,7 +88,9 @@ async def _move(
     """('migrated' | 'recomputed' | 'finished' | 'stuck', KV bytes moved) for one call."""
     gen = run.generation
     source = gen.route
-    target = calls.router.pick_target(exclude_cell=cell_id, allowed_cells=target_cells)
+    target = await calls.router.pick_target(
+        exclude_cell=cell_id, allowed_cells=target_cells, min_version=gen.min_version
+    )
     if target is None:
         return "stuck", 0
     src = calls.router.pool.stub(source.address)

@@ -6,14 +6,16 @@ hand it a destination (`move_to`) and continues there with ResumeGeneration (KV 
 when the KV could not travel, with a fresh GenerateTokens over prompt + output so far. An
 engine that dies mid-generation (its stream breaks: UNAVAILABLE, or it ends with no finish
 reason) is not planned for: the generation asks `on_broken` for another engine and continues
-there the same way, prompt + output so far recomputed (at most `max_resumes` times). Tokens
-are counted by position, so the harness's stream sees each token exactly once.
+there the same way, prompt + output so far recomputed (at most `max_resumes` times). An engine
+that hangs with its stream open (no message for `stall_s`) is treated the same way: its stream
+is cancelled and the call fails over. Tokens are counted by position, so the harness's stream
+sees each token exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,10 @@ log = structlog.get_logger(__name__)
 FR = engine_pb2.FinishReason
 BROKEN = (grpc.StatusCode.UNAVAILABLE,)
 """Stream errors that mean the engine (or the link to it) is gone, not that the call is wrong."""
+
+
+class EngineStalled(Exception):
+    """An engine's stream stayed open without a message for the stall timeout."""
 
 
 class EnginePool:
@@ -89,9 +95,15 @@ class Generation:
     migrating: bool = False
     on_move: Callable[[str, str], None] | None = None
     on_version: Callable[[str, int], None] | None = None
-    on_broken: Callable[[Route], Route | None] | None = None
+    on_broken: Callable[[Route], Awaitable[Route | None]] | None = None
     """Another engine for this call when its engine's stream broke (None: no other serves)."""
+    on_behind: Callable[[str], None] | None = None
+    """An engine refused the call as needing newer weights than it holds (its version is stale)."""
+    min_version: int = 0
+    """Oldest policy version whose weights may generate this call (its execution's admitted one)."""
     max_resumes: int = 3
+    stall_s: float = 0.0
+    """An engine stream silent this long (no token, no finish) counts as broken; 0: never."""
     num_resumes: int = 0
     cancelled: bool = False
     _moves: asyncio.Queue[Move] = field(default_factory=asyncio.Queue)
@@ -122,7 +134,7 @@ class Generation:
             while True:
                 broken = ""
                 try:
-                    async for message in stream:
+                    async for message in self._watched(stream):
                         tokens = message.tokens
                         cached = getattr(message, "num_cached_prompt_tokens", 0)  # GenerateTokens only
                         if cached:
@@ -138,10 +150,12 @@ class Generation:
                     if exc.code() not in BROKEN or self.cancelled:
                         raise
                     broken = f"{exc.code().name} {exc.details()}"
+                except EngineStalled as exc:
+                    broken = str(exc)
                 if not broken and self.finish == FR.FINISH_REASON_UNSPECIFIED and not self.cancelled:
                     broken = "the stream ended mid-call"
                 if broken:
-                    stream = self._resume_elsewhere(broken)
+                    stream = await self._resume_elsewhere(broken)
                     position = len(self.output_ids)
                     continue
                 if self.finish != FR.FINISH_REASON_PAUSED:
@@ -165,11 +179,31 @@ class Generation:
                 else:  # recompute: the destination prefills prompt + output so far
                     stream = self._recompute()
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and self.on_behind is not None:
+                self.on_behind(self.route.engine_id)  # e.g. too old for min_version: ask it again
             raise Unavailable(
                 f"engine {self.route.engine_id} failed call {self.call_id}: {exc.code().name} {exc.details()}"
             ) from exc
         finally:
             self.done = True
+
+    async def _watched(
+        self, stream: AsyncIterator[engine_pb2.GenerateTokensResponse]
+    ) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
+        """The stream's messages; EngineStalled (the RPC cancelled) when none comes for `stall_s`."""
+        messages = aiter(stream)
+        while True:
+            try:
+                async with asyncio.timeout(self.stall_s if self.stall_s > 0 else None):
+                    message = await anext(messages)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                cancel = getattr(stream, "cancel", None)  # a grpc.aio call: tell the engine too
+                if cancel is not None:
+                    cancel()
+                raise EngineStalled(f"no token from the engine for {self.stall_s:g} s") from None
+            yield message
 
     def _go_to(self, route: Route) -> None:
         if route.engine_id != self.route.engine_id:
@@ -185,9 +219,9 @@ class Generation:
         remaining.max_tokens = max(self.sampling.max_tokens - len(self.output_ids), 1)
         return self._open_generate((*self.prompt_ids, *self.output_ids), remaining)
 
-    def _resume_elsewhere(self, broken: str) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
+    async def _resume_elsewhere(self, broken: str) -> AsyncIterator[engine_pb2.GenerateTokensResponse]:
         """The engine's stream broke: continue on another engine from the tokens so far."""
-        target = self.on_broken(self.route) if self.on_broken is not None else None
+        target = await self.on_broken(self.route) if self.on_broken is not None else None
         if target is None or self.num_resumes >= self.max_resumes:
             raise Unavailable(f"engine {self.route.engine_id} failed call {self.call_id}: {broken}")
         self.num_resumes += 1
@@ -208,6 +242,8 @@ class Generation:
         request = engine_pb2.GenerateTokensRequest(
             request_id=self.call_id, execution_id=self.execution_id, prompt_ids=prompt_ids, sampling=sampling
         )
+        if self.min_version:
+            request.min_policy_version.steps = self.min_version
         stream: AsyncIterator[engine_pb2.GenerateTokensResponse] = self.pool.stub(
             self.route.address
         ).GenerateTokens(request)

@@ -20,7 +20,7 @@ from gyre.errors import GyreError, InvalidArgument, NotFound, Unavailable
 from gyre.outages import translate
 from gyre.tracing import continued_from
 from services.proxy import anthropic_api, openai_api
-from services.proxy.auth import TokenBook, Unauthenticated, bearer_token
+from services.proxy.auth import Grant, TokenBook, Unauthenticated, bearer_token
 from services.proxy.call_keys import ReplayedRun
 from services.proxy.calls import CallRun, Calls
 from services.proxy.chat import ChatRequest
@@ -88,9 +88,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(request, translate(exc, where=request.path))
 
 
-async def _authenticate(request: web.Request) -> str:
+async def _authenticate(request: web.Request) -> Grant:
     token = bearer_token(request.headers.get("Authorization", ""), request.headers.get("x-api-key", ""))
-    return await request.app[TOKENS_KEY].execution_of(token)
+    return await request.app[TOKENS_KEY].grant_of(token)
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -126,9 +126,15 @@ def json_depth(value: Any, *, limit: int) -> int:
 async def _start(
     request: web.Request, parse: Callable[[Any], ChatRequest]
 ) -> tuple[ChatRequest, CallRun | ReplayedRun]:
-    execution_id = await _authenticate(request)
+    grant = await _authenticate(request)
+    execution_id = grant.execution_id
     chat = parse(await _json_body(request))
-    run = await request.app[CALLS_KEY].start(execution_id=execution_id, request=chat, headers=request.headers)
+    run = await request.app[CALLS_KEY].start(
+        execution_id=execution_id,
+        request=chat,
+        headers=request.headers,
+        min_policy_version=grant.min_policy_version,
+    )
     structlog.contextvars.bind_contextvars(execution_id=execution_id, call_id=run.call_id)
     return chat, run
 
@@ -301,7 +307,7 @@ async def _stream(
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    execution_id = await _authenticate(request)
+    execution_id = (await _authenticate(request)).execution_id
     body = await _json_body(request)
     chat = anthropic_api.parse_request({"max_tokens": 1, **body} if isinstance(body, dict) else body)
     prompt = await request.app[CALLS_KEY].render(execution_id, chat)

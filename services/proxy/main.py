@@ -47,7 +47,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
     async with conns.sessions() as session:
         routes = await repo.load_routes(session)
     pool = EnginePool()
-    router = Router(pool, routes)
+    router = Router(pool, routes, version_wait_s=settings.weights_wait_s)
     metrics.register(router)
     recorder = Recorder(conns.sessions, relay)
 
@@ -67,6 +67,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         load_outputs=load_outputs,
         load_answers=load_answers,
         load_model=lambda: _load_or_none(settings),
+        engine_stall_s=settings.engine_stall_s,
     )
     recorder.on_lost = calls.forget_lost
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)

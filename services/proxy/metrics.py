@@ -22,3 +22,8 @@ def register(router: Router) -> None:
         lambda: {engine_id: float(n) for engine_id, n in router.in_flight.items()},
         key="engine_id",
     )
+    register_gauge(
+        "gyre_proxy_calls_waiting_for_weights",
+        "Model calls held until an engine has weights of their execution's admitted version.",
+        lambda: float(router.num_waiting),
+    )

@@ -30,6 +30,7 @@ execution_tokens = sa.Table(
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True)),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("min_policy_version", sa.BigInteger, nullable=False, server_default="0"),  # 0005
 )
 
 engine_routes = sa.Table(
@@ -79,12 +80,24 @@ processed_messages = processed_messages_table(metadata)
 
 
 async def upsert_token(
-    session: AsyncSession, *, token_sha256: bytes, execution_id: str, task_id: str, expires_at: datetime
+    session: AsyncSession,
+    *,
+    token_sha256: bytes,
+    execution_id: str,
+    task_id: str,
+    expires_at: datetime,
+    min_policy_version: int = 0,
 ) -> str:
     """Store a token; returns the execution it maps to (the first one, if it was registered before)."""
     stmt = (
         insert(execution_tokens)
-        .values(token_sha256=token_sha256, execution_id=execution_id, task_id=task_id, expires_at=expires_at)
+        .values(
+            token_sha256=token_sha256,
+            execution_id=execution_id,
+            task_id=task_id,
+            expires_at=expires_at,
+            min_policy_version=min_policy_version,
+        )
         .on_conflict_do_nothing()
     )
     await session.execute(stmt)
@@ -96,16 +109,13 @@ async def upsert_token(
     return str(row.execution_id)
 
 
-async def load_token(session: AsyncSession, token_sha256: bytes) -> tuple[str, datetime, bool] | None:
-    """(execution_id, expires_at, revoked) of a token, or None."""
-    row = (
-        await session.execute(
-            sa.select(
-                execution_tokens.c.execution_id, execution_tokens.c.expires_at, execution_tokens.c.revoked_at
-            ).where(execution_tokens.c.token_sha256 == token_sha256)
-        )
-    ).first()
-    return None if row is None else (row.execution_id, row.expires_at, row.revoked_at is not None)
+async def load_token(session: AsyncSession, token_sha256: bytes) -> Any | None:
+    """The token's row (execution_id, expires_at, revoked_at, min_policy_version), or None."""
+    t = execution_tokens.c
+    stmt = sa.select(t.execution_id, t.expires_at, t.revoked_at, t.min_policy_version).where(
+        t.token_sha256 == token_sha256
+    )
+    return (await session.execute(stmt)).first()
 
 
 async def revoke_tokens(session: AsyncSession, execution_id: str, *, now: datetime) -> int:

@@ -27,6 +27,8 @@ log = structlog.get_logger(__name__)
 PRODUCER = "proxy"
 M = TypeVar("M", bound=Message)
 _CELL_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+MAX_POLICY_VERSION = 2**63 - 1
+"""Postgres stores versions as bigint."""
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\[\]:-]+:\d{1,5}$")
 ROUTE_STATE = {
     "active": proxy_pb2.ROUTE_STATE_ACTIVE,
@@ -90,6 +92,12 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         if not request.HasField("expires_at"):
             raise InvalidArgument("expires_at", "is required (the execution's deadline plus a grace period)")
         expires_at = request.expires_at.ToDatetime(tzinfo=UTC)
+        if request.min_policy_version.steps > MAX_POLICY_VERSION:
+            raise InvalidArgument(
+                "min_policy_version.steps",
+                f"must be at most {MAX_POLICY_VERSION} (a count of optimizer steps), "
+                f"got {request.min_policy_version.steps}",
+            )
 
         async def act(
             session: AsyncSession,
@@ -100,6 +108,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
                 execution_id=request.execution.execution_id,
                 task_id=request.execution.task_id,
                 expires_at=expires_at,
+                min_policy_version=request.min_policy_version.steps,
             )
             if execution_id != request.execution.execution_id:
                 raise Conflict("token is already registered for another execution")

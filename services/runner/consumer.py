@@ -64,6 +64,7 @@ class ScheduledEvents:
             timeout_s=p.timeout_s,
             family=p.family,
             task=grading_task(workspace_template=p.workspace_template, labels=dict(p.labels)),
+            min_policy_version=p.admitted_version.steps,
         )
         problem = ""
         try:

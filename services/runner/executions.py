@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from gyre.errors import InvalidArgument
 from gyre.ids import is_uuid, validate_request_id
@@ -38,6 +39,8 @@ class Launch:
     family: str = ""
     task: str = ""
     harness_env: tuple[tuple[str, str], ...] = ()
+    min_policy_version: int = 0
+    """The execution's admitted version: the proxy serves its calls from weights this new or newer."""
 
 
 def grading_task(*, workspace_template: str, labels: dict[str, str], task: str = "") -> str:
@@ -97,3 +100,19 @@ def validate_launch(launch: Launch, *, harnesses: frozenset[str], reserved_env: 
             raise InvalidArgument(f"harness_env[{key!r}]", "must not contain NUL")
         if key in BOUNDS_ENV and not (value.isascii() and value.isdigit() and 0 < int(value) < 10**9):
             raise InvalidArgument(f"harness_env[{key!r}]", f"must be a positive integer, got {value!r}")
+
+
+def recovered_launch(row: Any) -> Launch:
+    """The launch of an execution a previous runner process recorded (the prompt is not kept)."""
+    return Launch(
+        request_id=row.request_id,
+        task_id=str(row.task_id),
+        execution_id=str(row.execution_id),
+        index_in_group=row.index_in_group,
+        harness=row.harness,
+        prompt="-",
+        workspace_template="",
+        timeout_s=row.timeout_s,
+        family=row.family,
+        task=row.task,
+    )

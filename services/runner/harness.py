@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gyre.sandbox.limits import SandboxLimits
+
+if TYPE_CHECKING:  # the outcome's type only: this module stays free of the sandbox's I/O
+    from gyre.sandbox.host import Outcome
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,10 +134,15 @@ class Harness:
     min_address_space_mb: int = 0
     """Address space per process (RLIMIT_AS) below which the runtime cannot start, whatever the
     runner's settings say; resident memory stays bounded by the memory cgroup (`memory_mb`)."""
+    budget_exit_code: int | None = None
+    """The exit code by which the harness says its own budget (turns) ran out before it declared
+    the work done: the runner ends the execution as timed out, as at the wall-clock deadline,
+    and the evaluator grades the workspace for partial credit. None: every non-zero exit is a crash."""
 
 
 REGISTRY = {
-    "gyre-agent": Harness(plan=_gyre_agent),
+    # services.runner.agent.__main__.OUT_OF_TURNS_EXIT (not imported: the agent runs in the sandbox).
+    "gyre-agent": Harness(plan=_gyre_agent, budget_exit_code=124),
     # Claude Code's runtime (Bun) reserves gigabytes of address space it never touches: under
     # 2 GiB it dies at start with SIGILL, 4 GiB runs; 8 GiB leaves room for its worker threads.
     "claude-code": Harness(plan=_claude_code, min_address_space_mb=8192),
@@ -154,6 +164,15 @@ def limits_for(harness: str, limits: SandboxLimits) -> SandboxLimits:
     return replace(limits, address_space_mb=need)
 
 
+def spent_own_budget(harness: str, exit_code: int | None) -> bool:
+    """Whether the harness's exit says its own budget ran out (a timeout, not a crash).
+
+    Example: spent_own_budget("gyre-agent", 124) -> True; spent_own_budget("claude-code", 124) -> False
+    """
+    code = REGISTRY[harness].budget_exit_code
+    return code is not None and exit_code == code
+
+
 def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
     """The harness command and its full environment; the runner's variables win over extra_env.
 
@@ -170,3 +189,22 @@ def plan_launch(harness: str, i: HarnessInput) -> LaunchPlan:
         "GYRE_PROMPT_FILE": i.prompt_file,
     }
     return LaunchPlan(argv=plan.argv, env=env)
+
+
+def crash_reason(outcome: Outcome, log_tail: str) -> str:
+    """Why a started harness counts as crashed (pure).
+
+    Example: crash_reason(Outcome(exit_code=139), "") -> "the harness died of signal 11 (SIGSEGV)"
+    """
+    if outcome.killed:
+        why = f"the runner killed the harness: {outcome.killed.replace('_', ' ')} exceeded"
+    elif outcome.exit_code is not None and outcome.exit_code > 128:
+        sig = outcome.exit_code - 128
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
+        why = f"the harness died of signal {sig} ({name})"
+    else:
+        why = f"the harness exited with code {outcome.exit_code}"
+    return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -40,8 +39,8 @@ from gyre.sandbox.trees import CopyBounds
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
-from services.runner.executions import Launch
-from services.runner.harness import HarnessInput, limits_for, plan_launch
+from services.runner.executions import Launch, recovered_launch
+from services.runner.harness import HarnessInput, crash_reason, limits_for, plan_launch, spent_own_budget
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -51,6 +50,9 @@ RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE
 FILL_TIMEOUT_S = 300.0
 RECOVER_REVOKE_RETRY_S = 10.0
 COMMIT_RETRY_S = 600.0
+SHUTDOWN_WAIT_S = 8.0
+"""How long a stopping runner waits for its killed executions to record their end: within the
+host's grace for its workers (`ServiceHost.stop`: grace_s + 5 s), which then cancels them."""
 
 
 class LaunchFailed(Exception):
@@ -95,6 +97,8 @@ class Supervisor:
         self.running: dict[str, Running] = {}
         self.ended: dict[str, tuple[Sandbox, float]] = {}
         self.slots = asyncio.Semaphore(settings.max_running)
+        self.stopping = False
+        """Set on shutdown: no harness is launched any more."""
 
     def start(
         self, launch: Launch, *, reattach: Callable[[Running], Awaitable[None]] | None = None
@@ -127,6 +131,8 @@ class Supervisor:
 
     async def _run(self, run: Running) -> None:
         launch = run.launch
+        if self.stopping:
+            raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
         try:
             limits = limits_for(launch.harness, self.settings.limits())
             run.box = box = await self.host.create(launch.execution_id, limits)
@@ -149,6 +155,8 @@ class Supervisor:
         if run.cancel is not None:
             await self._end(run, "cancelled", _cancelled(run, box))
             return
+        if self.stopping:  # its shutdown kill found no harness yet: none may start after it
+            raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
         token = secrets.token_urlsafe(32)
         now = datetime.now(UTC)
         deadline = now + timedelta(seconds=launch.timeout_s)
@@ -220,7 +228,11 @@ class Supervisor:
             raise LaunchFailed("runner_lost", "the sandbox's keeper ended without an outcome")
         elif outcome.killed not in ("", "deadline", "disk_quota"):
             raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
-        elif outcome.killed == "deadline":
+        elif outcome.killed == "deadline" or (
+            outcome.killed == "" and spent_own_budget(launch.harness, outcome.exit_code)
+        ):
+            # The wall-clock deadline, or the harness's own budget (its turns) spent before it
+            # declared the work done: either way the policy ran out of time, not the infrastructure.
             event: Any = events_pb2.ExecutionTimedOut(
                 execution=execution_ref(launch),
                 workspace_uri=uri,
@@ -228,6 +240,7 @@ class Supervisor:
                 family=launch.family,
                 task=launch.task,
             )
+            log.info("execution_out_of_time", by="deadline" if outcome.killed else "harness_budget")
             await self._end(run, "timed_out", event)
         elif outcome.killed == "" and outcome.exit_code == 0:
             event = events_pb2.ExecutionFinished(
@@ -302,6 +315,7 @@ class Supervisor:
         request = proxy_pb2.RegisterExecutionTokenRequest(
             request_id=f"register:{launch.execution_id}", token=token, execution=execution_ref(launch)
         )
+        request.min_policy_version.steps = launch.min_policy_version
         request.expires_at.FromDatetime(expires_at)
         try:
             await self.proxy.RegisterExecutionToken(request, timeout=30)
@@ -412,35 +426,33 @@ class Supervisor:
             for eid, (_, ended_at) in list(self.ended.items()):
                 if ended_at < cutoff:
                     await self.release(eid)
-        for run in list(self.running.values()):
-            if run.box is not None:
-                await run.box.kill("runner stopped")
-        if self.running:
-            await asyncio.wait({r.task for r in self.running.values()}, timeout=30)
-        for eid in list(self.ended):
-            await self.release(eid)
+        await self._shut_down()
+
+    async def _shut_down(self) -> None:
+        """Kill what runs, then release every sandbox, ended or not: a stopped runner leaves no
+        process, mount or folder behind. The releases run even when the host cancels this worker
+        mid-way (an end event slow to commit, a revocation retried while the proxy is away); an
+        execution whose end was not recorded by then ends as runner lost at the next start
+        (`recover` finds no sandbox)."""
+        self.stopping = True
+        try:
+            for run in list(self.running.values()):
+                if run.box is not None:
+                    await run.box.kill("runner stopped")
+            if self.running:
+                await asyncio.wait({r.task for r in self.running.values()}, timeout=SHUTDOWN_WAIT_S)
+        finally:
+            boxes = [box for box, _ in self.ended.values()]
+            boxes += [r.box for r in self.running.values() if r.box is not None]
+            self.ended.clear()
+            for box in boxes:
+                await box.release()
 
     async def release(self, execution_id: str) -> None:
         """Drop an ended execution's sandbox (its workspace too): after grading, or in tests."""
         entry = self.ended.pop(execution_id, None)
         if entry is not None:
             await entry[0].release()
-
-
-def recovered_launch(row: Any) -> Launch:
-    """The launch of an execution a previous runner process recorded (the prompt is not kept)."""
-    return Launch(
-        request_id=row.request_id,
-        task_id=str(row.task_id),
-        execution_id=str(row.execution_id),
-        index_in_group=row.index_in_group,
-        harness=row.harness,
-        prompt="-",
-        workspace_template="",
-        timeout_s=row.timeout_s,
-        family=row.family,
-        task=row.task,
-    )
 
 
 def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
@@ -453,25 +465,6 @@ def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
         family=run.launch.family,
         task=run.launch.task,
     )
-
-
-def crash_reason(outcome: Outcome, log_tail: str) -> str:
-    """Why a started harness counts as crashed (pure).
-
-    Example: crash_reason(Outcome(exit_code=139), "") -> "the harness died of signal 11 (SIGSEGV)"
-    """
-    if outcome.killed:
-        why = f"the runner killed the harness: {outcome.killed.replace('_', ' ')} exceeded"
-    elif outcome.exit_code is not None and outcome.exit_code > 128:
-        sig = outcome.exit_code - 128
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = "unknown"
-        why = f"the harness died of signal {sig} ({name})"
-    else:
-        why = f"the harness exited with code {outcome.exit_code}"
-    return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why
 
 
 def _forward(base_url: str) -> Forward:

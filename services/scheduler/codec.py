@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 from gyre.common.v1 import ids_pb2
 from gyre.scheduler.v1 import events_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from services.scheduler.cells import CellRecord, Registration
-from services.scheduler.tasks import SCALAR_SPEC_FIELDS, PlannedTask, TaskSpec, spec_from_record
+from services.scheduler.tasks import (
+    DEFAULT_INFRA_RETRIES,
+    SCALAR_SPEC_FIELDS,
+    PlannedTask,
+    TaskSpec,
+    spec_from_record,
+)
 
 
 def spec_from_proto(msg: pb.TaskSpec) -> TaskSpec:
     deadline = msg.deadline.ToDatetime(tzinfo=UTC) if msg.HasField("deadline") else None
-    return spec_from_record(msg, labels=msg.labels, deadline=deadline)
+    spec = spec_from_record(msg, labels=msg.labels, deadline=deadline)
+    if not msg.HasField("max_infra_retries"):  # unset is the default, not 0
+        spec = dataclasses.replace(spec, max_infra_retries=DEFAULT_INFRA_RETRIES)
+    return spec
 
 
 def spec_to_proto(spec: TaskSpec) -> pb.TaskSpec:
@@ -40,12 +50,14 @@ def task_to_proto(task: PlannedTask, *, state: pb.TaskState.ValueType = pb.TASK_
 
 
 def execution_scheduled(
-    task: pb.Task, execution: ids_pb2.ExecutionRef, *, timeout_s: float | None = None
+    task: pb.Task, execution: ids_pb2.ExecutionRef, *, admitted_version: int, timeout_s: float | None = None
 ) -> events_pb2.ExecutionScheduled:
     """What the runner and the evaluator need to run and grade one execution of `task`
-    (`timeout_s`: its limit when the task's deadline cuts it, else the task's timeout)."""
+    (`timeout_s`: its limit when the task's deadline cuts it, else the task's timeout;
+    `admitted_version`: the trainer's version at admission, the oldest weights its calls may use)."""
     spec = task.spec
     return events_pb2.ExecutionScheduled(
+        admitted_version=ids_pb2.PolicyVersion(steps=admitted_version),
         execution=execution,
         task_name=spec.name,
         family=spec.family,

@@ -241,7 +241,7 @@ async def admit_task(session: AsyncSession, queued: Queued, *, version: int) -> 
     task = task_to_proto(planned)
     return [
         new_event(
-            execution_scheduled(task, execution, timeout_s=limit_s),
+            execution_scheduled(task, execution, admitted_version=version, timeout_s=limit_s),
             producer=PRODUCER,
             correlation_id=task.task_id,
             causation_id=f"admitted-v{version}",

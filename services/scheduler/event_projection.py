@@ -1,7 +1,8 @@
 """The scheduler's tables as far as its own events determine them (pure fold, for `gyre replay`).
 
 TaskSubmitted carries each task as accepted (spec, executions, submission time), StepAssigned
-the step its group was assigned to, CellRegistered a cell's registration. What other services'
+the step its group was assigned to, ExecutionReplacementDecided a replacement execution added to a
+group, CellRegistered a cell's registration. What other services'
 events move (task and execution states, admission versions, training totals), cell roles and
 heartbeats, and the mode are not rebuilt from this log: `NOT_REPLAYED` says so.
 """
@@ -53,7 +54,12 @@ def fold(events: Sequence[envelope_pb2.Envelope]) -> Mapping[str, Mapping[Row, R
     tasks: dict[Row, list[object]] = {}
     executions: dict[Row, Row] = {}
     cells: dict[Row, Row] = {}
-    types = [events_pb2.TaskSubmitted, events_pb2.StepAssigned, events_pb2.CellRegistered]
+    types = [
+        events_pb2.TaskSubmitted,
+        events_pb2.StepAssigned,
+        events_pb2.CellRegistered,
+        events_pb2.ExecutionReplacementDecided,
+    ]
     for event in decoded(events, types):
         p = event.payload
         if isinstance(p, events_pb2.TaskSubmitted):
@@ -72,6 +78,13 @@ def fold(events: Sequence[envelope_pb2.Envelope]) -> Mapping[str, Mapping[Row, R
                 # never submitted keeps its unknown columns empty, and the diff shows it.
                 key = (uuid.UUID(task_id),)
                 tasks.setdefault(key, [*key, *[None] * (len(TASK_COLUMNS) - 1)])[-1] = p.step
+        elif isinstance(p, events_pb2.ExecutionReplacementDecided) and p.HasField("replacement"):
+            r = p.replacement
+            executions[(uuid.UUID(r.execution_id),)] = (
+                uuid.UUID(r.execution_id),
+                uuid.UUID(r.task_id),
+                r.index_in_group,
+            )
         elif isinstance(p, events_pb2.CellRegistered):
             c = p.cell
             cells[(c.cell_id,)] = tuple(getattr(c, name) for name in CELL_COLUMNS)

@@ -2,14 +2,19 @@
 
     execution: pending -> admitted -> running -> finished | timed_out | failed | cancelled
                -> graded -> trained
+               (any of these before graded) -> infra_failed   (an unassessable grade: `replacements`)
     task:      pending -> admitted -> running -> done -> graded -> trained   (or cancelled)
+               done -> running   (a replacement was scheduled)
     both:      ... -> set_aside (the trainer's GroupSetAside: the group will not be trained)
 
 `admitted` is the scheduler's own decision (`driver`); the rest comes from the runner's start and
 end events, the evaluator's `RewardAssigned`, the trajectory service's `GroupReady` and the
 trainer's `StepCompleted` (which also moves the cluster's version and its observed training
-cost). A state only ever moves forward, so a late or repeated event changes nothing; each event
-is claimed in the inbox in the transaction of its writes. After each commit the driver is poked.
+cost). An unassessable grade records an infrastructure failure and may schedule a replacement
+execution in the same group (`replacements`; a `done` task then runs again); an `infra_failed`
+execution keeps that state, so ListExecutions shows it after its group trained. Otherwise a state
+only ever moves forward, so a late or repeated event changes nothing; each event is claimed in
+the inbox in the transaction of its writes. After each commit the driver is poked.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.consume import ConsumerSpec
 from gyre.db.inbox import Inbox, after_commit
 from gyre.db.inbox import TxHandler as InTransaction
+from gyre.db.outbox import enqueue
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre.trajectory.v1 import events_pb2 as trajectory_events
 from services.scheduler import repo
+from services.scheduler.replacements import record_unassessable
 
 log = structlog.get_logger(__name__)
 ENDED = ("finished", "timed_out", "failed", "cancelled")
@@ -102,11 +109,17 @@ class LifecycleEvents:
     """Four durable consumers (one per producer), each handler one transaction."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], *, default_mode: str, on_change: Callable[[], None]
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        default_mode: str,
+        on_change: Callable[[], None],
+        on_enqueued: Callable[[], None] = lambda: None,
     ) -> None:
         self.sessions = sessions
         self.default_mode = default_mode
         self.on_change = on_change
+        self.on_enqueued = on_enqueued  # wakes the outbox relay after a commit that enqueued events
 
     def specs(self) -> list[ConsumerSpec]:
         return [
@@ -177,7 +190,15 @@ class LifecycleEvents:
         await self._ended(session, event.payload.execution.execution_id, "cancelled", 0.0)
 
     async def on_reward(self, session: AsyncSession, event: DecodedEvent) -> None:
-        await advance_execution(session, event.payload.grade.execution_id, to="graded", allowed_from=ENDED)
+        grade = event.payload.grade
+        if not grade.assessable:
+            events = await record_unassessable(session, grade, causation_id=event.event_id)
+            if events:
+                await enqueue(session, repo.outbox, *events)
+                after_commit(session, self.on_enqueued)
+                await _task_done_if_all_ended(session, uuid.UUID(events[-1].correlation_id))
+                return
+        await advance_execution(session, grade.execution_id, to="graded", allowed_from=ENDED)
 
     async def on_group_ready(self, session: AsyncSession, event: DecodedEvent) -> None:
         key = _uuid(event.payload.task_id)
@@ -197,7 +218,7 @@ class LifecycleEvents:
             e = repo.executions.c
             await session.execute(
                 sa.update(repo.executions)
-                .where(e.task_id == key, e.state.not_in(("trained", "cancelled")))
+                .where(e.task_id == key, e.state.not_in(("trained", "cancelled", "infra_failed")))
                 .values(state="set_aside")
             )
             log.warning("group_set_aside_observed", task_id=str(key), reason=event.payload.reason)
@@ -214,7 +235,11 @@ class LifecycleEvents:
             trained_version=version,
         )
         e = repo.executions.c
-        await session.execute(sa.update(repo.executions).where(e.task_id.in_(keys)).values(state="trained"))
+        await session.execute(
+            sa.update(repo.executions)
+            .where(e.task_id.in_(keys), e.state != "infra_failed")  # it never entered the loss
+            .values(state="trained")
+        )
         c = repo.cluster.c
         await repo.load_cluster(session, default_mode=self.default_mode)  # the row exists from here on
         await session.execute(

@@ -20,8 +20,18 @@ from services.scheduler import repo
 from services.scheduler.cells import CellRecord
 from services.scheduler.live_view import LiveFacts
 
-STARTED = ("running", "finished", "timed_out", "failed", "cancelled", "graded", "trained", "set_aside")
-ENDED = ("finished", "timed_out", "failed", "cancelled", "graded", "trained", "set_aside")
+STARTED = (
+    "running",
+    "finished",
+    "timed_out",
+    "failed",
+    "cancelled",
+    "graded",
+    "trained",
+    "set_aside",
+    "infra_failed",
+)
+ENDED = STARTED[1:]
 GONE = ("trained", "set_aside")
 """Groups out of the ready pool: trained, or set aside by the trainer (their step takes others)."""
 
@@ -113,8 +123,9 @@ async def load_facts(
             queued.append(Queued(seq=task.seq, task_id=task.task_id, group_size=task.group_size))
             continue
         facts.version = task.admitted_version
-        facts.group_admitted(task.seq, size=task.group_size)
         members = by_task.get(task.task_id, [])
+        # Replacements of infrastructure failures are members too: the group waits for them.
+        facts.group_admitted(task.seq, size=max(task.group_size, len(members)))
         # A ready group's executions all ended, whatever order the runner's and the trajectory
         # service's streams arrived in (they are not ordered with each other).
         ready = task.state in ("graded", *GONE)

@@ -10,7 +10,7 @@ from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
-from services.scheduler import repo
+from services.scheduler import metrics, repo
 from services.scheduler.catalog import load_catalog
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.driver import LiveDriver
@@ -25,6 +25,7 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceHost:
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
+    metrics.register()
     server = GrpcServer(
         service_names=[scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name],
         host=settings.host,
@@ -49,7 +50,9 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
     servicer.on_change = driver.poke
     lifecycle = [
         Consumer(conns.bus, spec)
-        for spec in LifecycleEvents(conns.sessions, default_mode=settings.mode, on_change=driver.poke).specs()
+        for spec in LifecycleEvents(
+            conns.sessions, default_mode=settings.mode, on_change=driver.poke, on_enqueued=relay.poke
+        ).specs()
     ]
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server.server)
     workers: list[Worker] = [relay.run, servicer.watch_heartbeats, *(c.run for c in lifecycle)]

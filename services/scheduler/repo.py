@@ -40,6 +40,7 @@ tasks = sa.Table(
     sa.Column("assigned_step", sa.Integer, nullable=True),
     sa.Column("trained_version", sa.Integer, nullable=True),
     sa.Column("deadline", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("max_infra_retries", sa.Integer, nullable=False),
 )
 
 executions = sa.Table(
@@ -50,6 +51,8 @@ executions = sa.Table(
     sa.Column("index_in_group", sa.Integer, nullable=False),
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("duration_s", sa.Float, nullable=True),
+    sa.Column("replaces", sa.Uuid, nullable=True, unique=True),
+    sa.Column("failure_reason", sa.Text, nullable=True),
     sa.UniqueConstraint("task_id", "index_in_group"),
 )
 

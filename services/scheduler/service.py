@@ -85,9 +85,12 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             # One ExecutionScheduled per execution, in the same transaction: the runner starts from it.
             # Paced (the default), the driver schedules them as the policy admits each task.
             now = datetime.now(UTC)
+            version = await repo.current_version(session)
             events += [
                 new_event(
-                    execution_scheduled(task, execution, timeout_s=execution_limit_s(spec, now=now)),
+                    execution_scheduled(
+                        task, execution, admitted_version=version, timeout_s=execution_limit_s(spec, now=now)
+                    ),
                     producer=PRODUCER,
                     correlation_id=task.task_id,
                     causation_id=request.request_id,
@@ -97,7 +100,6 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
             ]
         await repo.insert_tasks(session, planned, request_id=request.request_id)
         if self.admission == "at_submit":
-            version = await repo.current_version(session)
             for t in planned:
                 await repo.admit_task(session, uuid.UUID(t.task_id), version=version)
         await enqueue(session, repo.outbox, *events)

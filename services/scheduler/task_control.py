@@ -34,8 +34,22 @@ async def list_executions(
     if request.limit > MAX_LIST:
         raise InvalidArgument("limit", f"must be at most {MAX_LIST}, got {request.limit}")
     t, e = repo.tasks.c, repo.executions.c
+    successor = repo.executions.alias("successor")
+    replaced_by = (
+        sa.select(successor.c.execution_id).where(successor.c.replaces == e.execution_id).scalar_subquery()
+    )
     stmt = (
-        sa.select(e.execution_id, e.task_id, e.index_in_group, e.state, e.duration_s, t.admitted_version)
+        sa.select(
+            e.execution_id,
+            e.task_id,
+            e.index_in_group,
+            e.state,
+            e.duration_s,
+            e.replaces,
+            e.failure_reason,
+            replaced_by.label("replaced_by"),
+            t.admitted_version,
+        )
         .join(repo.tasks, t.task_id == e.task_id)
         .order_by(t.seq, e.index_in_group)
         .limit(request.limit or 1000)
@@ -60,6 +74,9 @@ async def list_executions(
                 index_in_group=row.index_in_group,
             ),
             state=execution_state(row.state),
+            failure_reason=row.failure_reason or "",
+            replaced_by=str(row.replaced_by or ""),
+            replaces=str(row.replaces or ""),
         )
         if row.admitted_version is not None:
             item.admitted_version = row.admitted_version

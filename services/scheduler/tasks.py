@@ -22,6 +22,11 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_TEMPLATE_CHARS = 4096
 MAX_LABELS = 32
 MAX_LABEL_VALUE_CHARS = 256
+MAX_INFRA_RETRIES = 64
+DEFAULT_INFRA_RETRIES = 2
+"""Replacements a task's group gets for infrastructure failures when its spec does not say: enough
+to ride out a sandbox or grader that crashes now and then, bounded so a grader that always
+crashes costs at most two extra executions per group."""
 
 FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 HARNESS_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
@@ -42,9 +47,19 @@ class TaskSpec:
     workspace_template: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     deadline: datetime | None = None
+    max_infra_retries: int = DEFAULT_INFRA_RETRIES
 
 
-SCALAR_SPEC_FIELDS = ("name", "family", "prompt", "group_size", "timeout_s", "harness", "workspace_template")
+SCALAR_SPEC_FIELDS = (
+    "name",
+    "family",
+    "prompt",
+    "group_size",
+    "timeout_s",
+    "harness",
+    "workspace_template",
+    "max_infra_retries",
+)
 
 
 def spec_from_record(
@@ -136,6 +151,11 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
             raise InvalidArgument(
                 f"{at}.labels[{key!r}]", f"values must be at most {MAX_LABEL_VALUE_CHARS} characters"
             )
+    if not 0 <= spec.max_infra_retries <= MAX_INFRA_RETRIES:
+        raise InvalidArgument(
+            f"{at}.max_infra_retries",
+            f"must be between 0 and {MAX_INFRA_RETRIES}, got {spec.max_infra_retries}",
+        )
 
 
 def validate_deadlines(specs: Sequence[TaskSpec], *, now: datetime) -> None:

@@ -3,15 +3,19 @@
 The kernel consumer (`gyre.db.inbox`) claims each event and runs these handlers in the fetched
 batch's transaction; the ack follows the commit.
 
-- `TaskSubmitted` (scheduler): learn a task's group.
+- `TaskSubmitted` (scheduler): learn a task's group and its allowance of infrastructure retries.
+- `ExecutionReplacementDecided` (scheduler): an unassessable member's replacement (a new member
+  of the group, waited for like the others) or the word that none comes.
 - `RewardAssigned` (evaluator): store the execution's reward and the number of calls the proxy
   recorded for it; when every execution of the group has its reward and that many calls stored,
   mark the group ready and publish `GroupReady` through the outbox (the last call stored can be
   what completes it: `CallEvents` runs the same check). A grade with `assessable = false` (an
   infrastructure failure: nothing could be judged, e.g. the sandbox or grader crashed, the
-  workspace is gone) completes its execution for readiness (a group that waited for it would
-  never train) but is no reward: it is listed in `GroupReady`'s `unassessable_execution_ids`,
-  and replay keeps it out of the group's advantage baseline and out of the loss. An execution
+  workspace is gone) completes its execution for readiness once the scheduler's decision about
+  a replacement is known, or at once when the task allows no (more) retries (a group that waited
+  for nothing would never train), but is no reward: it is listed in `GroupReady`'s
+  `unassessable_execution_ids`, and replay keeps it out of the group's advantage baseline and
+  out of the loss. An execution
   that never gets a reward holds its group back; the scheduler's deadlines and the evaluator's
   timeout grading are what end that.
 - `LlmCallRecorded` (proxy): see `CallEvents`, batched.
@@ -25,7 +29,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.consume import ConsumerSpec
-from gyre.db.inbox import Inbox, after_commit
+from gyre.db.inbox import Inbox, NotYet, after_commit
 from gyre.db.outbox import enqueue
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import DecodedEvent, new_event
@@ -55,7 +59,13 @@ async def publish_if_ready(session: AsyncSession, task_id: str, *, causation_id:
         causation_id=causation_id,
     )
     await enqueue(session, repo.outbox, event)
-    log.info("group_ready", task_id=task_id, group_size=len(members), unassessable=len(unassessable))
+    log.info(
+        "group_ready",
+        task_id=task_id,
+        group_size=len(members),
+        unassessable=len(unassessable),
+        replacements=await repo.count_replacements(session, task_id),
+    )
     return True
 
 
@@ -75,7 +85,10 @@ class TaskEvents:
             inbox=Inbox(
                 sessions=self.sessions,
                 table=repo.processed_messages,
-                handlers={scheduler_events.TaskSubmitted: self.on_task_submitted},
+                handlers={
+                    scheduler_events.TaskSubmitted: self.on_task_submitted,
+                    scheduler_events.ExecutionReplacementDecided: self.on_replacement_decided,
+                },
             ),
             ack_wait_s=15.0,  # bounds how long a crash delays what was fetched and not acked
         )
@@ -90,11 +103,36 @@ class TaskEvents:
             task_id=task.task_id,
             family=task.spec.family,
             members=[(e.execution_id, e.index_in_group) for e in task.executions],
+            # The scheduler stores the allowance it used; a task submitted before the field existed
+            # was accepted under the old rule: no retries.
+            max_infra_retries=task.spec.max_infra_retries if task.spec.HasField("max_infra_retries") else 0,
         )
         # Rewards may have arrived first (streams are not ordered with each other).
         if await publish_if_ready(session, task.task_id, causation_id=event.event_id):
             after_commit(session, self.poke)
         log.info("group_registered", task_id=task.task_id, group_size=len(task.executions))
+
+    async def on_replacement_decided(self, session: AsyncSession, event: DecodedEvent) -> None:
+        p: scheduler_events.ExecutionReplacementDecided = event.payload
+        task_id = require_uuid("execution.task_id", p.execution.task_id, what="a task")
+        require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
+        replacement = None
+        if p.HasField("replacement"):
+            require_uuid("replacement.execution_id", p.replacement.execution_id, what="an execution")
+            replacement = (p.replacement.execution_id, p.replacement.index_in_group)
+        known = await repo.record_replacement_decision(
+            session, task_id=task_id, execution_id=p.execution.execution_id, replacement=replacement
+        )
+        if not known:  # its TaskSubmitted is still on the way (a redelivery overtook it)
+            raise NotYet(f"group {task_id} is not known yet")
+        if await publish_if_ready(session, task_id, causation_id=event.event_id):
+            after_commit(session, self.poke)
+        log.info(
+            "replacement_decided",
+            task_id=task_id,
+            execution_id=p.execution.execution_id,
+            replacement=replacement[0] if replacement else "",
+        )
 
 
 class RewardEvents:

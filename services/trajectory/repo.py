@@ -23,6 +23,7 @@ groups = sa.Table(
     sa.Column("group_size", sa.Integer, nullable=False),
     sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     sa.Column("ready_at", sa.DateTime(timezone=True)),
+    sa.Column("max_infra_retries", sa.Integer, nullable=False, server_default="0"),
 )
 
 group_executions = sa.Table(
@@ -32,6 +33,8 @@ group_executions = sa.Table(
     sa.Column("task_id", sa.Uuid, sa.ForeignKey(groups.c.task_id), nullable=False),
     sa.Column("index_in_group", sa.Integer, nullable=False),
     sa.Column("reward", sa.Float),
+    sa.Column("replaces", sa.Uuid),
+    sa.Column("replacement_decided", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.UniqueConstraint("task_id", "index_in_group"),
 )
 
@@ -57,6 +60,8 @@ class GroupMember:
     reward: float | None
     assessable: bool = True
     """False when its grade was not assessable (an infrastructure failure)."""
+    replaces: str = ""
+    """For a replacement: the failed execution it replaces."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,15 +72,26 @@ class GroupRecord:
     registered_at: datetime
     ready_at: datetime | None
     members: tuple[GroupMember, ...]
+    max_infra_retries: int = 0
 
 
 async def register_group(
-    session: AsyncSession, *, task_id: str, family: str, members: list[tuple[str, int]]
+    session: AsyncSession,
+    *,
+    task_id: str,
+    family: str,
+    members: list[tuple[str, int]],
+    max_infra_retries: int = 0,
 ) -> None:
     """Insert a group and its executions; an existing group is left as it is."""
     await session.execute(
         insert(groups)
-        .values(task_id=uuid.UUID(task_id), family=family, group_size=len(members))
+        .values(
+            task_id=uuid.UUID(task_id),
+            family=family,
+            group_size=len(members),
+            max_infra_retries=max_infra_retries,
+        )
         .on_conflict_do_nothing()
     )
     await session.execute(
@@ -98,6 +114,7 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
                 group_executions.c.index_in_group,
                 group_executions.c.reward,
                 sa.func.coalesce(rewards.c.assessable, True),
+                group_executions.c.replaces,
             )
             .select_from(
                 group_executions.outerjoin(
@@ -115,10 +132,39 @@ async def load_group(session: AsyncSession, task_id: str) -> GroupRecord | None:
         registered_at=row.registered_at,
         ready_at=row.ready_at,
         members=tuple(
-            GroupMember(execution_id=str(e), index_in_group=i, reward=r, assessable=a)
-            for e, i, r, a in members
+            GroupMember(execution_id=str(e), index_in_group=i, reward=r, assessable=a, replaces=str(x or ""))
+            for e, i, r, a, x in members
         ),
+        max_infra_retries=row.max_infra_retries,
     )
+
+
+async def record_replacement_decision(
+    session: AsyncSession, *, task_id: str, execution_id: str, replacement: tuple[str, int] | None
+) -> bool:
+    """The scheduler decided about an unassessable member: mark it decided and add its
+    replacement (execution id, index in group), if any, to the group. False when the group is
+    not known here (yet)."""
+    known = await session.scalar(sa.select(groups.c.task_id).where(groups.c.task_id == uuid.UUID(task_id)))
+    if known is None:
+        return False
+    await session.execute(
+        sa.update(group_executions)
+        .where(group_executions.c.execution_id == uuid.UUID(execution_id))
+        .values(replacement_decided=True)
+    )
+    if replacement is not None:
+        await session.execute(
+            insert(group_executions)
+            .values(
+                execution_id=uuid.UUID(replacement[0]),
+                task_id=uuid.UUID(task_id),
+                index_in_group=replacement[1],
+                replaces=uuid.UUID(execution_id),
+            )
+            .on_conflict_do_nothing()
+        )
+    return True
 
 
 async def record_reward(
@@ -167,6 +213,11 @@ async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[st
     """Mark the group ready when every execution has a reward and every call the proxy recorded
     for it is stored; its execution ids, once, else None.
 
+    An unassessable member (an infrastructure failure) is accounted for only once the scheduler's
+    decision about a replacement is known (the replacement is then a member to wait for), or once
+    the group's allowance is spent (`max_infra_retries` replacements added; with 0, at once): a
+    group that became ready first would train without its replacement.
+
     Calls and rewards come on streams that are not ordered with each other, so a reward can be
     in while calls are still on the bus: the stored count must reach the expected one, whichever
     of the two events comes last runs this check (both under the group's lock). A call refused
@@ -195,7 +246,12 @@ async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[st
                 "r.num_calls_expected IS NULL OR COALESCE(x.num_calls, 0) + (SELECT count(*) FROM "
                 "trajectory.refused_calls rc WHERE rc.execution_id = ge.execution_id::text) "
                 ">= r.num_calls_expected "
-                "AS calls_stored FROM trajectory.group_executions ge "
+                "AS calls_stored, "
+                "COALESCE(r.assessable, true) OR ge.replacement_decided OR g.max_infra_retries <= "
+                "(SELECT count(*) FROM trajectory.group_executions rp WHERE rp.task_id = ge.task_id "
+                "AND rp.replaces IS NOT NULL) AS settled "
+                "FROM trajectory.group_executions ge "
+                "JOIN trajectory.groups g ON g.task_id = ge.task_id "
                 "LEFT JOIN trajectory.rewards r ON r.execution_id = ge.execution_id::text "
                 "LEFT JOIN trajectory.executions x ON x.execution_id = ge.execution_id::text "
                 "WHERE ge.task_id = :t ORDER BY ge.index_in_group"
@@ -203,7 +259,7 @@ async def mark_ready_if_complete(session: AsyncSession, task_id: str) -> list[st
             {"t": uuid.UUID(task_id)},
         )
     ).all()
-    if not rows or not all(r.rewarded and r.calls_stored for r in rows):
+    if not rows or not all(r.rewarded and r.calls_stored and r.settled for r in rows):
         return None
     marked = (
         await session.execute(
@@ -262,6 +318,13 @@ async def load_outcomes(session: AsyncSession, execution_ids: list[str]) -> dict
             known.group_rewards[r.member] = r.member_reward
         outcomes[r.wanted] = known
     return outcomes
+
+
+async def count_replacements(session: AsyncSession, task_id: str) -> int:
+    """Members of the group that replace an infrastructure failure."""
+    ge = group_executions.c
+    stmt = sa.select(sa.func.count()).where(ge.task_id == uuid.UUID(task_id), ge.replaces.is_not(None))
+    return int(await session.scalar(stmt) or 0)
 
 
 async def unassessable_executions(session: AsyncSession, execution_ids: list[str]) -> set[str]:

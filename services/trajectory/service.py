@@ -52,11 +52,14 @@ class TrajectoryServicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
                     has_reward=m.reward is not None,
                     reward=m.reward or 0.0,
                     assessable=m.assessable,
+                    replaces=m.replaces,
                 )
                 for m in record.members
             ],
             ready=record.ready_at is not None,
             num_unassessable=sum(1 for m in record.members if m.reward is not None and not m.assessable),
+            num_replacements=sum(1 for m in record.members if m.replaces),
+            max_infra_retries=record.max_infra_retries,
         )
         group.registered_at.FromDatetime(record.registered_at)
         return trajectory_pb2.GetGroupResponse(group=group)

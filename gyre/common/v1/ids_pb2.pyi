@@ -35,7 +35,9 @@ class ExecutionRef(_message.Message):
     execution_id: _builtins.str
     """The execution itself."""
     index_in_group: _builtins.int
-    """Position of the execution in its group, 0 .. group_size-1."""
+    """Position of the execution in its group, 0 .. group_size-1; a replacement for an infrastructure
+    failure takes the next position from group_size on.
+    """
     def __init__(
         self,
         *,

@@ -187,6 +187,7 @@ class GenerateTokensRequest(_message.Message):
     EXECUTION_ID_FIELD_NUMBER: _builtins.int
     PROMPT_IDS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen id of the generation, 1..128 of [A-Za-z0-9_.:-]; later calls name it."""
     execution_id: _builtins.str
@@ -199,6 +200,12 @@ class GenerateTokensRequest(_message.Message):
     def sampling(self) -> Global___SamplingParams:
         """How to sample."""
 
+    @_builtins.property
+    def min_policy_version(self) -> _ids_pb2.PolicyVersion:
+        """Refuse the generation (FAILED_PRECONDITION) unless the loaded weights are of this policy
+        version or newer; weights only move forward, so every token it samples is. Unset: any.
+        """
+
     def __init__(
         self,
         *,
@@ -206,10 +213,11 @@ class GenerateTokensRequest(_message.Message):
         execution_id: _builtins.str = ...,
         prompt_ids: _abc.Iterable[_builtins.int] | None = ...,
         sampling: Global___SamplingParams | None = ...,
+        min_policy_version: _ids_pb2.PolicyVersion | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["min_policy_version", b"min_policy_version", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "prompt_ids", b"prompt_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "min_policy_version", b"min_policy_version", "prompt_ids", b"prompt_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -284,6 +284,7 @@ class RegisterExecutionTokenRequest(_message.Message):
     TOKEN_FIELD_NUMBER: _builtins.int
     EXECUTION_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    MIN_POLICY_VERSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key, 1..128 of [A-Za-z0-9_.:-]; a repeat returns the first answer."""
     token: _builtins.str
@@ -300,6 +301,14 @@ class RegisterExecutionTokenRequest(_message.Message):
         plus a grace period.
         """
 
+    @_builtins.property
+    def min_policy_version(self) -> _ids_pb2.PolicyVersion:
+        """The execution's calls are generated only by engines whose loaded weights are of this policy
+        version or newer (its admitted version, `ExecutionScheduled.admitted_version`); while no
+        serving engine has them, a call waits, then is refused as unavailable (HTTP 503, retried).
+        Unset or 0: any engine.
+        """
+
     def __init__(
         self,
         *,
@@ -307,10 +316,11 @@ class RegisterExecutionTokenRequest(_message.Message):
         token: _builtins.str = ...,
         execution: _ids_pb2.ExecutionRef | None = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
+        min_policy_version: _ids_pb2.PolicyVersion | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "expires_at", b"expires_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "expires_at", b"expires_at", "min_policy_version", b"min_policy_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "expires_at", b"expires_at", "request_id", b"request_id", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "expires_at", b"expires_at", "min_policy_version", b"min_policy_version", "request_id", b"request_id", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -165,6 +165,10 @@ class _ExecutionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Execut
     """Cancelled before it ended."""
     EXECUTION_STATE_SET_ASIDE: _ExecutionState.ValueType  # 10
     """Its group was set aside by the trainer, untrained."""
+    EXECUTION_STATE_INFRA_FAILED: _ExecutionState.ValueType  # 11
+    """Its grade was not assessable (an infrastructure failure): out of its group's baseline and
+    loss; `failure_reason` says why and `replaced_by` names its replacement, if one was scheduled.
+    """
 
 class ExecutionState(_ExecutionState, metaclass=_ExecutionStateEnumTypeWrapper):
     """ExecutionState is where one execution stands."""
@@ -191,6 +195,10 @@ EXECUTION_STATE_CANCELLED: ExecutionState.ValueType  # 9
 """Cancelled before it ended."""
 EXECUTION_STATE_SET_ASIDE: ExecutionState.ValueType  # 10
 """Its group was set aside by the trainer, untrained."""
+EXECUTION_STATE_INFRA_FAILED: ExecutionState.ValueType  # 11
+"""Its grade was not assessable (an infrastructure failure): out of its group's baseline and
+loss; `failure_reason` says why and `replaced_by` names its replacement, if one was scheduled.
+"""
 Global___ExecutionState: _TypeAlias = ExecutionState  # noqa: Y015
 
 @_typing.final
@@ -807,6 +815,7 @@ class TaskSpec(_message.Message):
     WORKSPACE_TEMPLATE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
+    MAX_INFRA_RETRIES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable label, 1..200 characters."""
     family: _builtins.str
@@ -824,6 +833,12 @@ class TaskSpec(_message.Message):
     workspace_template: _builtins.str
     """Where the workspace comes from: a folder path, a git URL or an archive; empty for an empty folder.
     At most 4096 characters.
+    """
+    max_infra_retries: _builtins.int
+    """Infrastructure retries the task allows, for its whole group: how many replacement executions
+    the scheduler may run in place of executions whose grade was not assessable (sandbox, grader or
+    runner crash, engine lost), 0..64. Unset means 2; the stored task (and `TaskSubmitted`) always
+    carries the value used. A policy outcome (wrong code, a timeout) is scored, never retried.
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -850,12 +865,15 @@ class TaskSpec(_message.Message):
         workspace_template: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
+        max_infra_retries: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "deadline", b"deadline", "max_infra_retries", b"max_infra_retries"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "deadline", b"deadline", "family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "max_infra_retries", b"max_infra_retries", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_infra_retries: _TypeAlias = _typing.Literal["max_infra_retries"]  # noqa: Y015
+    _WhichOneofArgType__max_infra_retries: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_infra_retries) -> _WhichOneofReturnType__max_infra_retries | None: ...
 
 Global___TaskSpec: _TypeAlias = TaskSpec  # noqa: Y015
 
@@ -869,12 +887,21 @@ class Execution(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     ADMITTED_VERSION_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
+    REPLACED_BY_FIELD_NUMBER: _builtins.int
+    REPLACES_FIELD_NUMBER: _builtins.int
     state: Global___ExecutionState.ValueType
     """Where it stands."""
     admitted_version: _builtins.int
     """Policy version at its task's admission; unset before."""
     duration_s: _builtins.float
     """How long its harness ran, in seconds; unset before it ended."""
+    failure_reason: _builtins.str
+    """INFRA_FAILED: why its grade was not assessable; empty otherwise."""
+    replaced_by: _builtins.str
+    """The execution scheduled in its place after an infrastructure failure; empty when none."""
+    replaces: _builtins.str
+    """For a replacement: the failed execution it replaces; empty otherwise."""
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
         """The execution and its place in its group."""
@@ -886,10 +913,13 @@ class Execution(_message.Message):
         state: Global___ExecutionState.ValueType = ...,
         admitted_version: _builtins.int | None = ...,
         duration_s: _builtins.float | None = ...,
+        failure_reason: _builtins.str = ...,
+        replaced_by: _builtins.str = ...,
+        replaces: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version", "_duration_s", b"_duration_s", "admitted_version", b"admitted_version", "duration_s", b"duration_s", "execution", b"execution", "failure_reason", b"failure_reason", "replaced_by", b"replaced_by", "replaces", b"replaces", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__admitted_version: _TypeAlias = _typing.Literal["admitted_version"]  # noqa: Y015
     _WhichOneofArgType__admitted_version: _TypeAlias = _typing.Literal["_admitted_version", b"_admitted_version"]  # noqa: Y015
@@ -923,7 +953,9 @@ class Task(_message.Message):
 
     @_builtins.property
     def executions(self) -> _containers.RepeatedCompositeFieldContainer[_ids_pb2.ExecutionRef]:
-        """The executions of its group, `spec.group_size` of them, in group order."""
+        """The executions of its group, `spec.group_size` of them, in group order, then any replacements
+        of infrastructure failures (see `Execution.replaces`).
+        """
 
     @_builtins.property
     def submitted_at(self) -> _timestamp_pb2.Timestamp:

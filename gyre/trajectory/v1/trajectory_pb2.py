@@ -26,47 +26,47 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gyre.proxy.v1 import proxy_pb2 as gyre_dot_proxy_dot_v1_dot_proxy__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#gyre/trajectory/v1/trajectory.proto\x12\x12gyre.trajectory.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19gyre/proxy/v1/proxy.proto\"v\n\x0eGroupExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x16\n\x0eindex_in_group\x18\x02 \x01(\r\x12\x12\n\nhas_reward\x18\x03 \x01(\x08\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x12\n\nassessable\x18\x05 \x01(\x08\"\xd0\x01\n\x05Group\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x36\n\nexecutions\x18\x04 \x03(\x0b\x32\".gyre.trajectory.v1.GroupExecution\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x31\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10num_unassessable\x18\x07 \x01(\r\"\"\n\x0fGetGroupRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"<\n\x10GetGroupResponse\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.gyre.trajectory.v1.Group\"!\n\x0eGetCallRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"^\n\x0fGetCallResponse\x12\'\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x19.gyre.proxy.v1.CallRecord\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x15\n\rtrajectory_id\x18\x03 \x01(\t\"Q\n\x17GetExecutionTreeRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\r\n\x05j_max\x18\x02 \x01(\r\x12\x11\n\trole_rank\x18\x03 \x03(\t\"\xbd\x01\n\x08TreeCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x12\n\nagent_role\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12 \n\x18num_shared_prompt_tokens\x18\x07 \x01(\r\x12\x15\n\rtrajectory_id\x18\x08 \x01(\t\"\xe1\x01\n\x11TrajectorySummary\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x12\n\nagent_role\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61ll_ids\x18\x04 \x03(\t\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_target_tokens\x18\x06 \x01(\r\x12 \n\x18num_shared_prefix_tokens\x18\x07 \x01(\r\x12\x1a\n\x12shared_prefix_with\x18\x08 \x01(\t\x12\x10\n\x08selected\x18\t \x01(\x08\"\xde\x01\n\rExecutionTree\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12+\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x1c.gyre.trajectory.v1.TreeCall\x12;\n\x0ctrajectories\x18\x03 \x03(\x0b\x32%.gyre.trajectory.v1.TrajectorySummary\x12\x19\n\x11num_unique_tokens\x18\x04 \x01(\x04\x12\x17\n\x0fnum_flat_tokens\x18\x05 \x01(\x04\x12\x19\n\x11num_target_tokens\x18\x06 \x01(\x04\"K\n\x18GetExecutionTreeResponse\x12/\n\x04tree\x18\x01 \x01(\x0b\x32!.gyre.trajectory.v1.ExecutionTree\"\x83\x02\n\x14StreamSamplesRequest\x12\x15\n\rexecution_ids\x18\x01 \x03(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\r\n\x05j_max\x18\x03 \x01(\r\x12\x11\n\trole_rank\x18\x04 \x03(\t\x12\x43\n\x13\x61\x64vantage_estimator\x18\x05 \x01(\x0e\x32&.gyre.trajectory.v1.AdvantageEstimator\x12%\n\x1dskip_executions_without_calls\x18\x06 \x01(\x08\x12\x34\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\".gyre.trajectory.v1.SampleEncoding\"\xfc\x01\n\x06Sample\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x12\n\nagent_role\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x11\n\tloss_mask\x18\x05 \x03(\x08\x12\x14\n\x0ctoken_weight\x18\x06 \x03(\x02\x12\x14\n\x0cold_logprobs\x18\x07 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x08 \x03(\x04\x12\x0e\n\x06reward\x18\t \x01(\x01\x12\x11\n\tadvantage\x18\n \x01(\x01\x12\x0f\n\x07task_id\x18\x0b \x01(\t\x12\x12\n\nhas_reward\x18\x0c \x01(\x08\"\xc5\x02\n\rPackedSamples\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x15\n\rexecution_ids\x18\x02 \x03(\t\x12\x16\n\x0etrajectory_ids\x18\x03 \x03(\t\x12\x13\n\x0b\x61gent_roles\x18\x04 \x03(\t\x12\x10\n\x08task_ids\x18\x05 \x03(\t\x12\x12\n\nnum_tokens\x18\x06 \x03(\r\x12\x0f\n\x07rewards\x18\x07 \x03(\x01\x12\x12\n\nadvantages\x18\x08 \x03(\x01\x12\x13\n\x0bhas_rewards\x18\t \x03(\x08\x12\x11\n\ttoken_ids\x18\n \x01(\x0c\x12\x11\n\tloss_mask\x18\x0b \x01(\x0c\x12\x14\n\x0ctoken_weight\x18\x0c \x01(\x0c\x12\x14\n\x0cold_logprobs\x18\r \x01(\x0c\x12\x17\n\x0fpolicy_versions\x18\x0e \x01(\x0c\x12\r\n\x05\x63rc32\x18\x0f \x01(\r\"\x85\x01\n\x15StreamSamplesResponse\x12,\n\x06sample\x18\x01 \x01(\x0b\x32\x1a.gyre.trajectory.v1.SampleH\x00\x12\x33\n\x06packed\x18\x02 \x01(\x0b\x32!.gyre.trajectory.v1.PackedSamplesH\x00\x42\t\n\x07payload*~\n\x12\x41\x64vantageEstimator\x12#\n\x1f\x41\x44VANTAGE_ESTIMATOR_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41\x44VANTAGE_ESTIMATOR_GRPO\x10\x01\x12%\n!ADVANTAGE_ESTIMATOR_MEAN_CENTERED\x10\x02*k\n\x0eSampleEncoding\x12\x1f\n\x1bSAMPLE_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18SAMPLE_ENCODING_MESSAGES\x10\x01\x12\x1a\n\x16SAMPLE_ENCODING_PACKED\x10\x02\x32\x95\x03\n\x11TrajectoryService\x12U\n\x08GetGroup\x12#.gyre.trajectory.v1.GetGroupRequest\x1a$.gyre.trajectory.v1.GetGroupResponse\x12R\n\x07GetCall\x12\".gyre.trajectory.v1.GetCallRequest\x1a#.gyre.trajectory.v1.GetCallResponse\x12m\n\x10GetExecutionTree\x12+.gyre.trajectory.v1.GetExecutionTreeRequest\x1a,.gyre.trajectory.v1.GetExecutionTreeResponse\x12\x66\n\rStreamSamples\x12(.gyre.trajectory.v1.StreamSamplesRequest\x1a).gyre.trajectory.v1.StreamSamplesResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#gyre/trajectory/v1/trajectory.proto\x12\x12gyre.trajectory.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19gyre/proxy/v1/proxy.proto\"\x88\x01\n\x0eGroupExecution\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x16\n\x0eindex_in_group\x18\x02 \x01(\r\x12\x12\n\nhas_reward\x18\x03 \x01(\x08\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x12\n\nassessable\x18\x05 \x01(\x08\x12\x10\n\x08replaces\x18\x06 \x01(\t\"\x85\x02\n\x05Group\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\ngroup_size\x18\x03 \x01(\r\x12\x36\n\nexecutions\x18\x04 \x03(\x0b\x32\".gyre.trajectory.v1.GroupExecution\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x31\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10num_unassessable\x18\x07 \x01(\r\x12\x18\n\x10num_replacements\x18\x08 \x01(\r\x12\x19\n\x11max_infra_retries\x18\t \x01(\r\"\"\n\x0fGetGroupRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"<\n\x10GetGroupResponse\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.gyre.trajectory.v1.Group\"!\n\x0eGetCallRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"^\n\x0fGetCallResponse\x12\'\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x19.gyre.proxy.v1.CallRecord\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x15\n\rtrajectory_id\x18\x03 \x01(\t\"Q\n\x17GetExecutionTreeRequest\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\r\n\x05j_max\x18\x02 \x01(\r\x12\x11\n\trole_rank\x18\x03 \x03(\t\"\xbd\x01\n\x08TreeCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x12\n\nagent_role\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x19\n\x11num_prompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12 \n\x18num_shared_prompt_tokens\x18\x07 \x01(\r\x12\x15\n\rtrajectory_id\x18\x08 \x01(\t\"\xe1\x01\n\x11TrajectorySummary\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x12\n\nagent_role\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61ll_ids\x18\x04 \x03(\t\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_target_tokens\x18\x06 \x01(\r\x12 \n\x18num_shared_prefix_tokens\x18\x07 \x01(\r\x12\x1a\n\x12shared_prefix_with\x18\x08 \x01(\t\x12\x10\n\x08selected\x18\t \x01(\x08\"\xde\x01\n\rExecutionTree\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12+\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x1c.gyre.trajectory.v1.TreeCall\x12;\n\x0ctrajectories\x18\x03 \x03(\x0b\x32%.gyre.trajectory.v1.TrajectorySummary\x12\x19\n\x11num_unique_tokens\x18\x04 \x01(\x04\x12\x17\n\x0fnum_flat_tokens\x18\x05 \x01(\x04\x12\x19\n\x11num_target_tokens\x18\x06 \x01(\x04\"K\n\x18GetExecutionTreeResponse\x12/\n\x04tree\x18\x01 \x01(\x0b\x32!.gyre.trajectory.v1.ExecutionTree\"\x83\x02\n\x14StreamSamplesRequest\x12\x15\n\rexecution_ids\x18\x01 \x03(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\r\n\x05j_max\x18\x03 \x01(\r\x12\x11\n\trole_rank\x18\x04 \x03(\t\x12\x43\n\x13\x61\x64vantage_estimator\x18\x05 \x01(\x0e\x32&.gyre.trajectory.v1.AdvantageEstimator\x12%\n\x1dskip_executions_without_calls\x18\x06 \x01(\x08\x12\x34\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\".gyre.trajectory.v1.SampleEncoding\"\xfc\x01\n\x06Sample\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x12\n\nagent_role\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x11\n\tloss_mask\x18\x05 \x03(\x08\x12\x14\n\x0ctoken_weight\x18\x06 \x03(\x02\x12\x14\n\x0cold_logprobs\x18\x07 \x03(\x02\x12\x17\n\x0fpolicy_versions\x18\x08 \x03(\x04\x12\x0e\n\x06reward\x18\t \x01(\x01\x12\x11\n\tadvantage\x18\n \x01(\x01\x12\x0f\n\x07task_id\x18\x0b \x01(\t\x12\x12\n\nhas_reward\x18\x0c \x01(\x08\"\xc5\x02\n\rPackedSamples\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x15\n\rexecution_ids\x18\x02 \x03(\t\x12\x16\n\x0etrajectory_ids\x18\x03 \x03(\t\x12\x13\n\x0b\x61gent_roles\x18\x04 \x03(\t\x12\x10\n\x08task_ids\x18\x05 \x03(\t\x12\x12\n\nnum_tokens\x18\x06 \x03(\r\x12\x0f\n\x07rewards\x18\x07 \x03(\x01\x12\x12\n\nadvantages\x18\x08 \x03(\x01\x12\x13\n\x0bhas_rewards\x18\t \x03(\x08\x12\x11\n\ttoken_ids\x18\n \x01(\x0c\x12\x11\n\tloss_mask\x18\x0b \x01(\x0c\x12\x14\n\x0ctoken_weight\x18\x0c \x01(\x0c\x12\x14\n\x0cold_logprobs\x18\r \x01(\x0c\x12\x17\n\x0fpolicy_versions\x18\x0e \x01(\x0c\x12\r\n\x05\x63rc32\x18\x0f \x01(\r\"\x85\x01\n\x15StreamSamplesResponse\x12,\n\x06sample\x18\x01 \x01(\x0b\x32\x1a.gyre.trajectory.v1.SampleH\x00\x12\x33\n\x06packed\x18\x02 \x01(\x0b\x32!.gyre.trajectory.v1.PackedSamplesH\x00\x42\t\n\x07payload*~\n\x12\x41\x64vantageEstimator\x12#\n\x1f\x41\x44VANTAGE_ESTIMATOR_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41\x44VANTAGE_ESTIMATOR_GRPO\x10\x01\x12%\n!ADVANTAGE_ESTIMATOR_MEAN_CENTERED\x10\x02*k\n\x0eSampleEncoding\x12\x1f\n\x1bSAMPLE_ENCODING_UNSPECIFIED\x10\x00\x12\x1c\n\x18SAMPLE_ENCODING_MESSAGES\x10\x01\x12\x1a\n\x16SAMPLE_ENCODING_PACKED\x10\x02\x32\x95\x03\n\x11TrajectoryService\x12U\n\x08GetGroup\x12#.gyre.trajectory.v1.GetGroupRequest\x1a$.gyre.trajectory.v1.GetGroupResponse\x12R\n\x07GetCall\x12\".gyre.trajectory.v1.GetCallRequest\x1a#.gyre.trajectory.v1.GetCallResponse\x12m\n\x10GetExecutionTree\x12+.gyre.trajectory.v1.GetExecutionTreeRequest\x1a,.gyre.trajectory.v1.GetExecutionTreeResponse\x12\x66\n\rStreamSamples\x12(.gyre.trajectory.v1.StreamSamplesRequest\x1a).gyre.trajectory.v1.StreamSamplesResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.trajectory.v1.trajectory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ADVANTAGEESTIMATOR']._serialized_start=2465
-  _globals['_ADVANTAGEESTIMATOR']._serialized_end=2591
-  _globals['_SAMPLEENCODING']._serialized_start=2593
-  _globals['_SAMPLEENCODING']._serialized_end=2700
-  _globals['_GROUPEXECUTION']._serialized_start=119
-  _globals['_GROUPEXECUTION']._serialized_end=237
-  _globals['_GROUP']._serialized_start=240
-  _globals['_GROUP']._serialized_end=448
-  _globals['_GETGROUPREQUEST']._serialized_start=450
-  _globals['_GETGROUPREQUEST']._serialized_end=484
-  _globals['_GETGROUPRESPONSE']._serialized_start=486
-  _globals['_GETGROUPRESPONSE']._serialized_end=546
-  _globals['_GETCALLREQUEST']._serialized_start=548
-  _globals['_GETCALLREQUEST']._serialized_end=581
-  _globals['_GETCALLRESPONSE']._serialized_start=583
-  _globals['_GETCALLRESPONSE']._serialized_end=677
-  _globals['_GETEXECUTIONTREEREQUEST']._serialized_start=679
-  _globals['_GETEXECUTIONTREEREQUEST']._serialized_end=760
-  _globals['_TREECALL']._serialized_start=763
-  _globals['_TREECALL']._serialized_end=952
-  _globals['_TRAJECTORYSUMMARY']._serialized_start=955
-  _globals['_TRAJECTORYSUMMARY']._serialized_end=1180
-  _globals['_EXECUTIONTREE']._serialized_start=1183
-  _globals['_EXECUTIONTREE']._serialized_end=1405
-  _globals['_GETEXECUTIONTREERESPONSE']._serialized_start=1407
-  _globals['_GETEXECUTIONTREERESPONSE']._serialized_end=1482
-  _globals['_STREAMSAMPLESREQUEST']._serialized_start=1485
-  _globals['_STREAMSAMPLESREQUEST']._serialized_end=1744
-  _globals['_SAMPLE']._serialized_start=1747
-  _globals['_SAMPLE']._serialized_end=1999
-  _globals['_PACKEDSAMPLES']._serialized_start=2002
-  _globals['_PACKEDSAMPLES']._serialized_end=2327
-  _globals['_STREAMSAMPLESRESPONSE']._serialized_start=2330
-  _globals['_STREAMSAMPLESRESPONSE']._serialized_end=2463
-  _globals['_TRAJECTORYSERVICE']._serialized_start=2703
-  _globals['_TRAJECTORYSERVICE']._serialized_end=3108
+  _globals['_ADVANTAGEESTIMATOR']._serialized_start=2537
+  _globals['_ADVANTAGEESTIMATOR']._serialized_end=2663
+  _globals['_SAMPLEENCODING']._serialized_start=2665
+  _globals['_SAMPLEENCODING']._serialized_end=2772
+  _globals['_GROUPEXECUTION']._serialized_start=120
+  _globals['_GROUPEXECUTION']._serialized_end=256
+  _globals['_GROUP']._serialized_start=259
+  _globals['_GROUP']._serialized_end=520
+  _globals['_GETGROUPREQUEST']._serialized_start=522
+  _globals['_GETGROUPREQUEST']._serialized_end=556
+  _globals['_GETGROUPRESPONSE']._serialized_start=558
+  _globals['_GETGROUPRESPONSE']._serialized_end=618
+  _globals['_GETCALLREQUEST']._serialized_start=620
+  _globals['_GETCALLREQUEST']._serialized_end=653
+  _globals['_GETCALLRESPONSE']._serialized_start=655
+  _globals['_GETCALLRESPONSE']._serialized_end=749
+  _globals['_GETEXECUTIONTREEREQUEST']._serialized_start=751
+  _globals['_GETEXECUTIONTREEREQUEST']._serialized_end=832
+  _globals['_TREECALL']._serialized_start=835
+  _globals['_TREECALL']._serialized_end=1024
+  _globals['_TRAJECTORYSUMMARY']._serialized_start=1027
+  _globals['_TRAJECTORYSUMMARY']._serialized_end=1252
+  _globals['_EXECUTIONTREE']._serialized_start=1255
+  _globals['_EXECUTIONTREE']._serialized_end=1477
+  _globals['_GETEXECUTIONTREERESPONSE']._serialized_start=1479
+  _globals['_GETEXECUTIONTREERESPONSE']._serialized_end=1554
+  _globals['_STREAMSAMPLESREQUEST']._serialized_start=1557
+  _globals['_STREAMSAMPLESREQUEST']._serialized_end=1816
+  _globals['_SAMPLE']._serialized_start=1819
+  _globals['_SAMPLE']._serialized_end=2071
+  _globals['_PACKEDSAMPLES']._serialized_start=2074
+  _globals['_PACKEDSAMPLES']._serialized_end=2399
+  _globals['_STREAMSAMPLESRESPONSE']._serialized_start=2402
+  _globals['_STREAMSAMPLESRESPONSE']._serialized_end=2535
+  _globals['_TRAJECTORYSERVICE']._serialized_start=2775
+  _globals['_TRAJECTORYSERVICE']._serialized_end=3180
 # @@protoc_insertion_point(module_scope)

@@ -80,10 +80,11 @@ class GroupExecution(_message.Message):
     HAS_REWARD_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
     ASSESSABLE_FIELD_NUMBER: _builtins.int
+    REPLACES_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     """Id of the execution."""
     index_in_group: _builtins.int
-    """Position in the group, 0 .. group_size-1."""
+    """Position in the group, 0 .. group_size-1; a replacement's from group_size on."""
     has_reward: _builtins.bool
     """Whether a reward has been assigned."""
     reward: _builtins.float
@@ -93,6 +94,8 @@ class GroupExecution(_message.Message):
     grader or runner crash, workspace lost). Such an execution counts for readiness but is kept
     out of the group's advantage baseline and out of the loss.
     """
+    replaces: _builtins.str
+    """For a replacement (scheduled after an infrastructure failure): the execution it replaces."""
     def __init__(
         self,
         *,
@@ -101,10 +104,11 @@ class GroupExecution(_message.Message):
         has_reward: _builtins.bool = ...,
         reward: _builtins.float = ...,
         assessable: _builtins.bool = ...,
+        replaces: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "execution_id", b"execution_id", "has_reward", b"has_reward", "index_in_group", b"index_in_group", "reward", b"reward"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "execution_id", b"execution_id", "has_reward", b"has_reward", "index_in_group", b"index_in_group", "replaces", b"replaces", "reward", b"reward"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -123,21 +127,27 @@ class Group(_message.Message):
     READY_FIELD_NUMBER: _builtins.int
     REGISTERED_AT_FIELD_NUMBER: _builtins.int
     NUM_UNASSESSABLE_FIELD_NUMBER: _builtins.int
+    NUM_REPLACEMENTS_FIELD_NUMBER: _builtins.int
+    MAX_INFRA_RETRIES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """The task the group belongs to."""
     family: _builtins.str
     """Task family, copied from the task."""
     group_size: _builtins.int
-    """Number of executions, G."""
+    """Number of executions, G (replacements not included)."""
     ready: _builtins.bool
     """True once every execution has a reward and every call the proxy recorded for it is stored
     (GroupReady was published).
     """
     num_unassessable: _builtins.int
     """Number of rewarded executions that were not assessable (kept out of baseline and loss)."""
+    num_replacements: _builtins.int
+    """Replacement executions the scheduler added to the group for infrastructure failures."""
+    max_infra_retries: _builtins.int
+    """The task's allowance of replacements (`TaskSpec.max_infra_retries`)."""
     @_builtins.property
     def executions(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupExecution]:
-        """The executions in group order."""
+        """The executions in group order, replacements last."""
 
     @_builtins.property
     def registered_at(self) -> _timestamp_pb2.Timestamp:
@@ -153,10 +163,12 @@ class Group(_message.Message):
         ready: _builtins.bool = ...,
         registered_at: _timestamp_pb2.Timestamp | None = ...,
         num_unassessable: _builtins.int = ...,
+        num_replacements: _builtins.int = ...,
+        max_infra_retries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["registered_at", b"registered_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions", "family", b"family", "group_size", b"group_size", "num_unassessable", b"num_unassessable", "ready", b"ready", "registered_at", b"registered_at", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["executions", b"executions", "family", b"family", "group_size", b"group_size", "max_infra_retries", b"max_infra_retries", "num_replacements", b"num_replacements", "num_unassessable", b"num_unassessable", "ready", b"ready", "registered_at", b"registered_at", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -2,6 +2,12 @@
 
 Two verdicts (equal weights, so one right file earns half): `result.txt` holds the sum, max or
 min of a column, `rows.txt` the number of data rows. The check script compares exact text.
+
+The prompt ends with the operation and the field (`... the max of field 4.`) and the reference
+solution writes the result first, straight after it: the tokens the command must carry over sit
+a fixed distance back, which a tiny model learns to attend to within a short warm start. With a
+`head -3 data.csv` first and the field mid-prompt, a warm start of 40 steps wrote the right
+field or the right operation, rarely both, and solved no held-out terminal task.
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
         'then echo "PASS rows"; else echo "FAIL rows"; fi\n'
     )
     prompt = (
-        f"data.csv has columns {header}. Write result.txt holding {OPS[op]} of the {columns[target]} "
-        f"column (field {target + 2}; just the number), and rows.txt holding the number of data rows."
+        f"data.csv has columns {header}. Write rows.txt holding the number of data rows, and "
+        f"result.txt holding {OPS[op]} of the {columns[target]} column (just the number): "
+        f"the {op} of field {target + 2}."
     )
     return TaskInstance(
         name=name,
@@ -59,7 +66,6 @@ def generate(*, name: str, seed: int, index: int) -> TaskInstance:
         verdicts=("result", "rows"),
         grader_timeout_s=30,
         solution=(
-            Step(tool="shell", arguments={"command": "head -3 data.csv"}),
             Step(tool="shell", arguments={"command": _pipeline(op, target + 2)}),
             Step(tool="shell", arguments={"command": "awk 'END{print NR-1}' data.csv > rows.txt"}),
         ),

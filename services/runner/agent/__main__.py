@@ -3,7 +3,9 @@
 Environment: OPENAI_BASE_URL, OPENAI_API_KEY (set by the runner: the proxy and the execution
 token), GYRE_AGENT_MODEL, GYRE_AGENT_MAX_TURNS, GYRE_AGENT_CONTEXT_TOKENS, GYRE_AGENT_MAX_TOKENS,
 GYRE_AGENT_MAX_DEPTH, GYRE_AGENT_TEMPERATURE. Exit code 0 when the agent finished, 3 when the model
-endpoint failed.
+endpoint failed, 124 (`timeout`'s code) when the main agent spent its turn budget
+(GYRE_AGENT_MAX_TURNS) without a final answer: the runner ends that execution as timed out
+(`harness.Harness.budget_exit_code`), graded for the partial credit its workspace earns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from services.runner.agent.client import ChatClient, ModelError
 from services.runner.agent.context import Budget
 from services.runner.agent.loop import AgentRun, report
 from services.runner.agent.tools import Workspace
+
+OUT_OF_TURNS_EXIT = 124
 
 
 def main() -> int:
@@ -46,7 +50,7 @@ def main() -> int:
         report(run, f"model failed: {exc}")
         return 3
     report(run, answer)
-    return 0
+    return OUT_OF_TURNS_EXIT if run.out_of_turns else 0
 
 
 if __name__ == "__main__":

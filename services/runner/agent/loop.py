@@ -28,6 +28,9 @@ class AgentRun:
     max_turns: int
     max_depth: int = 1
     counters: dict[str, int] = field(default_factory=lambda: {"calls": 0, "subs": 0, "compactions": 0})
+    out_of_turns: bool = False
+    """The main agent used all `max_turns` turns without a final answer (a sub-agent's limit only
+    ends the sub-agent): its budget ran out before the work was declared done."""
 
     def run(self, task: str, *, role: str = "main", agent_id: str = "main", depth: int = 0) -> str:
         messages: list[dict[str, Any]] = [
@@ -55,6 +58,8 @@ class AgentRun:
                     delegate=lambda sub_task: self._delegate(sub_task, depth=depth),
                 )
                 messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
+        if depth == 0:
+            self.out_of_turns = True
         return "stopped: turn limit reached"
 
     def _compact(self, messages: list[dict[str, Any]], *, agent_id: str) -> list[dict[str, Any]]:
