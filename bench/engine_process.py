@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -17,7 +18,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gyre.devstack.embedded import free_port
 from gyre.settings import KernelSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,22 @@ def engine_env(kernel: KernelSettings, model_dir: Path, cell_id: str) -> dict[st
     }
 
 
-async def _serving(address: str, process: asyncio.subprocess.Process, log: Path) -> None:
+STARTED = re.compile(r"service_started\s+address=(\S+)\s+service=engine")
+
+
+async def _serving(process: asyncio.subprocess.Process, log: Path) -> str:
+    """The engine's address once it serves. It binds a free port itself (`--port 0`) and logs it:
+    a port chosen here could be taken by another process before the engine binds it."""
     deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
+    address = ""
+    while not address:
+        if process.returncode is not None:
+            raise RuntimeError(f"engine exited {process.returncode}: see {log}")
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"engine not started after {START_TIMEOUT_S} s: see {log}")
+        found = STARTED.search(await asyncio.to_thread(log.read_text, errors="replace"))
+        address = found.group(1) if found else ""
+        await asyncio.sleep(0.2)
     async with grpc.aio.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         while True:
@@ -52,7 +66,7 @@ async def _serving(address: str, process: asyncio.subprocess.Process, log: Path)
             try:
                 answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
                 if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
+                    return address
             except grpc.aio.AioRpcError:
                 pass
             if asyncio.get_running_loop().time() > deadline:
@@ -67,10 +81,8 @@ async def engine_processes(
     """Start one engine process per cell; yield their addresses; stop them (ours, by PID)."""
     await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
     processes: list[asyncio.subprocess.Process] = []
-    addresses: list[str] = []
     try:
         for cell_id in cell_ids:
-            port = free_port()
             log = log_dir / f"engine-{cell_id}.log"
             with log.open("ab") as out:
                 process = await asyncio.create_subprocess_exec(
@@ -78,7 +90,7 @@ async def engine_processes(
                     "-m",
                     "services.engine",
                     "--port",
-                    str(port),
+                    "0",
                     cwd=REPO,
                     env=engine_env(kernel, model_dir, cell_id),
                     stdin=asyncio.subprocess.DEVNULL,
@@ -86,10 +98,10 @@ async def engine_processes(
                     stderr=asyncio.subprocess.STDOUT,
                 )
             processes.append(process)
-            addresses.append(f"127.0.0.1:{port}")
-        for address, process, cell_id in zip(addresses, processes, cell_ids, strict=True):
-            await _serving(address, process, log_dir / f"engine-{cell_id}.log")
-        yield addresses
+        yield [
+            await _serving(process, log_dir / f"engine-{cell_id}.log")
+            for process, cell_id in zip(processes, cell_ids, strict=True)
+        ]
     finally:
         for process in processes:
             if process.returncode is None:

@@ -172,6 +172,10 @@ def demo(
         from gyre_app.warmstart.build import WarmStartConfig, each
         from services.evaluator.generate.families import parse_families
 
+        if 0 < warm_start_count < 4:
+            raise typer.BadParameter(
+                f"--warm-start-count: 0 (the default mix) or at least 4, got {warm_start_count}"
+            )
         warm = WarmStartConfig()
         if warm_start_families or warm_start_count:
             names = parse_families(warm_start_families or "all")

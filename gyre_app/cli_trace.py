@@ -43,7 +43,9 @@ class Collected:
 async def _execution(
     client: GyreClient, execution: scheduler_pb2.Execution, *, timeout_s: float
 ) -> ExecutionTrace | str:
-    """The execution's trace, or why it has none (still running, or no model call)."""
+    """The execution's trace, or why it has none (replaced, still running, or no model call)."""
+    if execution.state == scheduler_pb2.EXECUTION_STATE_INFRA_FAILED:
+        return "replaced"  # an infrastructure failure: another execution took its place in the group
     if execution.state not in ENDED or not execution.HasField("duration_s"):
         return "not ended"
     ref = execution.execution

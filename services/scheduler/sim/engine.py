@@ -38,7 +38,6 @@ Cell-time accounting: `result.Result.shares`.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from dataclasses import dataclass, field
 
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import ClusterView, Decision, ReadyGroup
-from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result, Segment
+from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result, Segment, admitted_by_version
 from services.scheduler.sim.workload import Executions, Workload
 
 Policy = Callable[[ClusterView], Decision]
@@ -493,15 +492,8 @@ class Simulation:
             rounds=self.rounds,
             trained_tokens=self.trained_tokens,
             paused_s=self.paused,
-            admitted_by_version=self._admitted_by_version(),
+            admitted_by_version=admitted_by_version(self.group_version[: self.admitted], self.w.steps),
         )
-
-    def _admitted_by_version(self) -> list[int]:
-        """How many groups were admitted by each version (cumulative), for the run's own bound."""
-        per_version = [0] * self.w.steps
-        for group in range(self.admitted):
-            per_version[self.group_version[group]] += 1
-        return list(itertools.accumulate(per_version))
 
     def _switch_remaining(self, cell: int) -> float:
         ends = [t for t, _, kind, ref, _ in self.heap if kind == _SWITCH_END and ref == cell]

@@ -8,6 +8,7 @@ group set-up and all-reduce time of every round member; idle = the rest.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 ROLLOUT, TRAINING, SWITCHING = "rollout", "training", "switching"
@@ -53,3 +54,15 @@ class Result:
             "sync": self.sync_s / total,
         }
         return {**busy, "idle": 1.0 - sum(busy.values())}
+
+
+def admitted_by_version(group_versions: list[int], steps: int) -> list[int]:
+    """How many groups were admitted by each version (cumulative), for the run's own bound,
+    from the version each admitted group was admitted at.
+
+    Example: admitted_by_version([0, 0, 1], 3) -> [2, 3, 3]
+    """
+    per_version = [0] * steps
+    for version in group_versions:
+        per_version[version] += 1
+    return list(itertools.accumulate(per_version))
