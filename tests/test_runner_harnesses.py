@@ -132,7 +132,7 @@ async def test_claude_code_with_a_restricted_tool_set_calls_the_tiny_model_in_th
             assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED and ended.exit_code == 0, ended
         tree = await s.tree(ended.execution.execution_id, num_calls=1)
     assert {(c.agent_role, c.agent_id) for c in tree.calls} == {("main", "main")}, tree
-    assert all(0 < c.num_output_tokens <= 16 for c in tree.calls), tree
+    assert all(c.num_output_tokens <= 16 for c in tree.calls), tree  # the cap reaches the engine
     for before, after in itertools.pairwise(tree.calls):  # each call extends the previous one
         assert after.num_shared_prompt_tokens > before.num_prompt_tokens - 16, tree
     # its own system prompt and 5 tools: about a fifth of the ~53k tokens of all 24 tools
