@@ -1,13 +1,15 @@
 """Benchmark of the scheduling modes live: one short workload on the same CPU cells in each mode,
 the modes interleaved over rounds, each run then simulated by `gyre sim` from its own trace (shell).
 
-    python -m bench.live --json [--steps 6] [--modes gyre,colocate,async,burst] [--rounds 2] [--out DIR]
+    python -m bench.live --json [--steps 6] [--modes gyre,colocate,async,burst] [--rounds 2]
+        [--workload short|tools] [--out DIR]
 
 Each run gets a fresh stack (`bench.cell_rig` with a loop: scheduler, proxy, trajectory service,
 trainer with steps from the scheduler, a core and two satellites with torch engines and warm
 training workers). The workload is `bench.live_agent`'s scripted coding agent (a few model calls
 per execution with harness time between them, a spread of lengths), which plays the runner and
-the evaluator; everything else is the real services. Steps * B tasks of G executions are
+the evaluator (`--workload`: `short`, the default, or `tools`, tool time dominant and heavier
+steps); everything else is the real services. Steps * B tasks of G executions are
 submitted at once and a run ends at the last `StepCompleted`.
 
 The machine's load drifts over minutes (other processes share its cores), so the modes run
@@ -39,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.cell_rig import Loop, live_cells
-from bench.live_agent import ScriptedAgent
+from bench.live_agent import WORKLOADS, ScriptedAgent, Workload
 from bench.live_measure import (
     RunRecord,
     Sampler,
@@ -67,9 +69,17 @@ RUN_TIMEOUT_S = 600
 
 
 async def run_mode(
-    kernel: KernelSettings, model: Path, state: Path, out: Path, *, mode: str, steps: int, name: str
+    kernel: KernelSettings,
+    model: Path,
+    state: Path,
+    out: Path,
+    *,
+    mode: str,
+    steps: int,
+    name: str,
+    workload: Workload,
 ) -> dict[str, object]:
-    loop = Loop(mode=mode, groups_per_step=1, max_staleness=1)
+    loop = Loop(mode=mode, groups_per_step=workload.groups_per_step, max_staleness=1)
     load_before = os.getloadavg()[0]
     async with live_cells(kernel, model, state, slots=SLOTS, loop=loop, engine_processes=True) as live:
         assert kernel.nats_url is not None
@@ -92,7 +102,7 @@ async def run_mode(
             )
             for i in range(steps * loop.groups_per_step)
         ]
-        agent = ScriptedAgent(live, bus)
+        agent = ScriptedAgent(live, bus, workload.shapes)
         sampler = Sampler(
             scheduler=live.scheduler, proxy=live.proxy, trainer_address=live.trainer_address, slots=SLOTS
         )
@@ -211,7 +221,9 @@ def summarize(runs: dict[str, list[dict[str, object]]], orders: list[list[str]])
     return result
 
 
-async def main_async(*, steps: int, modes: list[str], rounds: int, out: Path | None) -> dict[str, object]:
+async def main_async(
+    *, steps: int, modes: list[str], rounds: int, out: Path | None, workload: str = "short"
+) -> dict[str, object]:
     from services.engine.model_init import init_model
 
     nats_url, database_url = servers()
@@ -232,11 +244,12 @@ async def main_async(*, steps: int, modes: list[str], rounds: int, out: Path | N
                             mode=mode,
                             steps=steps,
                             name=f"live-{mode}-{i}",
+                            workload=WORKLOADS[workload],
                         )
                     )
                 if out is not None:  # each run as it ends: a long benchmark cut short keeps them
                     (out / f"live-{mode}-{i}.result.json").write_text(json.dumps(runs[mode][-1]))
-    return summarize(runs, orders)
+    return {"workload": workload, **summarize(runs, orders)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--modes", default="gyre,colocate,async,burst")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
     parser.add_argument(
         "--out", type=Path, default=None, help="keep each run's exported trace and workload here"
     )
@@ -255,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modes if m not in ("gyre", "colocate", "async", "burst")]
     if unknown:
         parser.error(f"--modes: unknown {', '.join(unknown)}; known: gyre, colocate, async, burst")
-    result = asyncio.run(main_async(steps=ns.steps, modes=modes, rounds=ns.rounds, out=ns.out))
+    result = asyncio.run(
+        main_async(steps=ns.steps, modes=modes, rounds=ns.rounds, out=ns.out, workload=ns.workload)
+    )
     print(json.dumps(result))
     return 0
 

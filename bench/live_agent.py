@@ -8,9 +8,13 @@ execution holds its slot and the cell's engine has nothing to compute for it. Ev
 model sees goes through the proxy to the cells' engines (greedy, so each run makes the same
 tokens), and the calls are recorded, grouped and trained as any harness's are.
 
-`SHAPES` gives, in turn, each execution's calls (output tokens of each) and the tool time
-between them: a spread of lengths with a long tail (the last shape takes about five times the
-first), so a step waits for its slowest group.
+A `Workload` gives, in turn, each execution's calls (output tokens of each) and the tool time
+between them, and the groups a step trains. `short` (the default): a spread of lengths with a
+long tail (the last shape takes about five times the first), so a step waits for its slowest
+group; tool time is short beside decoding. `tools`: what real coding agents spend their wall
+time on, the tools (seconds between calls), with longer outputs and two groups a step, so that
+a step's training is heavy beside a call and engines are often idle while executions wait on
+their tools.
 """
 
 from __future__ import annotations
@@ -40,12 +44,33 @@ class Shape:
     """Harness time after each call but the last (the tool it asked for runs)."""
 
 
-SHAPES = (
-    Shape(outputs=(32,), tool_s=0.0),
-    Shape(outputs=(32, 32), tool_s=1.0),
-    Shape(outputs=(32, 32, 32), tool_s=1.5),
-    Shape(outputs=(48, 48, 48, 48), tool_s=2.0),
-)
+@dataclass(frozen=True, slots=True)
+class Workload:
+    shapes: tuple[Shape, ...]
+    """Each execution's shape, in turn."""
+    groups_per_step: int
+
+
+WORKLOADS = {
+    "short": Workload(
+        shapes=(
+            Shape(outputs=(32,), tool_s=0.0),
+            Shape(outputs=(32, 32), tool_s=1.0),
+            Shape(outputs=(32, 32, 32), tool_s=1.5),
+            Shape(outputs=(48, 48, 48, 48), tool_s=2.0),
+        ),
+        groups_per_step=1,
+    ),
+    "tools": Workload(
+        shapes=(
+            Shape(outputs=(64, 64), tool_s=4.0),
+            Shape(outputs=(64, 64, 64), tool_s=5.0),
+            Shape(outputs=(64, 64, 64), tool_s=6.0),
+            Shape(outputs=(96, 96, 96, 96), tool_s=6.0),
+        ),
+        groups_per_step=2,
+    ),
+}
 TASK_PROMPT = (
     "The test suite fails in tests/test_parser.py::test_nested_lists with an IndexError. "
     "Find the cause in src/parser.py, fix it, and run the test suite again."
@@ -58,10 +83,12 @@ TOOL_OUTPUT = (
 
 
 class ScriptedAgent:
-    """Plays the runner (its harness: `SHAPES` in turn) and the evaluator for scheduled executions."""
+    """Plays the runner (its harness: the workload's shapes in turn) and the evaluator for
+    scheduled executions."""
 
-    def __init__(self, live: LiveCells, bus: Bus) -> None:
+    def __init__(self, live: LiveCells, bus: Bus, shapes: tuple[Shape, ...]) -> None:
         self.live = live
+        self.shapes = shapes
         self.bus = bus
         self.count = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -74,7 +101,7 @@ class ScriptedAgent:
         )
 
     async def on_scheduled(self, event: DecodedEvent) -> None:
-        shape = SHAPES[self.count % len(SHAPES)]
+        shape = self.shapes[self.count % len(self.shapes)]
         score = float(self.count % 2)
         self.count += 1
         task = asyncio.create_task(

@@ -78,3 +78,11 @@ def test_each_mode_is_summarised_by_its_medians_and_each_round_by_its_fastest() 
     assert out["gyre"]["wall_s"] == 12 and out["async"]["wall_s"] == 13  # type: ignore[index]
     assert out["gyre_fastest"] is True and out["gyre_fastest_rounds"] == 2
     assert out["max_sim_rel_err"] == 0.0 and out["max_sim_rel_err_any_run"] == 0.1
+
+
+def test_an_unknown_workload_is_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.live import main
+
+    with pytest.raises(SystemExit):
+        main(["--workload", "huge"])
+    assert "--workload" in capsys.readouterr().err
