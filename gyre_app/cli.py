@@ -18,7 +18,7 @@ import typer
 from typer.exceptions import TyperException
 
 from gyre.errors import GyreError
-from gyre.logs import redact
+from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
 from gyre_app import cli_replay, cli_report, cli_tasks, cli_trace
 
@@ -270,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = sys.argv[1:] if argv is None else argv
+    kernel = KernelSettings()
+    # The command's own output is stdout (scripts parse it); what a library logs meanwhile (a
+    # sandbox root relocated while `gyre down` sweeps, say) goes to stderr.
+    configure_logging(fmt=kernel.log_format, level=kernel.log_level)
     _present_stack_certificate()
     if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
         from gyre_app.warmstart.cli import main as warm_start
