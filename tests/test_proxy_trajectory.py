@@ -3,7 +3,7 @@ prompt (rebuilt from its delta) and output, in one execution tree."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -14,6 +14,7 @@ from proxy_support import Rig, start_rig, write_tokenizer
 
 from gyre.settings import KernelSettings
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from tests.grpc_wait import once_found
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TOOL_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
@@ -52,16 +53,8 @@ async def test_the_trajectory_service_rebuilds_each_calls_exact_prompt(
         stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
         engine_prompts = rig.engines[0][1].prompts
         for record in records:
-            for _ in range(100):  # bounded: 10 s for the consumer to catch up
-                try:
-                    got = await stub.GetCall(trajectory_pb2.GetCallRequest(call_id=record.call_id))
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        raise
-                    await asyncio.sleep(0.1)
-            else:
-                raise AssertionError(f"the trajectory service never learned call {record.call_id}")
+            request = trajectory_pb2.GetCallRequest(call_id=record.call_id)
+            got = await once_found(functools.partial(stub.GetCall, request), what=f"call {record.call_id}")
             assert list(got.call.full_prompt.prompt_ids) in engine_prompts
             assert list(got.call.output_ids) == list(record.output_ids)
         assert records[1].HasField("prompt_delta")

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import openai
@@ -23,6 +24,7 @@ from gyre.proxy.v1 import proxy_pb2
 from gyre.runtime import ServiceHost
 from gyre.settings import KernelSettings
 from gyre.trajectory.v1 import trajectory_pb2, trajectory_pb2_grpc
+from tests.grpc_wait import once_found
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 K = 1
@@ -126,17 +128,12 @@ async def trainer_staleness(kernel: KernelSettings, execution_id: str, *, traine
     channel = grpc.aio.insecure_channel(host.address)
     try:
         stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
-        for _ in range(100):  # bounded: 10 s for the consumer to store the call
-            try:
-                request = trajectory_pb2.StreamSamplesRequest(execution_ids=[execution_id])
-                samples = [sample_from_proto(r.sample) async for r in stub.StreamSamples(request)]
-                break
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-                await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(f"the trajectory service never stored execution {execution_id}")
+        request = trajectory_pb2.StreamSamplesRequest(execution_ids=[execution_id])
+
+        async def fetch() -> list[Any]:
+            return [sample_from_proto(r.sample) async for r in stub.StreamSamples(request)]
+
+        samples = await once_found(fetch, what=f"execution {execution_id}")
     finally:
         await channel.close(None)
         await host.stop(grace_s=1)
