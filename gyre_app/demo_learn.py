@@ -94,7 +94,8 @@ class LearnConfig:
 class Progress:
     """What the live table shows, from the bus."""
 
-    executions: set[str]
+    executions: dict[str, int]
+    """The run's executions (replacements included) -> the index of their task among `submitted`."""
     submitted: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
@@ -103,6 +104,10 @@ class Progress:
     )
     rewards: list[float] = field(default_factory=list)
     partial: int = 0
+    out_of_turns: dict[int, int] = field(default_factory=dict)
+    """Task index -> its executions that spent the agent's turn budget (timed out by the policy)."""
+    deadline_cuts: int = 0
+    """Executions cut by the wall-clock deadline (timed out by the machine as much as the policy)."""
     step: int = 0
     step_rewards: list[float] = field(default_factory=list)
     staleness: list[float] = field(default_factory=list)
@@ -119,6 +124,11 @@ class Progress:
                 self.counts["finished"] += 1
             case runner_events.ExecutionTimedOut():
                 self.counts["timed out"] += 1
+                if p.limit == runner_events.TIMEOUT_LIMIT_HARNESS_BUDGET:
+                    task = self.executions[p.execution.execution_id]
+                    self.out_of_turns[task] = self.out_of_turns.get(task, 0) + 1
+                else:
+                    self.deadline_cuts += 1
             case runner_events.ExecutionFailed():
                 self.counts["failed"] += 1
             case evaluator_events.RewardAssigned() if p.grade.execution_id in self.executions:
@@ -130,7 +140,7 @@ class Progress:
                 self.counts["infra failed"] += 1
                 if p.HasField("replacement"):
                     self.counts["replaced"] += 1
-                    self.executions.add(p.replacement.execution_id)
+                    self.executions[p.replacement.execution_id] = self.executions[ref.execution_id]
             case trainer_events.StepCompleted():
                 self.step = max(self.step, int(p.version.steps))
                 self.staleness.append(p.staleness_mean_steps)
@@ -145,7 +155,7 @@ class Progress:
             f"{self.step}/{target_steps}",
             ", ".join(f"{v} {k}" for k, v in n.items() if k != "rewarded"),
             f"{sum(recent) / len(recent):.2f}" if recent else "-",
-            f"{self.partial} timed-out graded",
+            f"{self.partial} timed-out graded ({sum(self.out_of_turns.values())} out of turns)",
             f"{self.staleness[-1]:.1f}" if self.staleness else "-",
         )
         return t
@@ -226,22 +236,25 @@ def specs(tasks: Path, names: list[str], config: LearnConfig, run: str) -> list[
 
 async def train(
     state: StackState, prefix: str, run: str, config: LearnConfig, todo: list[scheduler_pb2.TaskSpec]
-) -> str:
+) -> tuple[str, Progress]:
     """Keep `in_flight` training tasks submitted (the next one as each step completes) and follow
-    the bus until the trainer has taken `steps` steps; returns the last weights' folder."""
+    the bus until the trainer has taken `steps` steps; returns the last weights' folder and what
+    the bus showed."""
     bus = await Bus.connect(BusConfig(url=state.nats_url, prefix=prefix), name="gyre-demo-learn")
     tap = EventTap(bus, (*WATCHED, scheduler_events.ExecutionReplacementDecided))
     await tap.start()
     started = time.monotonic()
-    progress = Progress(set())
+    progress = Progress({})
     try:
         async with GyreClient(ServiceAddresses.resolve()) as client:
 
             async def submit_next() -> None:
                 spec = todo[len(progress.submitted)]
                 [task] = await client.submit([spec], request_id=f"learn-{run}-{len(progress.submitted)}")
+                progress.executions |= dict.fromkeys(
+                    (e.execution_id for e in task.executions), len(progress.submitted)
+                )
                 progress.submitted.append(task.task_id)
-                progress.executions |= {e.execution_id for e in task.executions}
 
             while len(progress.submitted) < min(config.in_flight, len(todo)):
                 await submit_next()
@@ -263,7 +276,22 @@ async def train(
             weights_uri = (await client.trainer_status()).weights_uri
     finally:
         await bus.close()
-    return urlparse(weights_uri).path or weights_uri
+    return urlparse(weights_uri).path or weights_uri, progress
+
+
+def timeouts(progress: Progress, steps: int) -> dict[str, int]:
+    """The run's timeouts by limit, and the policy's own (out of turns) in its first and last three
+    tasks: a policy that learns to get to work runs out of turns less often.
+
+    Example: out_of_turns {0: 2, 1: 1, 14: 1}, steps 15 -> turn_budget 4, first 3, last 1
+    """
+    by_task = progress.out_of_turns
+    return {
+        "timed_out_turn_budget": sum(by_task.values()),
+        "timed_out_deadline": progress.deadline_cuts,
+        "out_of_turns_first": sum(by_task.get(i, 0) for i in range(min(3, steps))),
+        "out_of_turns_last": sum(by_task.get(i, 0) for i in range(max(steps - 3, 0), steps)),
+    }
 
 
 async def make_report(
@@ -315,7 +343,7 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
         f"groups of {config.group_size}, deadline {config.timeout_s} s, mode {config.mode}"
     )
     try:
-        weights = asyncio.run(
+        weights, progress = asyncio.run(
             train(state, learn_kernel.bus_prefix, run, config, specs(tasks, train_names, config, run))
         )
         console.print(f"scoring held-out with v{config.steps} ({weights}) ...")
@@ -328,6 +356,7 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
             down(learn_kernel)
     summary = {
         **report.summary(),
+        **timeouts(progress, config.steps),
         "report": str(path),
         "group_size": config.group_size,
         "timeout_s": config.timeout_s,

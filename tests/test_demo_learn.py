@@ -10,7 +10,11 @@ from typing import Any
 
 import pytest
 
-from gyre_app.demo_learn import interleave
+from gyre.common.v1 import envelope_pb2, ids_pb2
+from gyre.events import DecodedEvent
+from gyre.runner.v1 import events_pb2 as runner_events
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from gyre_app.demo_learn import Progress, interleave, timeouts
 from services.runner.agent.client import ChatClient
 
 
@@ -23,6 +27,37 @@ def test_consecutive_steps_take_the_families_in_turn() -> None:
         "repair-0001",
         "repo-gen-0001",
     ]
+
+
+def _timed_out(execution_id: str, limit: int) -> DecodedEvent:
+    ref = ids_pb2.ExecutionRef(execution_id=execution_id)
+    return DecodedEvent(
+        envelope=envelope_pb2.Envelope(), payload=runner_events.ExecutionTimedOut(execution=ref, limit=limit)
+    )
+
+
+def test_progress_tells_the_policys_timeouts_from_the_deadlines_by_task() -> None:
+    budget, deadline = runner_events.TIMEOUT_LIMIT_HARNESS_BUDGET, runner_events.TIMEOUT_LIMIT_DEADLINE
+    progress = Progress({"a0": 0, "a1": 0, "b0": 1, "z0": 5, "z1": 5})
+    replaced = scheduler_events.ExecutionReplacementDecided(
+        execution=ids_pb2.ExecutionRef(execution_id="z1"), replacement=ids_pb2.ExecutionRef(execution_id="z2")
+    )
+    for event in (
+        _timed_out("a0", budget),
+        _timed_out("a1", budget),
+        _timed_out("b0", deadline),
+        _timed_out("stranger", budget),  # another run's execution: not counted
+        DecodedEvent(envelope=envelope_pb2.Envelope(), payload=replaced),
+        _timed_out("z2", budget),  # the replacement counts for its original's task
+    ):
+        progress.see(event)
+    assert progress.counts["timed out"] == 4 and progress.counts["replaced"] == 1
+    assert timeouts(progress, steps=6) == {
+        "timed_out_turn_budget": 3,
+        "timed_out_deadline": 1,
+        "out_of_turns_first": 2,
+        "out_of_turns_last": 1,
+    }
 
 
 @pytest.fixture

@@ -201,6 +201,9 @@ async def test_tokens_never_travel_on_the_bus(runner: Runner) -> None:
     events = await runner_events(runner.kernel)
     names = {e.event_type.rsplit(".", 1)[1] for e in events}
     assert {"ExecutionStarted", "ExecutionTimedOut"} <= names
+    deadline = runner_events_pb2.ExecutionTimedOut()
+    next(e for e in events if e.event_type.endswith("ExecutionTimedOut")).payload.Unpack(deadline)
+    assert deadline.limit == runner_events_pb2.TIMEOUT_LIMIT_DEADLINE  # the sleeping script was killed
     for env in events:
         raw = env.SerializeToString()
         assert not any(t.encode() in raw for t in tokens)
@@ -283,12 +286,12 @@ async def test_an_agent_out_of_turns_times_out_with_its_workspace_graded_as_it_s
     ended = await wait_ended(runner, request.execution.execution_id)
     assert ended.state == runner_pb2.EXECUTION_STATE_TIMED_OUT
     assert in_workspace(ended, "tries.txt").read_text() == "0\n1\n"  # both turns' work kept
-    kinds = [
-        e.event_type.rsplit(".", 1)[1]
-        for e in await runner_events(runner.kernel)
-        if e.correlation_id == request.execution.task_id
-    ]
+    mine = [e for e in await runner_events(runner.kernel) if e.correlation_id == request.execution.task_id]
+    kinds = [e.event_type.rsplit(".", 1)[1] for e in mine]
     assert kinds[-1] == "ExecutionTimedOut", kinds
+    timed_out = runner_events_pb2.ExecutionTimedOut()
+    mine[-1].payload.Unpack(timed_out)
+    assert timed_out.limit == runner_events_pb2.TIMEOUT_LIMIT_HARNESS_BUDGET  # not the wall clock
 
 
 @pytest.mark.parametrize(

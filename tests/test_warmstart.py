@@ -57,6 +57,22 @@ def test_an_imperfect_demonstration_declares_the_work_done_before_its_last_write
     assert tool_names(repair) == ["read_file", "-"]  # the fix is never written
 
 
+def test_a_wandering_demonstration_looks_around_first_and_runs_out_of_a_tight_turn_budget() -> None:
+    terminal = build(plan(["terminal"], count=1)[0], seed=0)
+    slow = record_transcript(terminal, context_tokens=24000, wander=True)
+    # result.txt, then ls and data.csv again, then rows.txt and "done"
+    assert tool_names(slow) == ["shell", "shell", "read_file", "shell", "-"]
+    assert "name," in slow[3].messages[-1]["content"]  # the file's text came back to the agent
+    # under the demo's budget (the reference's two tool calls and its answer) it is cut after one write
+    cut = record_transcript(terminal, context_tokens=24000, wander=True, max_turns=3)
+    assert tool_names(cut) == ["shell", "shell", "read_file"]
+    assert "result.txt" in cut[0].reply["tool_calls"][0]["function"]["arguments"]
+    # a delegation still follows the look-arounds
+    repo_gen = next(p for p in plan(["repo-gen"], count=8) if build(p, seed=0).delegate)
+    delegated = record_transcript(build(repo_gen, seed=0), context_tokens=24000, wander=True)
+    assert tool_names(delegated)[:4] == ["write_file", "shell", "read_file", "delegate"]
+
+
 def test_chains_split_at_compaction_and_sub_agents_and_only_replies_are_targets() -> None:
     repo_gen = next(p for p in plan(["repo-gen"], count=8) if build(p, seed=0).delegate)
     calls = record_transcript(build(repo_gen, seed=0), context_tokens=300)

@@ -61,6 +61,13 @@ class WarmStartConfig:
     group's executions earn different rewards and RL has a direction to move (finish the work).
     Kept below every "continue" choice's share: at 0.4 stopping was repo-gen's likeliest reply
     (its continuations split between writing the module and delegating it), even greedy."""
+    wander_fraction: float = 0.2
+    """Share of demonstrations that look around after their first step (`scripted.wandering`: the
+    listing, then the task's file) and then do the rest of the reference solution. Under the demo's turn budget (the
+    reference's turns, no spare) such a run is cut before its last write: the execution times out
+    by its own budget, is graded for the partial work, and RL has a second direction (get to
+    work) whose timeouts follow the policy, not the machine's load. Drawn from the same number
+    as `stop_early_fraction` (the band above it), so the two never mix in one demonstration."""
     vocab_size: int = 2048
     """Merges fitted to the transcripts (whole words of the tool list, code and commands)."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
@@ -119,9 +126,14 @@ def _build(dest: Path, config: WarmStartConfig, inputs: dict[str, Any], say: Cal
 
     def one(p: Any) -> Any:
         small = config.compact_every and p.index % config.compact_every == 1
-        early = random.Random(f"stop-early:{config.seed}:{p.name}").random() < config.stop_early_fraction
+        draw = random.Random(f"stop-early:{config.seed}:{p.name}").random()
+        early = draw < config.stop_early_fraction
+        wander = not early and draw < config.stop_early_fraction + config.wander_fraction
         return record_transcript(
-            build(p, seed=config.seed), context_tokens=300 if small else 24000, stop_early=early
+            build(p, seed=config.seed),
+            context_tokens=300 if small else 24000,
+            stop_early=early,
+            wander=wander,
         )
 
     with ThreadPoolExecutor(4) as pool:  # the scripted runs wait on pytest processes, not the CPU

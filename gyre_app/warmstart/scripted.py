@@ -66,6 +66,8 @@ class ScriptedClient:
     sub: Sequence[Step]
     delegate: str
     task: str
+    delegate_at: int = 1
+    """Where the delegation goes among the main agent's steps: after the first reference step."""
     calls: list[RecordedCall] = field(default_factory=list)
     _next: dict[str, int] = field(default_factory=dict)
 
@@ -73,7 +75,7 @@ class ScriptedClient:
         if agent_id == "main":
             steps = list(self.main)
             if self.delegate:
-                steps.insert(1, Step(tool="delegate", arguments={"task": self.delegate}))
+                steps.insert(self.delegate_at, Step(tool="delegate", arguments={"task": self.delegate}))
             return steps
         return list(self.sub)
 
@@ -138,17 +140,39 @@ def stopped_early(steps: Sequence[Step]) -> list[Step]:
     return list(steps[:last])
 
 
+def wandering(inst: TaskInstance) -> list[Step]:
+    """Two look-arounds after the first piece of work: the workspace's listing, then the file the
+    task names again (mid-transcript, where the policy also chooses between going on and stopping
+    early: a first-reply detour, tried before, was learned at a tenth of its share).
+
+    Example: a terminal instance -> [shell "ls", read_file "data.csv"]
+    """
+    look = Step(tool="read_file", arguments={"path": inst.requires[0]}) if inst.requires else None
+    return [
+        Step(tool="shell", arguments={"command": "ls"}),
+        look or Step(tool="shell", arguments={"command": "ls -a"}),
+    ]
+
+
 def record_transcript(
-    inst: TaskInstance, *, context_tokens: int, max_turns: int = 12, stop_early: bool = False
+    inst: TaskInstance,
+    *,
+    context_tokens: int,
+    max_turns: int = 12,
+    stop_early: bool = False,
+    wander: bool = False,
 ) -> list[RecordedCall]:
     """Run the built-in agent on `inst` with its reference solution as the policy; its calls.
 
     With a delegated part, the main agent's step that writes it goes to a sub-agent instead.
     A small `context_tokens` makes the agent compact (a `summary` call, then a fresh context).
     `stop_early` replays an imperfect demonstration (`stopped_early`): the main agent answers
-    "done" before its last workspace-changing step.
+    "done" before its last workspace-changing step. `wander` replays a slow one (`wandering`):
+    it looks around twice after the first reference step, so under a turn budget sized for the
+    reference it runs out of turns with part of the work written.
     """
     steps = list(inst.solution)
+    looks = wandering(inst) if wander else []
     sub: list[Step] = []
     if inst.delegate:
         # the step the sub-agent does: the one writing the file the delegated text names
@@ -164,7 +188,13 @@ def record_transcript(
         else:
             steps = stopped_early(steps)
         sub = []
-    client = ScriptedClient(main=steps, sub=sub, delegate=delegate, task=inst.prompt)
+    client = ScriptedClient(
+        main=steps[:1] + looks + steps[1:],
+        sub=sub,
+        delegate=delegate,
+        task=inst.prompt,
+        delegate_at=len(looks) + 1,
+    )
     with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as tmp:
         root = Path(tmp)
         _write(root, inst.workspace)

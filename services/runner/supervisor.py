@@ -239,6 +239,9 @@ class Supervisor:
                 timeout_s=launch.timeout_s,
                 family=launch.family,
                 task=launch.task,
+                limit=events_pb2.TIMEOUT_LIMIT_DEADLINE
+                if outcome.killed
+                else events_pb2.TIMEOUT_LIMIT_HARNESS_BUDGET,
             )
             log.info("execution_out_of_time", by="deadline" if outcome.killed else "harness_budget")
             await self._end(run, "timed_out", event)

@@ -6,6 +6,7 @@ isort:skip_file
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from gyre.common.v1 import ids_pb2 as _ids_pb2
 from gyre.runner.v1 import runner_pb2 as _runner_pb2
 import builtins as _builtins
@@ -18,6 +19,30 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _TimeoutLimit:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TimeoutLimitEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TimeoutLimit.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TIMEOUT_LIMIT_UNSPECIFIED: _TimeoutLimit.ValueType  # 0
+    """Unset: an event from before the field existed."""
+    TIMEOUT_LIMIT_DEADLINE: _TimeoutLimit.ValueType  # 1
+    """The runner's wall-clock deadline killed the harness."""
+    TIMEOUT_LIMIT_HARNESS_BUDGET: _TimeoutLimit.ValueType  # 2
+    """The harness exited with its out-of-budget code (the built-in agent's turns)."""
+
+class TimeoutLimit(_TimeoutLimit, metaclass=_TimeoutLimitEnumTypeWrapper):
+    """The limit an execution ran out of."""
+
+TIMEOUT_LIMIT_UNSPECIFIED: TimeoutLimit.ValueType  # 0
+"""Unset: an event from before the field existed."""
+TIMEOUT_LIMIT_DEADLINE: TimeoutLimit.ValueType  # 1
+"""The runner's wall-clock deadline killed the harness."""
+TIMEOUT_LIMIT_HARNESS_BUDGET: TimeoutLimit.ValueType  # 2
+"""The harness exited with its out-of-budget code (the built-in agent's turns)."""
+Global___TimeoutLimit: _TypeAlias = TimeoutLimit  # noqa: Y015
 
 @_typing.final
 class ExecutionStarted(_message.Message):
@@ -128,8 +153,9 @@ Global___ExecutionFinished: _TypeAlias = ExecutionFinished  # noqa: Y015
 
 @_typing.final
 class ExecutionTimedOut(_message.Message):
-    """ExecutionTimedOut: the deadline passed and the harness was killed; the workspace was
-    preserved as it stood, for partial credit.
+    """ExecutionTimedOut: the deadline passed and the harness was killed, or the harness spent its own
+    budget before declaring the work done (`limit`); the workspace was preserved as it stood, for
+    partial credit.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -140,6 +166,7 @@ class ExecutionTimedOut(_message.Message):
     FAMILY_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
     workspace_uri: _builtins.str
     """Where the preserved workspace lives."""
     timeout_s: _builtins.float
@@ -151,6 +178,10 @@ class ExecutionTimedOut(_message.Message):
     num_calls_recorded: _builtins.int
     """Calls the proxy recorded for the execution (RevokeExecutionToken's count); unset when the
     proxy could not be asked (none configured, or unreachable past the runner's retries).
+    """
+    limit: Global___TimeoutLimit.ValueType
+    """Which limit ended it: the wall-clock deadline (`timeout_s`, follows the machine too) or the
+    harness's own budget (its turns, spent by the policy before it declared the work done).
     """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
@@ -165,10 +196,11 @@ class ExecutionTimedOut(_message.Message):
         family: _builtins.str = ...,
         task: _builtins.str = ...,
         num_calls_recorded: _builtins.int | None = ...,
+        limit: Global___TimeoutLimit.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "num_calls_recorded", b"num_calls_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "family", b"family", "num_calls_recorded", b"num_calls_recorded", "task", b"task", "timeout_s", b"timeout_s", "workspace_uri", b"workspace_uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded", "execution", b"execution", "family", b"family", "limit", b"limit", "num_calls_recorded", b"num_calls_recorded", "task", b"task", "timeout_s", b"timeout_s", "workspace_uri", b"workspace_uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__num_calls_recorded: _TypeAlias = _typing.Literal["num_calls_recorded"]  # noqa: Y015
     _WhichOneofArgType__num_calls_recorded: _TypeAlias = _typing.Literal["_num_calls_recorded", b"_num_calls_recorded"]  # noqa: Y015
