@@ -1,6 +1,6 @@
 """The proxy's record of a call is durable before the harness has the answer, and revoking an
-execution's token answers how many calls were recorded for it (scripted engines, real NATS and
-Postgres)."""
+execution's token answers how many calls were recorded for it, and how many the proxy failed
+(scripted engines, real NATS and Postgres)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest_asyncio
 import sqlalchemy as sa
 from proxy_support import Rig, start_rig, write_tokenizer
 
+from bench.scripted_engine import start_scripted_engine
 from gyre.db.engine import make_engine
 from gyre.proxy.v1 import proxy_pb2
 from gyre.settings import KernelSettings
@@ -132,3 +133,53 @@ async def test_an_execution_that_made_no_call_counts_zero(rig: Rig) -> None:
     _, execution_id = await rig.register_execution()
     answer = await revoke(rig, execution_id, cancel=False)
     assert (answer.num_tokens_revoked, answer.num_calls_recorded) == (1, 0)
+
+
+async def test_revoking_answers_the_calls_the_proxy_failed_and_not_the_harness_errors(
+    kernel: KernelSettings, model_dir: Path
+) -> None:
+    """5xx answers (no engine serving; an engine lost mid-stream with none to fail over to) count;
+    a bad request (400) and a stranger's token (401) do not; the count outlives the proxy process."""
+    failing = await start_rig(kernel, model_dir, num_engines=0)
+    server = None
+    try:
+        token, execution_id = await failing.register_execution()
+        client = openai.AsyncOpenAI(base_url=f"{failing.http_url}/v1", api_key=token, max_retries=0)
+        for _ in range(2):
+            with pytest.raises(openai.InternalServerError, match="no engine is serving"):
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        async with aiohttp.ClientSession() as http:
+            for auth in (token, "x" * 43):
+                bad = await http.post(
+                    f"{failing.http_url}/v1/chat/completions",
+                    data=b"{",
+                    headers={"Authorization": f"Bearer {auth}"},
+                )
+                assert bad.status in (400, 401)
+        failing.scripter.default = " ".join(f"w{i}" for i in range(200))
+        server, _ = await start_scripted_engine(
+            failing.scripter, engine_id="lost-1", cell_id="lost-1", token_interval_s=0.02
+        )
+        await failing.stub.RegisterEngine(
+            proxy_pb2.RegisterEngineRequest(
+                request_id="reg-lost-1", cell_id="lost-1", engine_id="lost-1", address=server.address
+            )
+        )
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "talk"}], stream=True
+        )
+        with pytest.raises(openai.APIError, match="failed call"):
+            async for _ in stream:  # the engine goes away mid-answer: the stream ends in an error
+                if server is not None:
+                    await server.stop(0)
+                    server = None
+        await failing.restart_proxy()
+        answer = await revoke(failing, execution_id, cancel=False)
+        again = await revoke(failing, execution_id, cancel=False)
+    finally:
+        if server is not None:
+            await server.stop(0)
+        await failing.close()
+    assert answer.num_calls_failed_by_proxy == 3
+    assert "failed call" in answer.last_call_failure, answer.last_call_failure
+    assert again == answer

@@ -171,6 +171,11 @@ async def test_a_call_on_an_engine_killed_mid_stream_ends_on_the_other_engine_un
     assert len(first.output_logprobs) == len(reply)
     assert (second.engine_id, second.num_migrations, list(second.output_ids)) == (survivor, 0, reply)
     assert text == again, "the harness read the same text as from an engine that never died"
+    revoke = proxy_pb2.RevokeExecutionTokenRequest(
+        request_id=f"rev-{execution_id}", execution_id=execution_id
+    )
+    revoked = await rig.stub.RevokeExecutionToken(revoke)
+    assert revoked.num_calls_failed_by_proxy == 0, "failed over: the harness never saw the engine's loss"
 
 
 async def test_a_call_on_an_engine_that_hangs_with_its_stream_open_ends_on_the_other_engine(

@@ -2,7 +2,9 @@
 
 Each handler authenticates the execution token, parses the body into a `ChatRequest`, starts a
 `CallRun` and writes it back in the dialect asked for, streamed (SSE) or whole. Every failure is
-answered in the dialect's own error shape; nothing a harness sends can stop the server.
+answered in the dialect's own error shape; nothing a harness sends can stop the server. A failure
+of the proxy's own (5xx, or an error ending a stream) is counted for the execution before the
+harness hears of it (`failed_calls`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ from services.proxy.auth import Grant, TokenBook, Unauthenticated, bearer_token
 from services.proxy.call_keys import ReplayedRun
 from services.proxy.calls import CallRun, Calls
 from services.proxy.chat import ChatRequest
+from services.proxy.failed_calls import FailedCalls
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CALLS_KEY = web.AppKey("calls", Calls)
 TOKENS_KEY = web.AppKey("tokens", TokenBook)
+FAILED_CALLS_KEY = web.AppKey("failed_calls", FailedCalls)
+EXECUTION_KEY = web.RequestKey("execution_id", str)
+"""The execution a request authenticated as: its failures (5xx) are counted for it."""
 MAX_JSON_DEPTH = 64
 """Deeper request bodies are refused: nothing either API sends nests this far, and templates and
 serialisers downstream would recurse through it."""
@@ -75,6 +81,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except GyreError as exc:
         log.info("request_refused", path=request.path, status=_status(exc), error=exc.message)
+        await _count_failure(request, exc)
         return error_response(request, exc)
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(request, TooLarge(f"request body is over the limit: {exc.text}"))
@@ -85,12 +92,23 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException:
         raise
     except Exception as exc:  # logged with its traceback; the harness sees no internals
-        return error_response(request, translate(exc, where=request.path))
+        error = translate(exc, where=request.path)
+        await _count_failure(request, error)
+        return error_response(request, error)
+
+
+async def _count_failure(request: web.Request, exc: GyreError) -> None:
+    """A failure of the proxy's own (5xx) on an authenticated request counts for its execution."""
+    execution_id = request.get(EXECUTION_KEY)
+    if execution_id and _status(exc) >= 500:
+        await request.app[FAILED_CALLS_KEY].count(execution_id, exc.message)
 
 
 async def _authenticate(request: web.Request) -> Grant:
     token = bearer_token(request.headers.get("Authorization", ""), request.headers.get("x-api-key", ""))
-    return await request.app[TOKENS_KEY].grant_of(token)
+    grant = await request.app[TOKENS_KEY].grant_of(token)
+    request[EXECUTION_KEY] = grant.execution_id
+    return grant
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -298,6 +316,7 @@ async def _stream(
         if not response.prepared:
             raise
         log.warning("stream_failed", call_id=run.call_id, error=exc.message)
+        await _count_failure(request, exc)
         await write_error(exc)
         await response.write_eof()
         return response
@@ -330,10 +349,13 @@ async def trace_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
 
 
-def build_app(*, calls: Calls, tokens: TokenBook, max_body_bytes: int) -> web.Application:
+def build_app(
+    *, calls: Calls, tokens: TokenBook, failed_calls: FailedCalls, max_body_bytes: int
+) -> web.Application:
     app = web.Application(middlewares=[trace_middleware, errors_middleware], client_max_size=max_body_bytes)
     app[CALLS_KEY] = calls
     app[TOKENS_KEY] = tokens
+    app[FAILED_CALLS_KEY] = failed_calls
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)

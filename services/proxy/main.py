@@ -20,6 +20,7 @@ from services.proxy.auth import TokenBook
 from services.proxy.call_keys import CallKey, StoredAnswer, answer_from_json
 from services.proxy.calls import Calls
 from services.proxy.config import ProxySettings
+from services.proxy.failed_calls import FailedCalls
 from services.proxy.generation import EnginePool
 from services.proxy.http_app import build_app
 from services.proxy.model import ServedModel, load_model
@@ -80,7 +81,13 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         ProxyServicer(conns.sessions, relay, calls=calls, tokens=tokens), server.server
     )
     runner = web.AppRunner(
-        build_app(calls=calls, tokens=tokens, max_body_bytes=settings.max_body_bytes), access_log=None
+        build_app(
+            calls=calls,
+            tokens=tokens,
+            failed_calls=FailedCalls(conns.sessions),
+            max_body_bytes=settings.max_body_bytes,
+        ),
+        access_log=None,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.http_port)

@@ -62,6 +62,16 @@ recorded_calls = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
 )
 
+failed_calls = sa.Table(
+    "failed_calls",
+    metadata,
+    sa.Column("execution_id", sa.Text, primary_key=True),
+    sa.Column("num_calls", sa.Integer, nullable=False),
+    sa.Column("last_message", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+)
+"""Model calls the proxy answered with a failure of its own (HTTP 5xx), per execution (0006)."""
+
 call_answers = sa.Table(
     "call_answers",
     metadata,
@@ -252,3 +262,30 @@ async def recorded_call_count(session: AsyncSession, execution_id: str) -> int:
         )
     ).first()
     return 0 if row is None else int(row.num_calls)
+
+
+async def count_failed_call(session: AsyncSession, execution_id: str, message: str) -> None:
+    """Add one call the proxy failed to its execution's count, keeping the newest message."""
+    stmt = insert(failed_calls).values(execution_id=execution_id, num_calls=1, last_message=message)
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[failed_calls.c.execution_id],
+            set_={
+                "num_calls": failed_calls.c.num_calls + 1,
+                "last_message": stmt.excluded.last_message,
+                "updated_at": sa.func.now(),
+            },
+        )
+    )
+
+
+async def failed_call_count(session: AsyncSession, execution_id: str) -> tuple[int, str]:
+    """(how many of an execution's calls the proxy failed, the last one's message); (0, "") if none."""
+    row = (
+        await session.execute(
+            sa.select(failed_calls.c.num_calls, failed_calls.c.last_message).where(
+                failed_calls.c.execution_id == execution_id
+            )
+        )
+    ).first()
+    return (0, "") if row is None else (int(row.num_calls), str(row.last_message))

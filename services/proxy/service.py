@@ -134,8 +134,13 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             revoked = await repo.revoke_tokens(session, request.execution_id, now=datetime.now(UTC))
             await repo.forget_outputs(session, request.execution_id)
             recorded = await repo.recorded_call_count(session, request.execution_id)
+            failed, last_failure = await repo.failed_call_count(session, request.execution_id)
             answer = proxy_pb2.RevokeExecutionTokenResponse(
-                num_tokens_revoked=revoked, num_calls_cancelled=cancelled, num_calls_recorded=recorded
+                num_tokens_revoked=revoked,
+                num_calls_cancelled=cancelled,
+                num_calls_recorded=recorded,
+                num_calls_failed_by_proxy=failed,
+                last_call_failure=last_failure,
             )
             return answer, []
 
@@ -147,6 +152,7 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
             execution_id=request.execution_id,
             cancelled=cancelled,
             recorded=answer.num_calls_recorded,
+            failed_by_proxy=answer.num_calls_failed_by_proxy,
         )
         return answer
 

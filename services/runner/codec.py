@@ -23,6 +23,7 @@ FAILURE_VALUES = {
     "proxy": pb.EXECUTION_FAILURE_KIND_PROXY,
     "runner_lost": pb.EXECUTION_FAILURE_KIND_RUNNER_LOST,
     "harness_crashed": pb.EXECUTION_FAILURE_KIND_HARNESS_CRASHED,
+    "model_unavailable": pb.EXECUTION_FAILURE_KIND_MODEL_UNAVAILABLE,
 }
 
 

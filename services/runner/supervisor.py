@@ -40,7 +40,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch, recovered_launch
-from services.runner.harness import HarnessInput, crash_reason, limits_for, plan_launch, spent_own_budget
+from services.runner.harness import HarnessInput, crash_end, limits_for, plan_launch, spent_own_budget
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -74,6 +74,8 @@ class Running:
     """The execution's token was (or may have been) registered with the proxy."""
     num_calls: int | None = None
     """Calls the proxy recorded for the execution, once its token is revoked."""
+    failed_calls: tuple[int, str] = (0, "")
+    """Calls the proxy failed (5xx) and the last one's message, once its token is revoked."""
     revoke_retry_s: float | None = None
     """How long to retry the revocation while the proxy is away (None: the settings')."""
 
@@ -255,13 +257,13 @@ class Supervisor:
                 task=launch.task,
             )
             await self._end(run, "finished", event, exit_code=0)
-        else:  # a crash: non-zero exit, a signal we did not send, the disk quota; workspace kept
-            await self._end_failed(
-                run,
-                "harness_crashed",
-                crash_reason(outcome, _tail(box.log_path, 1000)),
-                exit_code=outcome.exit_code,
+        else:  # a crash (non-zero exit, a signal we did not send, the disk quota), or a harness that
+            # gave up after the proxy failed its calls (the count is final: revoked above); workspace kept
+            failed, last = run.failed_calls
+            kind, reason = crash_end(
+                outcome, _tail(box.log_path, 1000), failed_calls=failed, last_failure=last
             )
+            await self._end_failed(run, kind, reason, exit_code=outcome.exit_code)
 
     async def _end(self, run: Running, state: str, event: Any, **values: Any) -> None:
         await self._count_calls(run, event)
@@ -341,6 +343,7 @@ class Supervisor:
             try:
                 answer = await self.proxy.RevokeExecutionToken(request, timeout=60)
                 run.num_calls = answer.num_calls_recorded
+                run.failed_calls = (answer.num_calls_failed_by_proxy, answer.last_call_failure)
                 return
             except grpc.aio.AioRpcError as exc:
                 retry = exc.code() in RETRIED_CODES and time.monotonic() < deadline

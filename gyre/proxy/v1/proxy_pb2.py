@@ -26,19 +26,19 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gyre/proxy/v1/proxy.proto\x12\rgyre.proxy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\" \n\nFullPrompt\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\"Q\n\x0bPromptDelta\x12\x16\n\x0eparent_call_id\x18\x01 \x01(\t\x12\x19\n\x11num_shared_tokens\x18\x02 \x01(\r\x12\x0f\n\x07new_ids\x18\x03 \x03(\x05\"\xab\x04\n\nCallRecord\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12,\n\nagent_role\x18\x03 \x01(\x0e\x32\x18.gyre.proxy.v1.AgentRole\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x30\n\x0b\x66ull_prompt\x18\x05 \x01(\x0b\x32\x19.gyre.proxy.v1.FullPromptH\x00\x12\x32\n\x0cprompt_delta\x18\x06 \x01(\x0b\x32\x1a.gyre.proxy.v1.PromptDeltaH\x00\x12\x12\n\noutput_ids\x18\x07 \x03(\x05\x12\x17\n\x0foutput_logprobs\x18\x08 \x03(\x02\x12\x35\n\x0epolicy_version\x18\t \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1e\n\x16output_policy_versions\x18\n \x03(\x04\x12\x11\n\tengine_id\x18\x0b \x01(\t\x12\x16\n\x0enum_migrations\x18\x0c \x01(\r\x12\x36\n\rfinish_reason\x18\r \x01(\x0e\x32\x1f.gyre.proxy.v1.CallFinishReason\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x08\n\x06prompt\"\xde\x01\n\x1dRegisterExecutionTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12/\n\texecution\x18\x03 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x39\n\x12min_policy_version\x18\x05 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\"f\n\x1eRegisterExecutionTokenResponse\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"a\n\x1bRevokeExecutionTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x18\n\x10\x63\x61ncel_in_flight\x18\x03 \x01(\x08\"s\n\x1cRevokeExecutionTokenResponse\x12\x1a\n\x12num_tokens_revoked\x18\x01 \x01(\r\x12\x1b\n\x13num_calls_cancelled\x18\x02 \x01(\r\x12\x1a\n\x12num_calls_recorded\x18\x03 \x01(\r\"`\n\x15RegisterEngineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x11\n\tengine_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"C\n\x16RegisterEngineResponse\x12)\n\x05route\x18\x01 \x01(\x0b\x32\x1a.gyre.proxy.v1.EngineRoute\"c\n\x10\x44rainCellRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x17\n\x0ftarget_cell_ids\x18\x03 \x03(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\"\xad\x01\n\x11\x44rainCellResponse\x12\x0f\n\x07\x64rained\x18\x01 \x01(\x08\x12\x1a\n\x12num_calls_migrated\x18\x02 \x01(\r\x12\x1c\n\x14num_calls_recomputed\x18\x03 \x01(\r\x12\x1b\n\x13num_calls_remaining\x18\x04 \x01(\r\x12\x1c\n\x14kv_transferred_bytes\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\"\xc0\x01\n\x0b\x45ngineRoute\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.gyre.proxy.v1.RouteState\x12\x1b\n\x13num_in_flight_calls\x18\x05 \x01(\r\x12\x35\n\x0epolicy_version\x18\x06 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\"\x13\n\x11GetRoutingRequest\"@\n\x12GetRoutingResponse\x12*\n\x06routes\x18\x01 \x03(\x0b\x32\x1a.gyre.proxy.v1.EngineRoute*h\n\tAgentRole\x12\x1a\n\x16\x41GENT_ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41GENT_ROLE_MAIN\x10\x01\x12\x12\n\x0e\x41GENT_ROLE_SUB\x10\x02\x12\x16\n\x12\x41GENT_ROLE_SUMMARY\x10\x03*\xbb\x01\n\x10\x43\x61llFinishReason\x12\"\n\x1e\x43\x41LL_FINISH_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41LL_FINISH_REASON_STOP\x10\x01\x12\x1d\n\x19\x43\x41LL_FINISH_REASON_LENGTH\x10\x02\x12%\n!CALL_FINISH_REASON_CONTEXT_LENGTH\x10\x03\x12 \n\x1c\x43\x41LL_FINISH_REASON_CANCELLED\x10\x04*t\n\nRouteState\x12\x1b\n\x17ROUTE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12ROUTE_STATE_ACTIVE\x10\x01\x12\x18\n\x14ROUTE_STATE_DRAINING\x10\x02\x12\x17\n\x13ROUTE_STATE_DRAINED\x10\x03\x32\xf8\x03\n\x0cProxyService\x12u\n\x16RegisterExecutionToken\x12,.gyre.proxy.v1.RegisterExecutionTokenRequest\x1a-.gyre.proxy.v1.RegisterExecutionTokenResponse\x12o\n\x14RevokeExecutionToken\x12*.gyre.proxy.v1.RevokeExecutionTokenRequest\x1a+.gyre.proxy.v1.RevokeExecutionTokenResponse\x12]\n\x0eRegisterEngine\x12$.gyre.proxy.v1.RegisterEngineRequest\x1a%.gyre.proxy.v1.RegisterEngineResponse\x12N\n\tDrainCell\x12\x1f.gyre.proxy.v1.DrainCellRequest\x1a .gyre.proxy.v1.DrainCellResponse\x12Q\n\nGetRouting\x12 .gyre.proxy.v1.GetRoutingRequest\x1a!.gyre.proxy.v1.GetRoutingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gyre/proxy/v1/proxy.proto\x12\rgyre.proxy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\" \n\nFullPrompt\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\"Q\n\x0bPromptDelta\x12\x16\n\x0eparent_call_id\x18\x01 \x01(\t\x12\x19\n\x11num_shared_tokens\x18\x02 \x01(\r\x12\x0f\n\x07new_ids\x18\x03 \x03(\x05\"\xab\x04\n\nCallRecord\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12,\n\nagent_role\x18\x03 \x01(\x0e\x32\x18.gyre.proxy.v1.AgentRole\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x30\n\x0b\x66ull_prompt\x18\x05 \x01(\x0b\x32\x19.gyre.proxy.v1.FullPromptH\x00\x12\x32\n\x0cprompt_delta\x18\x06 \x01(\x0b\x32\x1a.gyre.proxy.v1.PromptDeltaH\x00\x12\x12\n\noutput_ids\x18\x07 \x03(\x05\x12\x17\n\x0foutput_logprobs\x18\x08 \x03(\x02\x12\x35\n\x0epolicy_version\x18\t \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12\x1e\n\x16output_policy_versions\x18\n \x03(\x04\x12\x11\n\tengine_id\x18\x0b \x01(\t\x12\x16\n\x0enum_migrations\x18\x0c \x01(\r\x12\x36\n\rfinish_reason\x18\r \x01(\x0e\x32\x1f.gyre.proxy.v1.CallFinishReason\x12.\n\nstarted_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x08\n\x06prompt\"\xde\x01\n\x1dRegisterExecutionTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12/\n\texecution\x18\x03 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x39\n\x12min_policy_version\x18\x05 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\"f\n\x1eRegisterExecutionTokenResponse\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"a\n\x1bRevokeExecutionTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x18\n\x10\x63\x61ncel_in_flight\x18\x03 \x01(\x08\"\xb1\x01\n\x1cRevokeExecutionTokenResponse\x12\x1a\n\x12num_tokens_revoked\x18\x01 \x01(\r\x12\x1b\n\x13num_calls_cancelled\x18\x02 \x01(\r\x12\x1a\n\x12num_calls_recorded\x18\x03 \x01(\r\x12!\n\x19num_calls_failed_by_proxy\x18\x04 \x01(\r\x12\x19\n\x11last_call_failure\x18\x05 \x01(\t\"`\n\x15RegisterEngineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x11\n\tengine_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"C\n\x16RegisterEngineResponse\x12)\n\x05route\x18\x01 \x01(\x0b\x32\x1a.gyre.proxy.v1.EngineRoute\"c\n\x10\x44rainCellRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x65ll_id\x18\x02 \x01(\t\x12\x17\n\x0ftarget_cell_ids\x18\x03 \x03(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\"\xad\x01\n\x11\x44rainCellResponse\x12\x0f\n\x07\x64rained\x18\x01 \x01(\x08\x12\x1a\n\x12num_calls_migrated\x18\x02 \x01(\r\x12\x1c\n\x14num_calls_recomputed\x18\x03 \x01(\r\x12\x1b\n\x13num_calls_remaining\x18\x04 \x01(\r\x12\x1c\n\x14kv_transferred_bytes\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\"\xc0\x01\n\x0b\x45ngineRoute\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.gyre.proxy.v1.RouteState\x12\x1b\n\x13num_in_flight_calls\x18\x05 \x01(\r\x12\x35\n\x0epolicy_version\x18\x06 \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\"\x13\n\x11GetRoutingRequest\"@\n\x12GetRoutingResponse\x12*\n\x06routes\x18\x01 \x03(\x0b\x32\x1a.gyre.proxy.v1.EngineRoute*h\n\tAgentRole\x12\x1a\n\x16\x41GENT_ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41GENT_ROLE_MAIN\x10\x01\x12\x12\n\x0e\x41GENT_ROLE_SUB\x10\x02\x12\x16\n\x12\x41GENT_ROLE_SUMMARY\x10\x03*\xbb\x01\n\x10\x43\x61llFinishReason\x12\"\n\x1e\x43\x41LL_FINISH_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41LL_FINISH_REASON_STOP\x10\x01\x12\x1d\n\x19\x43\x41LL_FINISH_REASON_LENGTH\x10\x02\x12%\n!CALL_FINISH_REASON_CONTEXT_LENGTH\x10\x03\x12 \n\x1c\x43\x41LL_FINISH_REASON_CANCELLED\x10\x04*t\n\nRouteState\x12\x1b\n\x17ROUTE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12ROUTE_STATE_ACTIVE\x10\x01\x12\x18\n\x14ROUTE_STATE_DRAINING\x10\x02\x12\x17\n\x13ROUTE_STATE_DRAINED\x10\x03\x32\xf8\x03\n\x0cProxyService\x12u\n\x16RegisterExecutionToken\x12,.gyre.proxy.v1.RegisterExecutionTokenRequest\x1a-.gyre.proxy.v1.RegisterExecutionTokenResponse\x12o\n\x14RevokeExecutionToken\x12*.gyre.proxy.v1.RevokeExecutionTokenRequest\x1a+.gyre.proxy.v1.RevokeExecutionTokenResponse\x12]\n\x0eRegisterEngine\x12$.gyre.proxy.v1.RegisterEngineRequest\x1a%.gyre.proxy.v1.RegisterEngineResponse\x12N\n\tDrainCell\x12\x1f.gyre.proxy.v1.DrainCellRequest\x1a .gyre.proxy.v1.DrainCellResponse\x12Q\n\nGetRouting\x12 .gyre.proxy.v1.GetRoutingRequest\x1a!.gyre.proxy.v1.GetRoutingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.proxy.v1.proxy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTROLE']._serialized_start=2049
-  _globals['_AGENTROLE']._serialized_end=2153
-  _globals['_CALLFINISHREASON']._serialized_start=2156
-  _globals['_CALLFINISHREASON']._serialized_end=2343
-  _globals['_ROUTESTATE']._serialized_start=2345
-  _globals['_ROUTESTATE']._serialized_end=2461
+  _globals['_AGENTROLE']._serialized_start=2112
+  _globals['_AGENTROLE']._serialized_end=2216
+  _globals['_CALLFINISHREASON']._serialized_start=2219
+  _globals['_CALLFINISHREASON']._serialized_end=2406
+  _globals['_ROUTESTATE']._serialized_start=2408
+  _globals['_ROUTESTATE']._serialized_end=2524
   _globals['_FULLPROMPT']._serialized_start=103
   _globals['_FULLPROMPT']._serialized_end=135
   _globals['_PROMPTDELTA']._serialized_start=137
@@ -51,22 +51,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTEREXECUTIONTOKENRESPONSE']._serialized_end=1105
   _globals['_REVOKEEXECUTIONTOKENREQUEST']._serialized_start=1107
   _globals['_REVOKEEXECUTIONTOKENREQUEST']._serialized_end=1204
-  _globals['_REVOKEEXECUTIONTOKENRESPONSE']._serialized_start=1206
-  _globals['_REVOKEEXECUTIONTOKENRESPONSE']._serialized_end=1321
-  _globals['_REGISTERENGINEREQUEST']._serialized_start=1323
-  _globals['_REGISTERENGINEREQUEST']._serialized_end=1419
-  _globals['_REGISTERENGINERESPONSE']._serialized_start=1421
-  _globals['_REGISTERENGINERESPONSE']._serialized_end=1488
-  _globals['_DRAINCELLREQUEST']._serialized_start=1490
-  _globals['_DRAINCELLREQUEST']._serialized_end=1589
-  _globals['_DRAINCELLRESPONSE']._serialized_start=1592
-  _globals['_DRAINCELLRESPONSE']._serialized_end=1765
-  _globals['_ENGINEROUTE']._serialized_start=1768
-  _globals['_ENGINEROUTE']._serialized_end=1960
-  _globals['_GETROUTINGREQUEST']._serialized_start=1962
-  _globals['_GETROUTINGREQUEST']._serialized_end=1981
-  _globals['_GETROUTINGRESPONSE']._serialized_start=1983
-  _globals['_GETROUTINGRESPONSE']._serialized_end=2047
-  _globals['_PROXYSERVICE']._serialized_start=2464
-  _globals['_PROXYSERVICE']._serialized_end=2968
+  _globals['_REVOKEEXECUTIONTOKENRESPONSE']._serialized_start=1207
+  _globals['_REVOKEEXECUTIONTOKENRESPONSE']._serialized_end=1384
+  _globals['_REGISTERENGINEREQUEST']._serialized_start=1386
+  _globals['_REGISTERENGINEREQUEST']._serialized_end=1482
+  _globals['_REGISTERENGINERESPONSE']._serialized_start=1484
+  _globals['_REGISTERENGINERESPONSE']._serialized_end=1551
+  _globals['_DRAINCELLREQUEST']._serialized_start=1553
+  _globals['_DRAINCELLREQUEST']._serialized_end=1652
+  _globals['_DRAINCELLRESPONSE']._serialized_start=1655
+  _globals['_DRAINCELLRESPONSE']._serialized_end=1828
+  _globals['_ENGINEROUTE']._serialized_start=1831
+  _globals['_ENGINEROUTE']._serialized_end=2023
+  _globals['_GETROUTINGREQUEST']._serialized_start=2025
+  _globals['_GETROUTINGREQUEST']._serialized_end=2044
+  _globals['_GETROUTINGRESPONSE']._serialized_start=2046
+  _globals['_GETROUTINGRESPONSE']._serialized_end=2110
+  _globals['_PROXYSERVICE']._serialized_start=2527
+  _globals['_PROXYSERVICE']._serialized_end=3031
 # @@protoc_insertion_point(module_scope)

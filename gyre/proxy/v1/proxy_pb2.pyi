@@ -395,6 +395,8 @@ class RevokeExecutionTokenResponse(_message.Message):
     NUM_TOKENS_REVOKED_FIELD_NUMBER: _builtins.int
     NUM_CALLS_CANCELLED_FIELD_NUMBER: _builtins.int
     NUM_CALLS_RECORDED_FIELD_NUMBER: _builtins.int
+    NUM_CALLS_FAILED_BY_PROXY_FIELD_NUMBER: _builtins.int
+    LAST_CALL_FAILURE_FIELD_NUMBER: _builtins.int
     num_tokens_revoked: _builtins.int
     """Number of tokens revoked (0 when they were already revoked or expired)."""
     num_calls_cancelled: _builtins.int
@@ -404,16 +406,27 @@ class RevokeExecutionTokenResponse(_message.Message):
     ended and its record was durable (cancelled and cut calls included): the trajectory service
     waits for exactly this many. A repeated revocation answers the first count.
     """
+    num_calls_failed_by_proxy: _builtins.int
+    """Number of the execution's model calls the proxy answered with a failure of its own (HTTP
+    5xx, or an error ending a stream: no engine serving, none with new enough weights, the
+    engine lost with none to fail over to, an internal error); client errors (4xx) and a harness
+    that hung up are not counted. Kept in Postgres, so a restarted proxy still answers it; a
+    repeated revocation answers the first count.
+    """
+    last_call_failure: _builtins.str
+    """The last such failure's message, as the harness was answered; empty when none."""
     def __init__(
         self,
         *,
         num_tokens_revoked: _builtins.int = ...,
         num_calls_cancelled: _builtins.int = ...,
         num_calls_recorded: _builtins.int = ...,
+        num_calls_failed_by_proxy: _builtins.int = ...,
+        last_call_failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_calls_cancelled", b"num_calls_cancelled", "num_calls_recorded", b"num_calls_recorded", "num_tokens_revoked", b"num_tokens_revoked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_call_failure", b"last_call_failure", "num_calls_cancelled", b"num_calls_cancelled", "num_calls_failed_by_proxy", b"num_calls_failed_by_proxy", "num_calls_recorded", b"num_calls_recorded", "num_tokens_revoked", b"num_tokens_revoked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

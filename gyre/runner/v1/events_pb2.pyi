@@ -213,7 +213,8 @@ class ExecutionFailed(_message.Message):
     """ExecutionFailed: the runner could not run the harness (nothing to grade, `workspace_uri`
     empty or the template never landed), or the harness crashed (HARNESS_CRASHED: non-zero exit,
     a signal the runner did not send, the disk quota): the workspace is kept as it stood and the
-    evaluator grades it for partial credit.
+    evaluator grades it for partial credit; or the harness exited non-zero after the proxy failed
+    its model calls (MODEL_UNAVAILABLE): the workspace is kept, but not graded.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -232,8 +233,8 @@ class ExecutionFailed(_message.Message):
     task: _builtins.str
     """Task definition the grader uses; empty when none was given."""
     exit_code: _builtins.int
-    """HARNESS_CRASHED: the harness's exit code (128+N for signal N); unset when the runner killed
-    it (disk quota) or it never ran.
+    """HARNESS_CRASHED, MODEL_UNAVAILABLE: the harness's exit code (128+N for signal N); unset when
+    the runner killed it (disk quota) or it never ran.
     """
     num_calls_recorded: _builtins.int
     """Calls the proxy recorded for the execution (RevokeExecutionToken's count); unset when the

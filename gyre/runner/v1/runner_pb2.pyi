@@ -81,6 +81,11 @@ class _ExecutionFailureKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_
     """The runner lost track of the process (runner restart, host lost)."""
     EXECUTION_FAILURE_KIND_HARNESS_CRASHED: _ExecutionFailureKind.ValueType  # 6
     """The harness started, then ended other than by a clean exit 0 (see `exit_code`)."""
+    EXECUTION_FAILURE_KIND_MODEL_UNAVAILABLE: _ExecutionFailureKind.ValueType  # 7
+    """The harness exited non-zero on its own after the proxy answered at least one of its model
+    calls with a failure of its own (HTTP 5xx: no engine serving, none with new enough weights,
+    the engine lost mid-call with none to fail over to): an infrastructure failure, not graded.
+    """
 
 class ExecutionFailureKind(_ExecutionFailureKind, metaclass=_ExecutionFailureKindEnumTypeWrapper):
     """ExecutionFailureKind says which part of running a harness failed. The rule for a harness that
@@ -103,6 +108,11 @@ EXECUTION_FAILURE_KIND_RUNNER_LOST: ExecutionFailureKind.ValueType  # 5
 """The runner lost track of the process (runner restart, host lost)."""
 EXECUTION_FAILURE_KIND_HARNESS_CRASHED: ExecutionFailureKind.ValueType  # 6
 """The harness started, then ended other than by a clean exit 0 (see `exit_code`)."""
+EXECUTION_FAILURE_KIND_MODEL_UNAVAILABLE: ExecutionFailureKind.ValueType  # 7
+"""The harness exited non-zero on its own after the proxy answered at least one of its model
+calls with a failure of its own (HTTP 5xx: no engine serving, none with new enough weights,
+the engine lost mid-call with none to fail over to): an infrastructure failure, not graded.
+"""
 Global___ExecutionFailureKind: _TypeAlias = ExecutionFailureKind  # noqa: Y015
 
 @_typing.final
