@@ -62,12 +62,13 @@ class WarmStartConfig:
     Kept below every "continue" choice's share: at 0.4 stopping was repo-gen's likeliest reply
     (its continuations split between writing the module and delegating it), even greedy."""
     wander_fraction: float = 0.2
-    """Share of demonstrations that look around after their first step (`scripted.wandering`: the
-    listing, then the task's file) and then do the rest of the reference solution. Under the demo's turn budget (the
-    reference's turns, no spare) such a run is cut before its last write: the execution times out
-    by its own budget, is graded for the partial work, and RL has a second direction (get to
-    work) whose timeouts follow the policy, not the machine's load. Drawn from the same number
-    as `stop_early_fraction` (the band above it), so the two never mix in one demonstration."""
+    """Share of demonstrations that look around after their first step (`scripted.wandering`:
+    the listing, then the task's file) and then do the rest of the reference solution. Under the
+    demo's turn budget (the reference's turns, no spare) such a run is cut before its last write:
+    the execution times out by its own budget, is graded for the partial work, and RL has a
+    second direction (get on with the work) whose timeouts follow the policy, not the machine's
+    load. Drawn from the same number as `stop_early_fraction` (the band above it), so the two
+    never mix in one demonstration."""
     vocab_size: int = 2048
     """Merges fitted to the transcripts (whole words of the tool list, code and commands)."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
