@@ -155,7 +155,7 @@ def demo(
         int,
         typer.Option(help="--learn: instances of each family the warm start imitates (0: its mix)", min=0),
     ] = 0,
-    warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 40,
+    warm_start_steps: Annotated[int, typer.Option(help="--learn: supervised warm-start steps", min=1)] = 70,
     learning_rate: Annotated[float, typer.Option(help="--learn: the trainer's learning rate", min=0)] = 2e-4,
     temperature: Annotated[float, typer.Option(help="--learn: the agent's temperature", min=0)] = 0.7,
 ) -> None:

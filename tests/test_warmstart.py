@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gyre_app.warmstart.build import WarmStartConfig, cached_warm_start, each, install, verify
-from gyre_app.warmstart.scripted import RecordedCall, record_transcript
+from gyre_app.warmstart.scripted import LOOK_AROUND, RecordedCall, record_transcript
 from gyre_app.warmstart.tokens import chains, render_transcript, supervised_samples
 from gyre_app.warmstart.train import TrainConfig
 from services.engine.model_init import build_tokenizer
@@ -63,6 +63,7 @@ def test_a_wandering_demonstration_looks_around_first_and_runs_out_of_a_tight_tu
     # result.txt, then ls and data.csv again, then rows.txt and "done"
     assert tool_names(slow) == ["shell", "shell", "read_file", "shell", "-"]
     assert "name," in slow[3].messages[-1]["content"]  # the file's text came back to the agent
+    assert slow[1].reply["content"] == LOOK_AROUND  # the detour is announced: chosen at its first token
     # under the demo's budget (the reference's two tool calls and its answer) it is cut after one write
     cut = record_transcript(terminal, context_tokens=24000, wander=True, max_turns=3)
     assert tool_names(cut) == ["shell", "shell", "read_file"]

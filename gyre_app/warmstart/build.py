@@ -55,13 +55,13 @@ class WarmStartConfig:
     family in 80 steps took 528 s and left every held-out terminal result wrong."""
     compact_every: int = 3
     """Every n-th instance runs with a small context budget, so its transcript holds a compaction."""
-    stop_early_fraction: float = 0.25
+    stop_early_fraction: float = 0.2
     """Share of demonstrations that declare the work done before their last workspace-changing
     step (`scripted.stopped_early`): the warm-started policy then sometimes stops too soon, so a
     group's executions earn different rewards and RL has a direction to move (finish the work).
     Kept below every "continue" choice's share: at 0.4 stopping was repo-gen's likeliest reply
     (its continuations split between writing the module and delegating it), even greedy."""
-    wander_fraction: float = 0.2
+    wander_fraction: float = 0.3
     """Share of demonstrations that look around after their first step (`scripted.wandering`:
     the listing, then the task's file) and then do the rest of the reference solution. Under the
     demo's turn budget (the reference's turns, no spare) such a run is cut before its last write:

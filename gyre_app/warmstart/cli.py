@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("directory", type=Path, help="model folder to write (e.g. .gyre/model)")
     parser.add_argument("--warm-start", action="store_true", required=True)
     parser.add_argument("--seed", type=int, default=0, help="the same seed builds the same model")
-    parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 40)")
+    parser.add_argument("--steps", type=int, default=None, help="supervised steps (default 70)")
     parser.add_argument(
         "--count",
         type=int,

@@ -37,10 +37,17 @@ class RecordedCall:
     reply: dict[str, Any]
 
 
-def _tool_reply(step: Step, call_id: str) -> dict[str, Any]:
+LOOK_AROUND = "Let me look at the workspace again first."
+"""What a wandering demonstration says before its first look-around. Said, not only done: the
+policy then chooses to wander at the reply's first token, as it chooses to stop early; a wander
+that began inside the tool call's arguments (`ls` where the next command goes) was learned at a
+fraction of its share and never sampled."""
+
+
+def _tool_reply(step: Step, call_id: str, say: str = "") -> dict[str, Any]:
     return {
         "role": "assistant",
-        "content": "",
+        "content": say,
         "tool_calls": [
             {
                 "id": call_id,
@@ -68,6 +75,8 @@ class ScriptedClient:
     task: str
     delegate_at: int = 1
     """Where the delegation goes among the main agent's steps: after the first reference step."""
+    say_before: Mapping[int, str] = field(default_factory=dict)
+    """Main-agent step index -> text the reply says before that step's tool call."""
     calls: list[RecordedCall] = field(default_factory=list)
     _next: dict[str, int] = field(default_factory=dict)
 
@@ -93,7 +102,8 @@ class ScriptedClient:
             reply: dict[str, Any] = {"role": "assistant", "content": _summary(self.task, script[:done])}
         elif done < len(script):
             self._next[agent_id] = done + 1
-            reply = _tool_reply(script[done], f"call_{agent_id}_{done}")
+            say = self.say_before.get(done, "") if agent_id == "main" else ""
+            reply = _tool_reply(script[done], f"call_{agent_id}_{done}", say)
         else:
             reply = {"role": "assistant", "content": "Done: the work is written and checked."}
         self.calls.append(
@@ -194,6 +204,7 @@ def record_transcript(
         delegate=delegate,
         task=inst.prompt,
         delegate_at=len(looks) + 1,
+        say_before={1: LOOK_AROUND} if looks else {},
     )
     with tempfile.TemporaryDirectory(prefix="gyre-warmstart-") as tmp:
         root = Path(tmp)

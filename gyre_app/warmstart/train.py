@@ -23,7 +23,10 @@ from services.trainer.steps import OptimConfig, PolicyTrainer, make_optimizer
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    steps: int = 40
+    steps: int = 70
+    """Enough passes (about five over the default transcripts) that the minority demonstrations
+    (stopping early, wandering) are sampled near their share; at 40 a wander in 30 % of the
+    demonstrations ran out of a 3-turn budget in 0 of 32 sampled runs, at 70 in 5 of 32 (temperature 0.7)."""
     transcripts_per_step: int = 8
     learning_rate: float = 3e-3
     final_learning_rate: float = 3e-4
