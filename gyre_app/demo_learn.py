@@ -140,7 +140,7 @@ class Progress:
                 self.counts["infra failed"] += 1
                 if p.HasField("replacement"):
                     self.counts["replaced"] += 1
-                    self.executions[p.replacement.execution_id] = self.executions[ref.execution_id]
+                    self.executions[p.replacement.execution_id] = self.executions[p.execution.execution_id]
             case trainer_events.StepCompleted():
                 self.step = max(self.step, int(p.version.steps))
                 self.staleness.append(p.staleness_mean_steps)
