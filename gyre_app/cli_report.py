@@ -15,7 +15,6 @@ from gyre_app.client import GyreClient, ServiceAddresses
 from gyre_app.output import console, print_json
 from gyre_app.report_gather import gather
 from gyre_app.report_model import Report
-from gyre_app.report_render import write_report
 
 
 def build_report(*, run: str = "", execution: str = "") -> Report:
@@ -46,6 +45,9 @@ def report(
 ) -> None:
     """Write an HTML report of a run: reward per step, held-out score, staleness, partial credit per
     check, one execution's tree and, where the scheduler has cells, the cell-role timeline."""
+    # Here, not at the top: matplotlib costs every other `gyre` command ~0.4 s of start-up.
+    from gyre_app.report_render import write_report
+
     data = build_report(run=run, execution=execution)
     path = write_report(data, out)
     summary = {**data.summary(), "report": str(path), "not_drawn": dict(data.notes)}
