@@ -13,12 +13,13 @@ from gyre.settings import KernelSettings, resolve_urls
 from gyre_app.cli_tasks import JsonOpt
 from gyre_app.client import GyreClient, ServiceAddresses
 from gyre_app.output import console, print_json
-from gyre_app.report_gather import gather
 from gyre_app.report_model import Report
 
 
 def build_report(*, run: str = "", execution: str = "") -> Report:
     """Gather a run's report from the running services and the bus (`NotFound` for an unknown run)."""
+    from gyre_app.report_gather import gather  # here: it brings numpy, ~0.25 s of every `gyre` start
+
     kernel = KernelSettings()
     nats_url = resolve_urls(kernel).nats_url
 
