@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from google.protobuf import timestamp_pb2
@@ -15,8 +15,10 @@ from gyre_app.cli_tasks import JsonOpt, run
 from gyre_app.client import GyreClient
 from gyre_app.output import console, pairs, print_json, table
 from gyre_app.replay_services import HELP, check_service, on_database, projection_of, replay_service_log
-from gyre_app.replay_step import StepReplay, replay_step
 from gyre_app.staleness import Timeline, distribution, version_runs, waited_most_for, waits
+
+if TYPE_CHECKING:
+    from gyre_app.replay_step import StepReplay
 
 replay_app = typer.Typer(help="Replay the event log: a step's exact batch, or a service's projections.")
 
@@ -155,6 +157,8 @@ def replay_step_command(
     """Re-derive exactly the samples step N trained on and compare their checksum with the trainer's."""
     if version < 1:
         raise InvalidArgument("N", f"a step is named by the version it produced, >= 1, got {version}")
+    from gyre_app.replay_step import replay_step  # here: it brings numpy, ~0.25 s of every start
+
     r = run(lambda c: replay_step(c, version))
     if as_json:
         print_json(
@@ -233,6 +237,8 @@ async def _timeline(
 
 
 async def _explain_step(client: GyreClient, version: int) -> dict[str, Any]:
+    from gyre_app.replay_step import replay_step  # here: it brings numpy, ~0.25 s of every start
+
     r = await replay_step(client, version)
     consumed_at = r.step.completed_at.ToDatetime()
     stale = []

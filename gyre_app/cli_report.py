@@ -13,13 +13,13 @@ from gyre.settings import KernelSettings, resolve_urls
 from gyre_app.cli_tasks import JsonOpt
 from gyre_app.client import GyreClient, ServiceAddresses
 from gyre_app.output import console, print_json
-from gyre_app.report_gather import gather
 from gyre_app.report_model import Report
-from gyre_app.report_render import write_report
 
 
 def build_report(*, run: str = "", execution: str = "") -> Report:
     """Gather a run's report from the running services and the bus (`NotFound` for an unknown run)."""
+    from gyre_app.report_gather import gather  # here: it brings numpy, ~0.25 s of every `gyre` start
+
     kernel = KernelSettings()
     nats_url = resolve_urls(kernel).nats_url
 
@@ -46,6 +46,9 @@ def report(
 ) -> None:
     """Write an HTML report of a run: reward per step, held-out score, staleness, partial credit per
     check, one execution's tree and, where the scheduler has cells, the cell-role timeline."""
+    # Here, not at the top: matplotlib costs every other `gyre` command ~0.4 s of start-up.
+    from gyre_app.report_render import write_report
+
     data = build_report(run=run, execution=execution)
     path = write_report(data, out)
     summary = {**data.summary(), "report": str(path), "not_drawn": dict(data.notes)}

@@ -38,14 +38,24 @@ def spawn_detached(argv: list[str], *, log_path: Path, cwd: Path, env: dict[str,
 
 def terminate(pid: int, marker: str, *, timeout_s: float) -> bool:
     """SIGTERM our process `pid` (known by `marker`), SIGKILL after `timeout_s`; False if it was gone."""
-    if not is_our_process(pid, marker):
-        return False
-    os.kill(pid, signal.SIGTERM)
-    if not wait_gone(pid, timeout_s):
-        os.kill(pid, signal.SIGKILL)
-        if not wait_gone(pid, 5.0):
-            raise RuntimeError(f"process {pid} ({marker}) survived SIGKILL")
-    return True
+    return terminate_all([(pid, marker)], timeout_s=timeout_s) == [True]
+
+
+def terminate_all(processes: list[tuple[int, str]], *, timeout_s: float) -> list[bool]:
+    """`terminate` for each (pid, marker), side by side: every one is sent SIGTERM before any is
+    waited for, so their shutdowns overlap instead of adding up; whichever still runs `timeout_s`
+    after the signals is killed. Per process, False if it was gone (or not ours)."""
+    ours = [is_our_process(pid, marker) for pid, marker in processes]
+    for (pid, _), mine in zip(processes, ours, strict=True):
+        if mine:
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for (pid, marker), mine in zip(processes, ours, strict=True):
+        if mine and not wait_gone(pid, max(0.0, deadline - time.monotonic())):
+            os.kill(pid, signal.SIGKILL)
+            if not wait_gone(pid, 5.0):
+                raise RuntimeError(f"process {pid} ({marker}) survived SIGKILL")
+    return ours
 
 
 def pid_running(pid: int) -> bool:
