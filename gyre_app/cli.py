@@ -110,7 +110,7 @@ def restart(
     ],
 ) -> None:
     """Restart one service of the running stack in place (its port and settings; nothing else touched)."""
-    from gyre_app.stack import restart as restart_service
+    from gyre_app.stack_restart import restart as restart_service
 
     started = restart_service(KernelSettings(), service)
     print(json.dumps({"service": started.name, "pid": started.pid, "address": started.address}))

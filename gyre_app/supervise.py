@@ -3,7 +3,7 @@ port, without touching the rest (shell: processes, files).
 
 `gyre up` starts this as a detached process (`python -m gyre_app.supervise`), its pid in
 `<state>/supervisor.json`; `gyre down` stops it first. Every `POLL_S` it reads `stack.json` and
-restarts each service whose process is gone (`gyre_app.stack.restart`, which serialises with a
+restarts each service whose process is gone (`gyre_app.stack_restart.restart`, which serialises with a
 manual `gyre restart` through a lock file). A service that keeps dying is given up after
 `MAX_RESTARTS` restarts within `WINDOW_S`, with a log line that says so. It exits when the stack
 is gone.
@@ -44,7 +44,7 @@ def dead_services(kernel: KernelSettings) -> list[str]:
 
 def revive(kernel: KernelSettings) -> list[str]:
     """Start again, in place, every service of the stack that died; returns their names."""
-    from gyre_app.stack import restart_if_dead
+    from gyre_app.stack_restart import restart_if_dead
 
     revived = []
     for name in dead_services(kernel):
@@ -74,7 +74,7 @@ def supervise(kernel: KernelSettings, *, max_polls: int = 10**9) -> None:
             recent.append(time.monotonic())
             log.warning("service_died", service=name)
             try:
-                from gyre_app.stack import restart_if_dead
+                from gyre_app.stack_restart import restart_if_dead
 
                 started = restart_if_dead(kernel, name)
             except RuntimeError as exc:  # it died again during start-up: the next poll retries

@@ -151,7 +151,9 @@ async def test_mini_swe_agent_calls_the_tiny_model_in_the_sandbox_until_its_step
         assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED, ended  # LimitsExceeded exits 0
         tree = await s.tree(ended.execution.execution_id, num_calls=3)
     assert [(c.agent_role, c.agent_id) for c in tree.calls] == [("main", "main")] * 3
-    assert [c.num_output_tokens for c in tree.calls] == [16] * 3
+    # the cap reaches the engine; the random model may sample its end-of-turn token before it
+    outputs = [c.num_output_tokens for c in tree.calls]
+    assert all(n <= 16 for n in outputs) and 16 in outputs, outputs
     assert len(tree.trajectories) == 3
     for before, after in itertools.pairwise(tree.calls):
         # all of the previous prompt but its generation prompt `<|im_start|>assistant\n`

@@ -12,7 +12,8 @@ import pytest
 
 from gyre.devstack.processes import pid_running, wait_gone
 from gyre.settings import KernelSettings
-from gyre_app.stack import down, load_state, restart, up, wait_serving
+from gyre_app.stack import down, load_state, up, wait_serving
+from gyre_app.stack_restart import restart
 from gyre_app.supervise import supervisor_pid
 
 
