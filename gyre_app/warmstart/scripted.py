@@ -39,9 +39,10 @@ class RecordedCall:
 
 LOOK_AROUND = "Let me look at the workspace again first."
 """What a wandering demonstration says before its first look-around. Said, not only done: the
-policy then chooses to wander at the reply's first token, as it chooses to stop early; a wander
-that began inside the tool call's arguments (`ls` where the next command goes) was learned at a
-fraction of its share and never sampled."""
+policy then chooses to wander at the reply's first token, as it chooses to stop early. Unsaid,
+the detour was learned at a fraction of its share: as the first reply, `ls` came in 1 of 48
+sampled first replies (20 % of the demonstrations); after the first step, where the next command
+goes, in 0 of 85 sampled calls."""
 
 
 def _tool_reply(step: Step, call_id: str, say: str = "") -> dict[str, Any]:
