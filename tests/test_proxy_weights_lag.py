@@ -250,12 +250,16 @@ async def test_an_engine_back_on_older_weights_than_the_proxy_knew_refuses_and_t
     router = rig.proxy.calls.router
     v = await loaded_version(engine) + 1
     router.observed_version("torch-lag", v)  # as if the engine had held v before a restart
-    token, _ = await register(rig, min_version=v)
+    token, execution_id = await register(rig, min_version=v)
     client = openai.AsyncOpenAI(base_url=f"{rig.http_url}/v1", api_key=token, max_retries=0)
     ask = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     with pytest.raises(openai.InternalServerError) as refused:
         await client.chat.completions.create(**ask)  # type: ignore[call-overload]
     assert refused.value.status_code == 503 and "min_policy_version" in str(refused.value)
+    # The refused call's record commits before the same request comes again: it must be a new
+    # call then, not an answer replayed from that record (CI once got the empty one back).
+    (record,) = await rig.records(execution_id, at_least=1)
+    assert (record.finish_reason, len(record.output_ids)) == (proxy_pb2.CALL_FINISH_REASON_CANCELLED, 0)
     call = asyncio.ensure_future(client.chat.completions.create(**ask))  # type: ignore[call-overload]
     assert await held(rig, call), "the proxy asked the engine again and waits"
     await load(engine, v, tiny_model)

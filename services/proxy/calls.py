@@ -150,7 +150,11 @@ class CallRun:
             fmt=model.tool_format,
             call_ids=[model.tool_call_id(self.call_id, i) for i in range(8)],
         )
-        if self.cancelled and gen.finish in (FR.FINISH_REASON_UNSPECIFIED, FR.FINISH_REASON_PAUSED):
+        # A generation that did not end with the engine's own finish was cut: by the harness, or by
+        # a failure the harness gets as an error (an engine refusing or lost). Neither is an answer
+        # a retry should be given: recorded "stop", a failed call's empty output would answer the
+        # harness's retry of it with an empty completion.
+        if gen.finish in (FR.FINISH_REASON_UNSPECIFIED, FR.FINISH_REASON_PAUSED):
             finish: Finish = "cancelled"
         elif gen.finish in (FR.FINISH_REASON_LENGTH, FR.FINISH_REASON_CONTEXT_LENGTH):
             finish = "length"
