@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -156,3 +156,25 @@ async def test_unknown_or_bad_task_ids_are_refused(rig: Rig, call: Callable[...,
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await call(rig.stub)  # type: ignore[misc]
     assert err.value.code().name == code
+
+
+async def test_an_end_event_read_after_the_step_that_trained_it_still_records_the_length(rig: Rig) -> None:
+    """The runner's and the trainer's events are consumed independently: a busy runner consumer may
+    read an execution's end after StepCompleted trained its group (a CI run saw it)."""
+    [task] = await submit(rig, 1)
+    ref = task.executions[0]
+    await rig.publish(runner_events.ExecutionStarted(execution=ref), "runner")
+    await step_completed(rig, [task.task_id], version=1)  # a version already passed: the cluster stays
+    await until(lambda: trained(rig, task.task_id), "the group trained before its end was read")
+    await rig.publish(runner_events.ExecutionFinished(execution=ref, duration_s=3.5), "runner")
+
+    async def length() -> float | None:
+        [listed] = (await rig.stub.ListExecutions(pb.ListExecutionsRequest(task_id=task.task_id))).executions
+        return listed.duration_s if listed.HasField("duration_s") else None
+
+    await until(lambda: _is(length(), 3.5), "the late end event's length recorded")
+    assert await trained(rig, task.task_id), "the state does not move back"
+
+
+async def _is(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected

@@ -13,7 +13,8 @@ trainer's `StepCompleted` (which also moves the cluster's version and its observ
 cost). An unassessable grade records an infrastructure failure and may schedule a replacement
 execution in the same group (`replacements`; a `done` task then runs again); an `infra_failed`
 execution keeps that state, so ListExecutions shows it after its group trained. Otherwise a state
-only ever moves forward, so a late or repeated event changes nothing; each event is claimed in
+only ever moves forward, so a late or repeated event changes no state (a late end event still
+records the execution's length where none is recorded); each event is claimed in
 the inbox in the transaction of its writes. After each commit the driver is poked.
 """
 
@@ -76,6 +77,21 @@ async def advance_execution(
     )
     row = (await session.execute(stmt)).first()
     return None if row is None else row.task_id
+
+
+async def _keep_duration(session: AsyncSession, execution_id: str, duration_s: float) -> None:
+    """The four producers are consumed independently, so the trainer's StepCompleted may move an
+    execution to `trained` before the runner's end event is read; the state then stays, but the
+    length is the runner's fact (the live facts and `gyre trace export` read it) and is kept."""
+    key = _uuid(execution_id)
+    if key is None:
+        return
+    e = repo.executions.c
+    await session.execute(
+        sa.update(repo.executions)
+        .where(e.execution_id == key, e.duration_s.is_(None))
+        .values(duration_s=duration_s)
+    )
 
 
 async def advance_tasks(
@@ -174,6 +190,8 @@ class LifecycleEvents:
         )
         if task_id is not None:
             await _task_done_if_all_ended(session, task_id)
+        else:
+            await _keep_duration(session, execution_id, duration_s)
 
     async def on_finished(self, session: AsyncSession, event: DecodedEvent) -> None:
         p = event.payload
