@@ -78,6 +78,8 @@ class ConsumerSpec:
     """Deliveries an event may spend waiting for an earlier one it depends on (a consumer that
     naks it as not applicable yet) before it is dead-lettered; 0: as `max_deliver`. With the
     30 s cap, 30 deliveries wait about 12 minutes."""
+    wait_retry_max_s: float = 30.0
+    """Longest back-off between deliveries of an event that waits (see `max_wait_deliver`)."""
 
     @property
     def server_max_deliver(self) -> int:
@@ -89,7 +91,7 @@ class ConsumerSpec:
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_deliver, self.max_wait_deliver, self.retry_base_s)
+        return Limits(self.max_deliver, self.max_wait_deliver, self.retry_base_s, self.wait_retry_max_s)
 
     @property
     def event_types(self) -> list[type[message.Message]]:

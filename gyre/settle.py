@@ -38,9 +38,13 @@ class Limits:
     max_deliver: int
     max_wait_deliver: int
     retry_base_s: float
+    wait_max_s: float = 30.0
+    """Longest back-off of an event waiting for an earlier one. What it waits for is usually a
+    redelivery due within the consumer's ack wait, so a short cap retries soon after it lands
+    instead of up to 30 s later (a failing handler keeps the 30 s cap)."""
 
-    def delay_s(self, num_delivered: int) -> float:
-        return float(min(30.0, self.retry_base_s * 2.0 ** max(0, num_delivered - 1)))
+    def delay_s(self, num_delivered: int, *, cap_s: float = 30.0) -> float:
+        return float(min(cap_s, self.retry_base_s * 2.0 ** max(0, num_delivered - 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,7 @@ def settle(outcome: Outcome, *, num_delivered: int, limits: Limits) -> Action:
             return Action(
                 "dead_letter", reason=f"waited {num_delivered} deliveries: {why}", label="dead_lettered"
             )
-        return Action("nak", delay_s=limits.delay_s(num_delivered), label="waiting")
+        return Action("nak", delay_s=limits.delay_s(num_delivered, cap_s=limits.wait_max_s), label="waiting")
     if num_delivered >= limits.max_deliver:
         return Action(
             "dead_letter", reason=f"handler failed {num_delivered} times: {why}", label="dead_lettered"

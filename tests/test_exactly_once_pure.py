@@ -40,6 +40,16 @@ def test_each_outcome_is_acked_retried_or_dead_lettered_never_dropped() -> None:
     waiting = Outcome(Fate.WAITING, "parent not stored")
     kinds = [settle(waiting, num_delivered=n, limits=LIMITS).kind for n in (3, 4, 5)]
     assert kinds == ["nak", "nak", "dead_letter"], "waiting has its own, longer limit"
+    # A waiting event's back-off has its own cap; a failing handler's keeps the 30 s one.
+    short = Limits(max_deliver=9, max_wait_deliver=9, retry_base_s=1.0, wait_max_s=4.0)
+    assert [settle(waiting, num_delivered=n, limits=short).delay_s for n in (1, 2, 3, 4, 8)] == [
+        1,
+        2,
+        4,
+        4,
+        4,
+    ]
+    assert settle(failed, num_delivered=8, limits=short).delay_s == 30.0
 
 
 def chat(content: str = "hi", *, stream: bool = False, temperature: float = 1.0) -> ChatRequest:

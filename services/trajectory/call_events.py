@@ -83,7 +83,13 @@ class CallEvents:
             producer="proxy",
             inbox=self.inbox(),
             batch=64,
+            # A delta waits for a parent redelivered within `ack_wait_s` (a crash's unacked
+            # batch): retried every 4 s at most, so it lands soon after its parent instead of up
+            # to 30 s later (a CI run's kill -9 left one child unstored past the suite's 120 s).
+            # 30 deliveries wait about 2 minutes before the call is refused; the count stays 30
+            # because an existing durable consumer keeps the server-side limit it was made with.
             max_wait_deliver=30,
+            wait_retry_max_s=4.0,
             # A batch commits in well under a second; a killed service's unacked batch comes
             # back after this, so it bounds the recovery after a crash.
             ack_wait_s=15.0,
