@@ -85,7 +85,8 @@ class CallEvents:
             batch=64,
             # A delta waits for a parent redelivered within `ack_wait_s` (a crash's unacked
             # batch): retried every 4 s at most, so it lands soon after its parent instead of up
-            # to 30 s later (a CI run's kill -9 left one child unstored past the suite's 120 s).
+            # to 30 s later (with the 30 s cap, kill -9 runs took 34 s instead of 17 s to recover
+            # when a child just missed its parent; one CI run left a call unstored past 120 s).
             # 30 deliveries wait about 2 minutes before the call is refused; the count stays 30
             # because an existing durable consumer keeps the server-side limit it was made with.
             max_wait_deliver=30,
