@@ -238,6 +238,25 @@ class GyreClient:
         response: message.Message = await self._scheduler_rpc("GetCells", "showing cells")
         return response
 
+    async def set_mode(self, mode: str, *, request_id: str | None = None) -> Any:
+        """Set the scheduling mode (`SetMode`; while a step runs it waits for the step's end)."""
+        return await self._scheduler_rpc(
+            "SetMode",
+            f"setting the mode to {mode}",
+            request_id=request_id or f"gyre-mode-{uuid.uuid4().hex}",
+            mode=scheduler_pb2.SchedulingMode.Value(f"SCHEDULING_MODE_{mode.upper()}"),
+        )
+
+    async def switch_cell(self, cell_id: str, role: str, *, request_id: str | None = None) -> Any:
+        """Switch one satellite to `rollout` or `training` (`SwitchCell`); returns when it ended."""
+        return await self._scheduler_rpc(
+            "SwitchCell",
+            f"switching {cell_id} to {role}",
+            request_id=request_id or f"gyre-switch-{uuid.uuid4().hex}",
+            cell_id=cell_id,
+            role=scheduler_pb2.CellRole.Value(f"CELL_ROLE_{role.upper()}"),
+        )
+
     # --- runner ----------------------------------------------------------------------------
 
     async def runner_execution(self, execution_id: str) -> runner_pb2.Execution:

@@ -103,6 +103,9 @@ class RunnerEvents:
                 grader=f"{p.family or 'unknown'}@0",
                 duration_s=0.0,
             )
+            # The scheduler tells a cancel from an infrastructure failure by this flag, not by
+            # its own state: its runner and evaluator consumers are not ordered with each other.
+            grade.cancelled = isinstance(p, runner_events.ExecutionCancelled)
         await store_reward(
             session,
             grade,

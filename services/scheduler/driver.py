@@ -23,7 +23,8 @@ Switches run as tasks of their own (the cell shows `switching` meanwhile), so ad
 
 A mode set while a step runs (`SetMode` keeps it pending) takes effect at the first decision
 after that step completed, before anything is assigned to the next one: modes change strictly
-between steps. Into async, training satellites go back to rollout (a fixed split never moves them).
+between steps. In async, every round sends training satellites back to rollout (a fixed split
+never moves them: `policy.liveness.misplaced_satellites`), however the mode was reached.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from services.scheduler.codec import execution_scheduled, task_to_proto
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.live_facts import Queued, load_cluster, load_facts
 from services.scheduler.live_policy import policy_for
+from services.scheduler.policy.liveness import SatelliteRole, misplaced_satellites
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import Decision, PolicyConfig
 from services.scheduler.tasks import execution_limit_s
@@ -73,6 +75,9 @@ class LiveDriver:
         self.settings = settings
         self.wake = asyncio.Event()
         self.switches: set[asyncio.Task[None]] = set()
+        self.switching: set[str] = set()
+        """Cells with a switch task of this driver in flight (`control.switching` is set only
+        once the task runs, so a round in between must not start a second one)."""
         self.decisions = 0
 
     def poke(self) -> None:
@@ -123,10 +128,7 @@ class LiveDriver:
             satellites = [c for c in cells if not c.core]
             if applied:
                 self.relay.poke()
-            if applied == "async":  # a fixed split never moves cells: every satellite serves
-                for cell in satellites:
-                    if cell.role == "training":
-                        self._switch(cell, "rollout")
+            self._restore_roles(cluster.mode, satellites)
             if not satellites or not any(c.core for c in cells):
                 return None  # no cluster to decide for yet
             if cluster.mode == "colocate":
@@ -212,13 +214,28 @@ class LiveDriver:
         for index in plan.freed:
             self._switch(rollout[index], "training")
 
+    def _restore_roles(self, mode: str, satellites: list[CellRecord]) -> None:
+        """Every round, not only when a mode is applied: a mode set between steps takes effect
+        in SetMode itself, and a switch that ended in the old role must be redone."""
+        roles = [SatelliteRole(cell_id=c.cell_id, role=c.role) for c in satellites]
+        misplaced = set(misplaced_satellites(mode, roles))
+        for cell in satellites:
+            busy = self.switching | self.control.switching
+            if cell.cell_id in misplaced and cell.cell_id not in busy:
+                log.info("satellite_back_to_rollout", cell_id=cell.cell_id, mode=mode)
+                self._switch(cell, "rollout")
+
     def _switch(self, cell: CellRecord, role: str) -> None:
         async def run() -> None:
             try:
                 await self.control.switch(cell, to=role, request_id=new_uuid7(), cause="policy")
             except Exception:  # a refused switch (already switching, no core): the next decision sees it
                 log.exception("policy_switch_refused", cell_id=cell.cell_id, role=role)
+            finally:
+                self.switching.discard(cell.cell_id)
             self.poke()
+
+        self.switching.add(cell.cell_id)
 
         task = asyncio.create_task(run())
         self.switches.add(task)

@@ -255,7 +255,8 @@ class LifecycleEvents:
         e = repo.executions.c
         await session.execute(
             sa.update(repo.executions)
-            .where(e.task_id.in_(keys), e.state != "infra_failed")  # it never entered the loss
+            # Neither entered the loss: an infrastructure failure, an execution cancelled alone.
+            .where(e.task_id.in_(keys), e.state.not_in(("infra_failed", "cancelled")))
             .values(state="trained")
         )
         c = repo.cluster.c

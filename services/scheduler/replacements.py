@@ -59,7 +59,7 @@ async def record_unassessable(
     e, t = repo.executions.c, repo.tasks.c
     row = (
         await session.execute(
-            sa.select(e.task_id, e.index_in_group, t.state.label("task_state"), t.max_infra_retries)
+            sa.select(e.task_id, e.index_in_group, e.state, t.state.label("task_state"), t.max_infra_retries)
             .join(repo.tasks, t.task_id == e.task_id)
             .where(e.execution_id == key)
             .with_for_update(of=repo.tasks)  # one decision at a time per group: the count below holds
@@ -68,10 +68,19 @@ async def record_unassessable(
     if row is None:
         return []
     reason = grade.unassessable_reason or "the grade was not assessable"
-    cancelled = row.task_state == "cancelled"
+    task_cancelled = row.task_state == "cancelled"
+    # One execution cancelled (`gyre cancel EXECUTION`): the evaluator flags its grade, since
+    # the runner's end event may reach this service after the grade. Its own state says so too.
+    alone = not task_cancelled and (grade.cancelled or row.state == "cancelled")
+    cancelled = task_cancelled or alone
     # A cancelled task's executions are graded unassessable too; that is no infrastructure
-    # failure and never replaced, but the trajectory service still waits for the answer.
-    state = sa.case((e.state == "cancelled", "graded"), else_=e.state) if cancelled else "infra_failed"
+    # failure and never replaced, but the trajectory service still waits for the answer. A
+    # cancelled execution of a live group is neither: it stays `cancelled`, with the reason,
+    # and the answer (no replacement) lets its group train without it.
+    if task_cancelled:
+        state: object = sa.case((e.state == "cancelled", "graded"), else_=e.state)
+    else:
+        state = "cancelled" if alone else "infra_failed"
     allowed = (*FAILED_FROM, "cancelled") if cancelled else FAILED_FROM
     moved = (
         await session.execute(
@@ -96,6 +105,7 @@ async def record_unassessable(
         max_infra_retries=row.max_infra_retries,
         num_replacements=int(used or 0),
         limit_s=limit_s,
+        execution_cancelled=alone,
     )
     failed = ids_pb2.ExecutionRef(
         task_id=str(row.task_id), execution_id=grade.execution_id, index_in_group=row.index_in_group

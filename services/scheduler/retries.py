@@ -24,7 +24,12 @@ class RetryDecision:
 
 
 def decide_replacement(
-    *, task_state: str, max_infra_retries: int, num_replacements: int, limit_s: float
+    *,
+    task_state: str,
+    max_infra_retries: int,
+    num_replacements: int,
+    limit_s: float,
+    execution_cancelled: bool = False,
 ) -> RetryDecision:
     """Replace while the group is open, the allowance has some left and the deadline some time.
 
@@ -35,9 +40,18 @@ def decide_replacement(
         running, allowance 2, 1 used, 600 s left -> replace
         running, allowance 2, 2 used             -> no: "allowance spent (2 of 2 retries used)"
         cancelled                                -> no: "the task is cancelled"
+        the execution alone was cancelled        -> no: its group trains without it
+
+    An execution an operator cancelled is not replaced: the cancel is the operator's decision
+    about that run, and a replacement would undo it. Like an infrastructure failure it says
+    nothing about the policy, so it leaves the baseline and the loss and the rest of the group
+    trains (set aside, the group would waste the other members' finished work); a group left
+    with nothing to train on is set aside by the trainer, so either way the group ends.
     """
     if task_state == "cancelled":
         return RetryDecision(replace=False, reason="the task is cancelled")
+    if execution_cancelled:
+        return RetryDecision(replace=False, reason="the execution was cancelled: its group trains without it")
     # Before the group's state: with the allowance spent the trajectory service did not wait for
     # this decision, so the group may be ready or trained already; the allowance is the reason.
     if num_replacements >= max_infra_retries:

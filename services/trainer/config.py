@@ -42,6 +42,10 @@ class TrainerSettings(BaseSettings):
     clip_high: float = 0.2
     kl_coef: float = 0.0
     microbatch_max_tokens: int = 4096
+    trajectory_max_tokens: int = 65536
+    """The longest trajectory trained. One longer than `microbatch_max_tokens` trains in a
+    microbatch of its own (tree attention's memory is linear in the tokens); one longer than this
+    (or than the model's context) sets its group aside with the reason (`GroupSetAside`)."""
     max_staleness_steps: int = 4
     staleness_action: StalenessAction = StalenessAction.DROP
     keep_checkpoints: int = 3
@@ -69,6 +73,7 @@ class TrainerSettings(BaseSettings):
             learning_rate=self.learning_rate,
             max_grad_norm=self.max_grad_norm,
             microbatch_max_tokens=self.microbatch_max_tokens,
+            max_sample_tokens=self.trajectory_max_tokens,
             max_staleness_steps=self.max_staleness_steps,
             staleness_action=self.staleness_action,
             loss=LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef),

@@ -31,6 +31,7 @@ from services.trainer.checkpoint import checkpoint_folder, prune_checkpoints, sa
 from services.trainer.config import TrainerSettings
 from services.trainer.core_cell import CoreCell
 from services.trainer.dp import StepFailed
+from services.trainer.microbatch import oversized_trajectories
 from services.trainer.source import TrajectorySamples
 from services.trainer.steps import OptimConfig
 from services.trainer.weights import PublishedWeights, publish
@@ -207,6 +208,21 @@ class StepLoop:
         self.relay.poke()
         log.warning("groups_consumed_without_samples", task_ids=[g.task_id for g in groups], version=version)
 
+    async def _set_aside_oversized(self, groups: list[repo.QueuedGroup], oversized: dict[str, str]) -> None:
+        """A group with a trajectory no configuration of this trainer can hold is set aside with
+        the reason: postponed, its step would be retried forever. The step's other groups stay
+        queued; the scheduler gives the step another group in place of this one."""
+        for group in groups:
+            reasons = [oversized[e] for e in group.execution_ids if e in oversized]
+            if not reasons:
+                continue
+            async with self.sessions() as session, session.begin():
+                await repo.set_aside(session, group.task_id)
+                await self._announce_set_aside(session, group, reasons[0])
+            log.error("group_set_aside", task_id=group.task_id, reason=reasons[0])
+        self.relay.poke()
+        self.groups_in_step, self.step_started_at = 0, None
+
     @staticmethod
     async def _announce_set_aside(session: AsyncSession, group: repo.QueuedGroup, reason: str) -> None:
         event = new_event(
@@ -222,10 +238,14 @@ class StepLoop:
         self.step_started_at = datetime.now(UTC)
         samples = await self.source.fetch(task_ids)
         request = self.source.request_for(task_ids)
+        trainer = self.cell.trainer
+        oversized = oversized_trajectories(samples, max_sample_tokens=trainer.max_sample_tokens)
+        if oversized:
+            await self._set_aside_oversized(groups, oversized)
+            return
         if not samples:
             await self._consume_without_step(groups)
             return
-        trainer = self.cell.trainer
         report = await asyncio.to_thread(trainer.step, samples)
         version = report.version
         saved = await asyncio.to_thread(

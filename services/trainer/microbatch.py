@@ -28,21 +28,49 @@ from services.trainer.samples import Sample
 
 
 class MicrobatchTooLarge(InvalidArgument):
-    """A single trajectory needs more packed tokens than a microbatch may hold."""
+    """A single trajectory needs more packed tokens than this trainer can hold in a microbatch."""
 
 
-def plan_microbatches(samples: Sequence[Sample], *, max_tokens: int) -> list[tuple[Sample, ...]]:
+def oversized_trajectories(samples: Sequence[Sample], *, max_sample_tokens: int) -> dict[str, str]:
+    """The executions with a trajectory no microbatch of this trainer can hold, each with why.
+
+    A group holding one can never be trained by this configuration: the trainer sets it aside
+    with the reason instead of postponing its step forever.
+
+    Example:
+        e1: 3 samples of 100 tokens, e2: 1 of 70000, max_sample_tokens=65536
+        -> {"e2": "trajectory t7 has 70000 tokens, more than the 65536 ..."}
+    """
+    out: dict[str, str] = {}
+    for s in samples:
+        if len(s.token_ids) > max_sample_tokens and s.execution_id not in out:
+            out[s.execution_id] = (
+                f"trajectory {s.trajectory_id} has {len(s.token_ids)} tokens, more than the "
+                f"{max_sample_tokens} one microbatch of this trainer may hold "
+                "(GYRE_TRAINER_TRAJECTORY_MAX_TOKENS, or the model's context)"
+            )
+    return out
+
+
+def plan_microbatches(
+    samples: Sequence[Sample], *, max_tokens: int, max_sample_tokens: int | None = None
+) -> list[tuple[Sample, ...]]:
     """One microbatch per execution, split when its packed (unique) tokens would exceed `max_tokens`.
 
     Samples of one execution share prefixes, so a microbatch costs the nodes of its packed tree,
     not its flattened tokens. A sample that alone needs more than `max_tokens` cannot be split
-    (its tokens attend to each other): MicrobatchTooLarge names it and the sizes.
+    (its tokens attend to each other): it trains in a microbatch of its own, since tree
+    attention's memory is linear in the nodes, up to `max_sample_tokens` (what the trainer can
+    hold; default `max_tokens`). Past that MicrobatchTooLarge names it and the sizes (the
+    trainer's loop sets such a group aside before it gets here: `oversized_trajectories`).
 
     Example:
         e1: 3 samples of 100 tokens sharing 60, e2: 1 of 500, max_tokens=200
         -> e1#1 (100) + e1#2 (40 new) + e1#3 (40 new) = 180: [(e1#1, e1#2, e1#3)];
-           e2#1 needs 500 > 200: MicrobatchTooLarge
+           with max_sample_tokens=1000: then [(e2#1,)] alone;
+           without: e2#1 needs 500 > 200: MicrobatchTooLarge
     """
+    limit = max_tokens if max_sample_tokens is None else max(max_tokens, max_sample_tokens)
     by_execution: dict[str, list[Sample]] = {}
     for s in samples:
         by_execution.setdefault(s.execution_id, []).append(s)
@@ -51,19 +79,26 @@ def plan_microbatches(samples: Sequence[Sample], *, max_tokens: int) -> list[tup
         current: list[Sample] = []
         nodes: dict[tuple[int, int], int] = {}  # the current microbatch's packed tree
         for s in group:
-            if len(s.token_ids) > max_tokens:
+            if len(s.token_ids) > limit:
                 raise MicrobatchTooLarge(
                     "microbatch_max_tokens",
                     f"trajectory {s.trajectory_id} has {len(s.token_ids)} tokens, more than the "
-                    f"{max_tokens} a microbatch may hold; raise the budget or shorten the context",
+                    f"{limit} a microbatch may hold; raise the budget or shorten the context",
                 )
+            if len(s.token_ids) > max_tokens:
+                if current:
+                    out.append(tuple(current))
+                    current, nodes = [], {}
+                out.append((s,))
+                continue
             new = len(s.token_ids) - _shared_prefix(nodes, s.token_ids)
             if current and len(nodes) + new > max_tokens:
                 out.append(tuple(current))
                 current, nodes = [], {}
             _insert(nodes, s.token_ids)
             current.append(s)
-        out.append(tuple(current))
+        if current:
+            out.append(tuple(current))
     return out
 
 

@@ -106,17 +106,21 @@ async def record_assignment(session: AsyncSession, *, step: int, task_ids: list[
 
 
 async def assigned_groups(session: AsyncSession, *, up_to_step: int) -> list[QueuedGroup]:
-    """Queued groups assigned to a step up to `up_to_step`, oldest step first, in assignment order."""
+    """Queued groups assigned to a step up to `up_to_step`, oldest step first, in assignment order.
+
+    Not one set aside: it stays assigned here, and taken again it would hold its step forever
+    (the scheduler gives the step another group). Attempts and the last error come along, so a
+    group that keeps failing its step is set aside after `max_group_attempts` here too."""
     g, a = ready_groups.c, step_assignments.c
     stmt = (
-        sa.select(g.task_id, g.execution_ids, g.received_at)
+        sa.select(g.task_id, g.execution_ids, g.received_at, g.attempts, g.last_error)
         .join(step_assignments, a.task_id == g.task_id)
-        .where(g.consumed_version.is_(None), a.step <= up_to_step)
+        .where(g.consumed_version.is_(None), g.set_aside_at.is_(None), a.step <= up_to_step)
         .order_by(a.step, a.seq)
     )
     return [
-        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r)
-        for t, e, r in (await session.execute(stmt)).all()
+        QueuedGroup(task_id=str(t), execution_ids=tuple(e), received_at=r, attempts=n, last_error=why)
+        for t, e, r, n, why in (await session.execute(stmt)).all()
     ]
 
 
@@ -168,6 +172,25 @@ async def set_aside(session: AsyncSession, task_id: str) -> None:
         .where(ready_groups.c.task_id == uuid.UUID(task_id))
         .values(set_aside_at=sa.func.now())
     )
+
+
+async def withdraw(session: AsyncSession, task_id: str) -> bool:
+    """A cancelled task's group is never trained: set aside if still queued, and recorded set
+    aside if its GroupReady is still to come (that then finds the row and changes nothing).
+    False when a step already trained it."""
+    row = (
+        await session.execute(
+            insert(ready_groups)
+            .values(task_id=uuid.UUID(task_id), execution_ids=[], set_aside_at=sa.func.now())
+            .on_conflict_do_update(
+                index_elements=[ready_groups.c.task_id],
+                set_={"set_aside_at": sa.func.coalesce(ready_groups.c.set_aside_at, sa.func.now())},
+                where=ready_groups.c.consumed_version.is_(None),
+            )
+            .returning(ready_groups.c.task_id)
+        )
+    ).first()
+    return row is not None
 
 
 async def consume_groups(session: AsyncSession, *, task_ids: list[str], version: int) -> int:

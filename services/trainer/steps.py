@@ -28,6 +28,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     microbatch_max_tokens: int = 4096
+    max_sample_tokens: int = 65536
+    """The longest trajectory trained (alone in its microbatch when over `microbatch_max_tokens`)."""
     max_staleness_steps: int = 4
     staleness_action: StalenessAction = StalenessAction.DROP
     loss: LossConfig = field(default_factory=LossConfig)
@@ -76,6 +78,13 @@ class PolicyTrainer:
         self.version = version
         core.current_version = version
 
+    @property
+    def max_sample_tokens(self) -> int:
+        """The longest trajectory this trainer trains: its setting, cut to the model's context."""
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        limit = self.config.max_sample_tokens
+        return min(limit, int(context)) if context else limit
+
     def step(
         self, samples: Sequence[Sample], *, after_microbatch: Callable[[int], None] | None = None
     ) -> StepReport:
@@ -93,7 +102,9 @@ class PolicyTrainer:
         )
         # A drop is the last resort (admission bounds staleness): what remains is weighed afresh.
         kept = reweigh(admission.kept, admission.dropped) if admission.dropped else admission.kept
-        microbatches = plan_microbatches(kept, max_tokens=self.config.microbatch_max_tokens)
+        microbatches = plan_microbatches(
+            kept, max_tokens=self.config.microbatch_max_tokens, max_sample_tokens=self.max_sample_tokens
+        )
         self.model.train()
         gradient = self.core.compute_step_gradient(
             self.model, microbatches, version=self.version + 1, after_microbatch=after_microbatch

@@ -107,6 +107,7 @@ class Grade(_message.Message):
     GRADER_FIELD_NUMBER: _builtins.int
     GRADED_AT_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     """The execution graded."""
     task_id: _builtins.str
@@ -123,6 +124,10 @@ class Grade(_message.Message):
     """Grader that produced the grade, with its version, e.g. `repo_generation@3`."""
     duration_s: _builtins.float
     """Time grading took, in seconds."""
+    cancelled: _builtins.bool
+    """The execution was cancelled (the runner's `ExecutionCancelled`): not assessable, and no
+    infrastructure failure either; the scheduler never replaces it and its group trains without it.
+    """
     @_builtins.property
     def checks(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckResult]:
         """Per-check breakdown, in the grader's order."""
@@ -144,10 +149,11 @@ class Grade(_message.Message):
         grader: _builtins.str = ...,
         graded_at: _timestamp_pb2.Timestamp | None = ...,
         duration_s: _builtins.float = ...,
+        cancelled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["graded_at", b"graded_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "checks", b"checks", "duration_s", b"duration_s", "execution_id", b"execution_id", "graded_at", b"graded_at", "grader", b"grader", "partial", b"partial", "score", b"score", "task_id", b"task_id", "unassessable_reason", b"unassessable_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "cancelled", b"cancelled", "checks", b"checks", "duration_s", b"duration_s", "execution_id", b"execution_id", "graded_at", b"graded_at", "grader", b"grader", "partial", b"partial", "score", b"score", "task_id", b"task_id", "unassessable_reason", b"unassessable_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -337,3 +337,36 @@ class ExecutionReplacementDecided(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecutionReplacementDecided: _TypeAlias = ExecutionReplacementDecided  # noqa: Y015
+
+@_typing.final
+class TaskCancelled(_message.Message):
+    """TaskCancelled: a task was cancelled (`CancelTask`) after its executions ended, while its group
+    waited to be ready or trained. The trainer never trains it (a queued group is set aside, one
+    still to come is refused on arrival); the scheduler's own step takes another group.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PREVIOUS_STATE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task."""
+    reason: _builtins.str
+    """Why, as given to CancelTask."""
+    previous_state: _builtins.str
+    """The task's state when it was cancelled, e.g. `done` or `graded`."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        previous_state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["previous_state", b"previous_state", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskCancelled: _TypeAlias = TaskCancelled  # noqa: Y015

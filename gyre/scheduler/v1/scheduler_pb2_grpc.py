@@ -159,8 +159,10 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelTask(self, request, context):
-        """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
-        through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """Cancel a task, in any state: a task not admitted yet is never scheduled; running harnesses
+        are stopped through the runner (their workspaces are kept and graded as the runner's
+        cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
+        leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -59,8 +59,10 @@ class SchedulerServiceStub:
     ListTasks: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListTasksRequest, _scheduler_pb2.ListTasksResponse]
     """List tasks, oldest first, one page at a time; optionally only those in one state."""
     CancelTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]
-    """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
-    through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """Cancel a task, in any state: a task not admitted yet is never scheduled; running harnesses
+    are stopped through the runner (their workspaces are kept and graded as the runner's
+    cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
+    leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
     """
 
 @_typing.type_check_only
@@ -94,8 +96,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     ListTasks: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListTasksRequest, _scheduler_pb2.ListTasksResponse]  # type: ignore[assignment]
     """List tasks, oldest first, one page at a time; optionally only those in one state."""
     CancelTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]  # type: ignore[assignment]
-    """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
-    through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """Cancel a task, in any state: a task not admitted yet is never scheduled; running harnesses
+    are stopped through the runner (their workspaces are kept and graded as the runner's
+    cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
+    leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -186,8 +190,10 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.CancelTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.CancelTaskResponse, _abc.Awaitable[_scheduler_pb2.CancelTaskResponse]]:
-        """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
-        through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """Cancel a task, in any state: a task not admitted yet is never scheduled; running harnesses
+        are stopped through the runner (their workspaces are kept and graded as the runner's
+        cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
+        leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
