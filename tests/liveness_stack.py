@@ -61,10 +61,17 @@ async def stack(
 
 
 async def run_one(
-    s: infra.Stack, ref: ids_pb2.ExecutionRef, *, prompt_tokens: int = 3, cancel_reason: str = ""
-) -> None:
+    s: infra.Stack,
+    ref: ids_pb2.ExecutionRef,
+    *,
+    prompt_tokens: int = 3,
+    cancel_reason: str = "",
+    calls_recorded: int = 1,
+) -> proxy_pb2.CallRecord:
     """One execution making one model call with a prompt of `prompt_tokens` (and 3 generated
-    tokens), ending finished with a right answer, or cancelled through the runner (`cancel_reason`)."""
+    tokens), ending finished with a right answer, or cancelled through the runner (`cancel_reason`).
+    `calls_recorded` is the proxy's count in the end event: more than 1 and its group waits for
+    calls not published (`publish_call` them); the call made is returned."""
     work = s.tmp / f"ws-{ref.execution_id}"
     shutil.copytree(BUNDLED / "csvsum" / "workspace", work)
     (work / "total.txt").write_text("12\n")
@@ -85,9 +92,18 @@ async def run_one(
         "workspace_uri": work.as_uri(),
         "family": "terminal",
         "task": "csvsum",
-        "num_calls_recorded": 1,
+        "num_calls_recorded": calls_recorded,
     }
     if cancel_reason:
         await s.rig.publish(runner_events.ExecutionCancelled(**common, reason=cancel_reason), "runner")
     else:
         await s.rig.publish(runner_events.ExecutionFinished(**common, duration_s=2.0), "runner")
+    return call
+
+
+async def publish_call(s: infra.Stack, call: proxy_pb2.CallRecord) -> None:
+    """Another call of the same execution (a new call id), as the proxy records it."""
+    again = proxy_pb2.CallRecord()
+    again.CopyFrom(call)
+    again.call_id = str(uuid.uuid4())
+    await s.rig.publish(proxy_events.LlmCallRecorded(call=again), "proxy")

@@ -131,7 +131,7 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         self, request: scheduler_pb2.CancelTaskRequest, context: Context
     ) -> scheduler_pb2.CancelTaskResponse:
         async def act(session: AsyncSession) -> tuple[scheduler_pb2.CancelTaskResponse, list[Message]]:
-            return await cancel_task(session, request, runner_address=self.runner_address), []
+            return await cancel_task(session, request, runner_address=self.runner_address)
 
         answer = await self._idempotent("CancelTask", request, scheduler_pb2.CancelTaskResponse, act)
         log.info("task_cancelled", task_id=request.task_id, stopped=answer.num_executions_stopped)

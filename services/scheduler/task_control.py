@@ -1,4 +1,11 @@
-"""ListExecutions and CancelTask (shell: validate -> tables -> the runner for running harnesses)."""
+"""ListExecutions and CancelTask (shell: validate -> tables -> the runner for running harnesses).
+
+CancelTask works on a task in any state (the liveness rule, `policy.liveness`): before its
+rollout ended its harnesses are stopped; after (`done`, `graded`: the group waits to be ready or
+trained) the group is withdrawn from the trainer by `TaskCancelled`, and in either case it
+leaves its step, which the driver gives another group (the live facts skip cancelled tasks). A
+trained, set-aside or cancelled task is answered as it is: there is nothing left to stop.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +13,23 @@ import uuid
 
 import grpc
 import sqlalchemy as sa
+from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.common.v1 import ids_pb2
-from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from gyre.errors import InvalidArgument, NotFound, Unavailable
 from gyre.ids import require_uuid
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.scheduler.v1 import events_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.tls import aio_channel
 from services.scheduler import repo
 
 MAX_LIST = 10000
 CANCELLABLE = ("pending", "admitted", "running")
+"""Execution states a cancel stops (or keeps from starting)."""
+ENDED_ROLLOUT = ("done", "graded")
+"""Task states whose executions all ended: the group waits for readiness or for its step."""
 
 
 def execution_state(name: str) -> pb.ExecutionState.ValueType:
@@ -87,16 +99,18 @@ async def list_executions(
 
 async def cancel_task(
     session: AsyncSession, request: pb.CancelTaskRequest, *, runner_address: str
-) -> pb.CancelTaskResponse:
-    """Cancel in the caller's transaction; running harnesses are stopped through the runner first."""
+) -> tuple[pb.CancelTaskResponse, list[Message]]:
+    """Cancel in the caller's transaction; running harnesses are stopped through the runner first.
+    Returns the answer and the events to publish with it."""
     require_uuid("task_id", request.task_id, what="a task")
     key = uuid.UUID(request.task_id)
     t, e = repo.tasks.c, repo.executions.c
     state = await session.scalar(sa.select(t.state).where(t.task_id == key).with_for_update())
     if state is None:
         raise NotFound(f"task_id: task {request.task_id} does not exist")
-    if state not in CANCELLABLE:
-        raise Conflict(f"task_id: task {request.task_id} is {state}: there is nothing left to cancel")
+    answer = pb.CancelTaskResponse(previous_state=pb.TaskState.Value(f"TASK_STATE_{state.upper()}"))
+    if state not in (*CANCELLABLE, *ENDED_ROLLOUT):
+        return answer, []  # trained, set aside or cancelled already: nothing to stop, nothing waits
     rows = (await session.execute(sa.select(e.execution_id, e.state).where(e.task_id == key))).all()
     unscheduled = [r.execution_id for r in rows if r.state == "pending"]
     scheduled = [r.execution_id for r in rows if r.state in ("admitted", "running")]
@@ -125,8 +139,11 @@ async def cancel_task(
     await session.execute(
         sa.update(repo.executions).where(e.task_id == key, e.state.in_(CANCELLABLE)).values(state="cancelled")
     )
-    return pb.CancelTaskResponse(
-        previous_state=pb.TaskState.Value(f"TASK_STATE_{state.upper()}"),
-        num_executions_unscheduled=len(unscheduled),
-        num_executions_stopped=len(scheduled),
+    answer.num_executions_unscheduled = len(unscheduled)
+    answer.num_executions_stopped = len(scheduled)
+    # Whatever its state, a group of a cancelled task may still become ready (grades of ended
+    # executions are on their way): the trainer must never train it.
+    withdrawn = events_pb2.TaskCancelled(
+        task_id=request.task_id, reason=request.reason or "task cancelled", previous_state=state
     )
+    return answer, [withdrawn]

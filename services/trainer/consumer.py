@@ -1,5 +1,5 @@
 """`GroupReady` from the trajectory service: queue the group for a step; `StepAssigned` from the
-scheduler: which queued groups form which step (shell).
+scheduler: which queued groups form which step; `TaskCancelled`: a group never to train (shell).
 
 Each fetched batch is queued in one transaction with the inbox records (`gyre.db.inbox`), acked
 after the commit; then the step loop wakes.
@@ -67,7 +67,10 @@ class AssignmentEvents:
             inbox=Inbox(
                 sessions=self.sessions,
                 table=repo.processed_messages,
-                handlers={scheduler_events.StepAssigned: self.on_step_assigned},
+                handlers={
+                    scheduler_events.StepAssigned: self.on_step_assigned,
+                    scheduler_events.TaskCancelled: self.on_task_cancelled,
+                },
             ),
         )
 
@@ -77,4 +80,12 @@ class AssignmentEvents:
             require_uuid(f"task_ids[{i}]", task_id, what="a task")
         await repo.record_assignment(session, step=int(assigned.step), task_ids=list(assigned.task_ids))
         log.info("step_assigned", step=assigned.step, task_ids=list(assigned.task_ids))
+        after_commit(session, self.on_assigned)
+
+    async def on_task_cancelled(self, session: AsyncSession, event: DecodedEvent) -> None:
+        """A cancelled task's group is never trained: queued, it is set aside; still to come, it is
+        refused on arrival. Its step gets another group from the scheduler."""
+        task_id = require_uuid("task_id", event.payload.task_id, what="a task")
+        withdrawn = await repo.withdraw(session, task_id)
+        log.info("group_withdrawn", task_id=task_id, withdrawn=withdrawn, reason=event.payload.reason)
         after_commit(session, self.on_assigned)
