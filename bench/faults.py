@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import fault_liveness
 from bench.fault_stack import Execution, Stack
 from bench.slice import servers
 from gyre.common.v1 import ids_pb2
@@ -57,6 +58,8 @@ class Outcome:
     recovery_s: float
     failed_executions: int = 0
     """Executions that ended failed (not finished or timed out): counted in `unrecovered` too."""
+    wedged: int = 0
+    """1 when a fresh group after the scenario did not train within the bound (`fault_liveness`)."""
 
 
 async def _after_answers(executions: list[Execution], n: int, timeout_s: float = 60.0) -> None:
@@ -240,6 +243,7 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
                     outcomes.append(
                         await run_live(stack, "cut_engine_link", cut_engine_link(when_answered=3))
                     )
+                    outcomes.append(Outcome(**await fault_liveness.long_trajectory(stack)))
                 steps, mismatches = await stack.replay_steps()
             finally:
                 await stack.close()
@@ -248,6 +252,7 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
 
             live, live_steps, live_mismatches = await run_rig(Path(work) / "live")
             outcomes += [Outcome(**o) for o in live]
+            outcomes += [Outcome(**o) for o in await fault_liveness.run_liveness_rig(Path(work) / "liveness")]
             steps += live_steps
             mismatches += live_mismatches
     return {
@@ -256,6 +261,7 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
         "duplicate_calls": sum(o.duplicate_calls for o in outcomes),
         "duplicate_trained_groups": sum(o.duplicate_trained_groups for o in outcomes),
         "unrecovered": sum(o.unrecovered for o in outcomes),
+        "wedged": sum(o.wedged for o in outcomes),
         "recovery_s_max": max(o.recovery_s for o in outcomes),
         "steps_replayed": steps,
         "replay_mismatches": mismatches,

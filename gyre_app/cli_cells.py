@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import typer
@@ -10,10 +11,13 @@ from gyre.errors import InvalidArgument
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre_app.cli_tasks import JsonOpt, run
 from gyre_app.client import GyreClient
+from gyre_app.client.addresses import ServiceAddresses
 from gyre_app.output import message_dict, pairs, print_json, table
 
 MODES = ("colocate", "async", "gyre", "burst")
 ROLES = ("rollout", "training")
+SWITCH_TIMEOUT_S = 300.0
+"""A switch drains calls, frees or loads weights and joins or leaves a step: it may take minutes."""
 cells_app = typer.Typer(help="Cells and their roles.", no_args_is_help=False, invoke_without_command=True)
 
 
@@ -89,7 +93,12 @@ def switch(
 ) -> None:
     """Switch one satellite's role now; returns when the switch ended (in either role)."""
     to = choice("role", role, ROLES)
-    answer: Any = run(lambda c: c.switch_cell(cell_id, to))
+
+    async def go() -> Any:
+        async with GyreClient(ServiceAddresses.resolve(), timeout_s=SWITCH_TIMEOUT_S) as client:
+            return await client.switch_cell(cell_id, to)
+
+    answer: Any = asyncio.run(go())
     sw = answer.switch
     if as_json:
         print_json(message_dict(answer))

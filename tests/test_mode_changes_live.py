@@ -12,6 +12,9 @@ fixed split never moves a cell itself. Hypothesis drives the rig's event loop on
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -137,3 +140,36 @@ def test_any_sequence_of_modes_leaves_every_satellite_in_a_role_the_mode_wants(
             await settled_as_wanted(rig.cells, mode)
 
     rig.run(play(), timeout_s=240)
+
+
+def test_gyre_mode_and_gyre_cells_switch_drive_the_scheduler(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from gyre_app.cli import app
+
+    monkeypatch.setenv("GYRE_SCHEDULER_ADDRESS", rig.cells.scheduler_address)
+
+    def gyre_json(*argv: str) -> Any:
+        result = CliRunner().invoke(app, [*argv, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert gyre_json("mode", "async")["mode"] == "async"
+    rig.run(settled_as_wanted(rig.cells, "async"))  # every satellite serving, whatever ran before
+    assert gyre_json("mode", "gyre")["mode"] == "gyre"
+    assert gyre_json("cells", "switch", "cell-2", "training")["switch"]["ok"] is True
+    assert gyre_json("mode", "ASYNC") == {"previous_mode": "gyre", "mode": "async", "pending": False}
+    assert rig.run(settled_as_wanted(rig.cells, "async"))["cell-2"] == "rollout"
+    assert gyre_json("mode") == {"mode": "async"}
+
+
+def test_a_mode_or_role_the_scheduler_does_not_know_is_one_line_naming_the_field() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre_app.cli", "mode", "fast"], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stderr.strip()) == (
+        1,
+        "gyre mode: mode: must be one of colocate, async, gyre, burst, got 'fast'",
+    )
