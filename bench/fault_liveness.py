@@ -40,10 +40,12 @@ from gyre_app.client import GyreClient
 from gyre_app.client.addresses import ServiceAddresses
 from services.scheduler.policy.liveness import wanted_roles
 
-LONG_TOKENS = 6_000
+LONG_TOKENS = 5_000
 """Over the default 4,096-token microbatch: the code path of the 53k-token Claude Code trajectory
 issue 29 reported. 53k itself is too slow for a CPU run here (one 8,192-token microbatch took
 57 s of CPU on the 2-core development machine; attention is quadratic in time)."""
+LONG_SETTLE_S = 900.0
+"""The bound for the long group's step: a CPU trainer on a loaded machine takes minutes for it."""
 MODE_WALK = (
     "gyre", "colocate", "async", "burst", "gyre", "async", "colocate",
     "burst", "async", "gyre", "burst", "colocate", "gyre",
@@ -140,6 +142,10 @@ async def long_trajectory(stack: Stack) -> dict[str, Any]:
     await stack.run_harness(short, turns=TURNS)
     await stack.end(short, score=1.0)
     await _record_long_call(stack, long)
+    for _ in range(int(LONG_SETTLE_S)):  # bounded: one check a second
+        if (await stack.trained_counts()).get(short.task_id):
+            break
+        await asyncio.sleep(1.0)
     long_outcome = await settle(stack, [short, long], [short.task_id])
     fresh = await run_live(stack, "long_trajectory_fresh")
     trained = await stack.trained_counts()

@@ -3,6 +3,7 @@
     execution: pending -> admitted -> running -> finished | timed_out | failed | cancelled
                -> graded -> trained
                (any of these before graded) -> infra_failed   (an unassessable grade: `replacements`)
+               cancelled stays cancelled when its grade comes   (cancelled alone: never replaced)
     task:      pending -> admitted -> running -> done -> graded -> trained   (or cancelled)
                done -> running   (a replacement was scheduled)
     both:      ... -> set_aside (the trainer's GroupSetAside: the group will not be trained)

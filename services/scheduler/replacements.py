@@ -6,6 +6,10 @@ infrastructure cause (workspace, sandbox, harness launch, proxy, runner lost) be
 does a grader that crashed, so one event covers both and the trajectory service, which sees the
 same grades, agrees on which executions failed this way.
 
+An execution cancelled alone (`gyre cancel EXECUTION`) is graded unassessable too, its grade
+flagged `cancelled`: it is recorded `cancelled` with the reason, never replaced, and the decision
+(no replacement, `cancelled: true`) lets its group train without it (`policy.liveness`).
+
 Exactly once: the event is claimed in the inbox with these writes; an execution's failure is
 recorded only while its `failure_reason` is empty (a second grade for it, under another event
 id, changes nothing), and `executions.replaces` is unique. Every handled failure publishes one

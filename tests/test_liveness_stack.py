@@ -1,10 +1,13 @@
-"""`gyre cancel` never leaves a wait without an end: a cancelled execution's group trains without
-it, a task is cancelled in any state, and later steps go on.
+"""Every wait has an end, on the real stack: `gyre cancel` of one execution or of a task in any
+state, and a trajectory over the trainer's microbatch budget, never stop training; after each, a
+fresh group trains.
 
 Real NATS and Postgres; the real scheduler (its live driver admits and assigns), evaluator,
 trajectory service and trainer taking the scheduler's steps (`liveness_stack`). The test stands in
 for the runner and the proxy at the harness boundary: what they publish when executions finish,
-or when the runner's `CancelExecution` ends one (`ExecutionCancelled`).
+or when the runner's `CancelExecution` ends one (`ExecutionCancelled`). The trainer's budgets are
+tiny (`microbatch_max_tokens=8`, `trajectory_max_tokens=32`) so the test is fast; the code path
+is a 53k-token Claude Code trajectory's on the 4,096-token default.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 async def s(
     server_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[infra.Stack]:
-    async with stack(server_urls, tmp_path_factory.mktemp("cancel")) as started:
+    tmp = tmp_path_factory.mktemp("liveness")
+    async with stack(server_urls, tmp, microbatch_max_tokens=8, trajectory_max_tokens=32) as started:
         yield started
 
 
@@ -100,3 +104,45 @@ async def test_a_task_is_cancelled_in_any_state_and_a_group_that_ended_its_rollo
     assert again.previous_state == pb.TASK_STATE_TRAINED
     got = await s.rig.stub.GetTask(pb.GetTaskRequest(task_id=fresh.task_id))
     assert got.task.state == pb.TASK_STATE_TRAINED
+
+
+async def test_a_trajectory_over_the_microbatch_budget_trains_in_a_microbatch_of_its_own(
+    s: infra.Stack,
+) -> None:
+    task = await infra.submit(s, max_infra_retries=0)
+    await infra.admitted(s, task.task_id, 2)
+    short, long = task.executions
+    await run_one(s, short)  # 6 tokens: within the budget
+    await run_one(s, long, prompt_tokens=20)  # 23 tokens: over 8, within 32
+    step = await infra.trained(s, task.task_id)
+    assert step.num_samples == 2
+
+
+async def test_a_trajectory_no_microbatch_can_hold_sets_its_group_aside_and_the_next_group_trains(
+    s: infra.Stack,
+) -> None:
+    task = await infra.submit(s, max_infra_retries=0)
+    await infra.admitted(s, task.task_id, 2)
+    short, long = task.executions
+    await run_one(s, short)
+    await run_one(s, long, prompt_tokens=40)  # 43 tokens: past 32
+
+    async def set_aside() -> bool:
+        aside = await events_on_bus(s.rig.kernel, "trainer", trainer_events.GroupSetAside)
+        return any(e.task_id == task.task_id for e in aside)
+
+    await eventually(set_aside, timeout_s=60, what="the group set aside")
+    aside = await events_on_bus(s.rig.kernel, "trainer", trainer_events.GroupSetAside)
+    reason = next(e.reason for e in aside if e.task_id == task.task_id)
+    assert "43 tokens" in reason and "32" in reason
+
+    async def shown() -> bool:
+        return {e.state for e in await s.executions(task.task_id)} == {pb.EXECUTION_STATE_SET_ASIDE}
+
+    await eventually(shown, timeout_s=30, what="the scheduler to show the group set aside")
+
+    fresh = await infra.submit(s, max_infra_retries=0)
+    await infra.admitted(s, fresh.task_id, 2)
+    for ref in fresh.executions:
+        await run_one(s, ref)
+    await infra.trained(s, fresh.task_id)
