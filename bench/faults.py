@@ -18,6 +18,7 @@ execution's calls published children first, rewards before the task). Not built 
 Postgres restart (shared servers on development machines), a cut proxy-engine link, a step's
 batch rebuilt from the log. Uses GYRE_NATS_URL / GYRE_DATABASE_URL when set, else the embedded
 servers; a fresh database and bus prefix, removed afterwards. Prints one JSON object last.
+`--full` adds the liveness scenarios (`bench.fault_liveness`; `wedged`: no fresh group trained).
 """
 
 from __future__ import annotations
