@@ -105,13 +105,22 @@ async def cancel_task(
     require_uuid("task_id", request.task_id, what="a task")
     key = uuid.UUID(request.task_id)
     t, e = repo.tasks.c, repo.executions.c
+    # The executions' rows before the task's, in the order the lifecycle consumer takes them (a
+    # runner event moves an execution, then its task): the other order deadlocked with it.
+    rows = (
+        await session.execute(
+            sa.select(e.execution_id, e.state)
+            .where(e.task_id == key)
+            .order_by(e.execution_id)
+            .with_for_update()
+        )
+    ).all()
     state = await session.scalar(sa.select(t.state).where(t.task_id == key).with_for_update())
     if state is None:
         raise NotFound(f"task_id: task {request.task_id} does not exist")
     answer = pb.CancelTaskResponse(previous_state=pb.TaskState.Value(f"TASK_STATE_{state.upper()}"))
     if state not in (*CANCELLABLE, *ENDED_ROLLOUT):
         return answer, []  # trained, set aside or cancelled already: nothing to stop, nothing waits
-    rows = (await session.execute(sa.select(e.execution_id, e.state).where(e.task_id == key))).all()
     unscheduled = [r.execution_id for r in rows if r.state == "pending"]
     scheduled = [r.execution_id for r in rows if r.state in ("admitted", "running")]
     if scheduled:
