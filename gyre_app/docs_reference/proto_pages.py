@@ -77,6 +77,14 @@ def field_type(field: Fdp, message: descriptor_pb2.DescriptorProto) -> str:
     return f"repeated {name}" if field.label == Fdp.LABEL_REPEATED else name
 
 
+def heading(title: str, note: str | None) -> Iterator[str]:
+    yield title
+    yield ""
+    if note:
+        yield note
+        yield ""
+
+
 def message_lines(
     message: descriptor_pb2.DescriptorProto,
     full_name: str,
@@ -85,11 +93,7 @@ def message_lines(
 ) -> Iterator[str]:
     if message.options.map_entry:
         return
-    yield f"### `{full_name}`"
-    yield ""
-    if notes.get(path):
-        yield notes[path]
-        yield ""
+    yield from heading(f"### `{full_name}`", notes.get(path))
     if message.field:
         yield "| field | type | meaning |"
         yield "|---|---|---|"
@@ -112,11 +116,7 @@ def enum_lines(
     path: tuple[int, ...],
     notes: dict[tuple[int, ...], str],
 ) -> Iterator[str]:
-    yield f"### `{full_name}` (enum)"
-    yield ""
-    if notes.get(path):
-        yield notes[path]
-        yield ""
+    yield from heading(f"### `{full_name}` (enum)", notes.get(path))
     yield "| value | number | meaning |"
     yield "|---|---|---|"
     for i, value in enumerate(enum.value):
@@ -135,11 +135,7 @@ def definitions(file: descriptor_pb2.FileDescriptorProto) -> Iterator[str]:
 def services(file: descriptor_pb2.FileDescriptorProto) -> Iterator[str]:
     notes = comments(file)
     for i, service in enumerate(file.service):
-        yield f"### `{file.package}.{service.name}`"
-        yield ""
-        if notes.get((SERVICE_IN_FILE, i)):
-            yield notes[(SERVICE_IN_FILE, i)]
-            yield ""
+        yield from heading(f"### `{file.package}.{service.name}`", notes.get((SERVICE_IN_FILE, i)))
         yield "| RPC | request | response | what it does |"
         yield "|---|---|---|---|"
         for j, method in enumerate(service.method):
