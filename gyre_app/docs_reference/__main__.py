@@ -29,11 +29,11 @@ def pages() -> dict[str, str]:
     return {name: text.rstrip("\n") + "\n" for name, text in texts.items()}
 
 
-def stale_pages(folder: Path = REFERENCE) -> list[str]:
+def stale_pages(folder: Path = REFERENCE, generated: dict[str, str] | None = None) -> list[str]:
     """The generated pages whose committed text differs from what the code gives now."""
     return sorted(
         name
-        for name, text in pages().items()
+        for name, text in (pages() if generated is None else generated).items()
         if not (folder / name).exists() or (folder / name).read_text() != text
     )
 
