@@ -127,7 +127,9 @@ def render() -> str:
         ]
         for s in settings_of(cls):
             lines.append(
-                f"| `{s.variable}` | `{_cell(s.type_text)}` | {_cell(s.default_text)} | {_cell(s.meaning)} |"
+                # A pipe cannot be escaped inside a code span in a table cell: `str | None` reads "or".
+                f"| `{s.variable}` | `{s.type_text.replace(' | ', '` or `')}` | {_cell(s.default_text)} "
+                f"| {_cell(s.meaning)} |"
             )
         lines.append("")
     return "\n".join(lines)
