@@ -105,3 +105,122 @@ def test_unknown_parser_is_refused_by_name() -> None:
 
 def test_every_parser_takes_an_empty_log() -> None:
     assert all(parser("") == {} for parser in PARSERS.values())
+
+
+def test_pytest_options_keeps_the_last_part_of_a_path_parameter() -> None:
+    log = (
+        "PASSED t.py::test_load[/tmp/pytest-of-root/pytest-7/data/a.dcm]\n"
+        "PASSED t.py::test_url[//host/x]\nPASSED t.py::test_glob[/a/*.py]\n"
+    )
+    assert parse_test_log("pytest_options", log) == {
+        "t.py::test_load[/a.dcm]": P,
+        "t.py::test_url[//host/x]": P,
+        "t.py::test_glob[/a/*.py]": P,
+    }
+
+
+def test_matplotlib_names_mouse_buttons_by_number() -> None:
+    log = "PASSED lib/t.py::test_click[MouseButton.LEFT]\nFAILED lib/t.py::test_click[MouseButton.RIGHT]\n"
+    assert parse_test_log("matplotlib", log) == {"lib/t.py::test_click[1]": P, "lib/t.py::test_click[3]": F}
+
+
+DJANGO_LOG = """\
+Testing against Django installed in '/testbed/django'
+Importing application calc
+test_add (calc.tests.CalcTests) ... ok
+test_div (calc.tests.CalcTests) ... Creating test database for alias 'default'...
+System check identified no issues (0 silenced).
+ok
+test_io (calc.tests.CalcTests.test_io) ... ERROR
+test_net (calc.tests.CalcTests) ... skipped 'no network'
+test_old (calc.tests.CalcTests) ... expected failure
+test_new (calc.tests.CalcTests) ... unexpected success
+test_sub (calc.tests.CalcTests)
+Subtraction keeps the sign of the larger operand. ... FAIL
+
+======================================================================
+ERROR: test_io (calc.tests.CalcTests.test_io)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+OSError: boom
+======================================================================
+FAIL: test_late (calc.tests.CalcTests)
+----------------------------------------------------------------------
+Ran 8 tests in 0.010s
+
+FAILED (failures=2, errors=1, skipped=1)
+"""
+
+
+def test_django_runner_lines_and_failure_headers() -> None:
+    assert parse_test_log("django", DJANGO_LOG) == {
+        "test_add (calc.tests.CalcTests)": P,
+        "test_div (calc.tests.CalcTests)": P,
+        "test_io (calc.tests.CalcTests.test_io)": E,
+        "test_net (calc.tests.CalcTests)": S,
+        "test_old (calc.tests.CalcTests)": P,
+        "test_new (calc.tests.CalcTests)": F,
+        "Subtraction keeps the sign of the larger operand.": F,
+        "test_late (calc.tests.CalcTests)": F,
+    }
+
+
+def test_django_output_between_a_test_and_a_later_test_is_not_a_verdict() -> None:
+    log = "test_a (m.T) ... Internal Server Error: /x/\ntest_b (m.T) ... ok\nok\n"
+    assert parse_test_log("django", log) == {"test_b (m.T)": P}
+
+
+SYMPY_LOG = """\
+============================= test process starts ==============================
+executable:         /usr/bin/python  (3.9.19-final-0) [CPython]
+sympy/core/tests/test_basic.py[5]
+test_equality ok
+test_atoms F
+test_known f
+test_slow s
+test_boom E
+
+________________________________________________________________________________
+__________________ sympy/core/tests/test_basic.py:test_late ____________________
+AssertionError
+============= tests finished: 2 passed, 1 failed, 1 skipped, 1 exceptions =============
+"""
+
+
+def test_sympy_verbose_lines_and_failure_headers() -> None:
+    assert parse_test_log("sympy", SYMPY_LOG) == {
+        "test_equality": P,
+        "test_atoms": F,
+        "test_known": P,
+        "test_slow": S,
+        "test_boom": E,
+        "test_late": F,
+    }
+
+
+def test_go_test_verbose_with_subtests() -> None:
+    log = (
+        "=== RUN   TestAdd\n--- PASS: TestAdd (0.00s)\n=== RUN   TestSplit/empty\n"
+        "    --- FAIL: TestSplit/empty (0.01s)\n--- FAIL: TestSplit (0.01s)\n--- SKIP: TestNet (0.00s)\n"
+        "FAIL\tgithub.com/x/y [build failed]\n"
+    )
+    assert parse_test_log("go_test", log) == {
+        "TestAdd": P,
+        "TestSplit/empty": F,
+        "TestSplit": F,
+        "TestNet": S,
+    }
+
+
+def test_cargo_test_lines() -> None:
+    log = (
+        "running 4 tests\ntest parse::tests::empty ... ok\ntest parse::tests::long ... FAILED\n"
+        "test parse::tests::slow ... ignored, needs a day\ntest src/lib.rs - add (line 3) ... ok\n"
+        "test result: FAILED. 2 passed; 1 failed; 1 ignored\n"
+    )
+    assert parse_test_log("cargo", log) == {
+        "parse::tests::empty": P,
+        "parse::tests::long": F,
+        "parse::tests::slow": S,
+        "src/lib.rs - add (line 3)": P,
+    }

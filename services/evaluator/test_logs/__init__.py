@@ -10,12 +10,26 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from gyre.errors import InvalidArgument
-from services.evaluator.test_logs.pytest_log import parse_pytest
+from services.evaluator.test_logs.compiled_logs import parse_cargo_test, parse_go_test
+from services.evaluator.test_logs.pytest_log import (
+    parse_pytest,
+    parse_pytest_matplotlib,
+    parse_pytest_options,
+)
 from services.evaluator.test_logs.status import LogParser, TestStatus
+from services.evaluator.test_logs.sympy_log import parse_sympy
+from services.evaluator.test_logs.unittest_log import parse_unittest
 
 PARSERS: Mapping[str, LogParser] = MappingProxyType(
     {
         "pytest": parse_pytest,
+        "pytest_options": parse_pytest_options,
+        "matplotlib": parse_pytest_matplotlib,
+        "django": parse_unittest,
+        "unittest": parse_unittest,
+        "sympy": parse_sympy,
+        "go_test": parse_go_test,
+        "cargo": parse_cargo_test,
     }
 )
 

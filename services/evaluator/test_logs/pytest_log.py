@@ -85,3 +85,33 @@ def parse_pytest(log: str) -> dict[str, TestStatus]:
         if progress and _NODE_RE.match(progress.group(1)):
             _record_node(found, progress.group(1), WORDS[progress.group(2)])
     return found
+
+
+_OPTION_RE = re.compile(r"^(.*?)\[(.*)\]$")
+
+
+def parse_pytest_options(log: str) -> dict[str, TestStatus]:
+    """pytest output whose parameters are absolute paths, kept as `[/<last part>]`.
+
+    Tests parametrized by a temporary or installed path (requests, pylint, pydicom) print a
+    different folder on every machine; SWE-bench's rows for them keep only the last part.
+
+    Example: "PASSED t.py::test_load[/tmp/pytest-7/data/a.dcm]" -> {"t.py::test_load[/a.dcm]": PASSED}
+    """
+    found: dict[str, TestStatus] = {}
+    for test_id, status in parse_pytest(log).items():
+        match = _OPTION_RE.match(test_id)
+        if match and match.group(2).startswith("/") and not match.group(2).startswith("//"):
+            option = match.group(2)
+            if "*" not in option:
+                test_id = f"{match.group(1)}[/{option.rsplit('/', 1)[-1]}]"
+        record(found, test_id, status)
+    return found
+
+
+def parse_pytest_matplotlib(log: str) -> dict[str, TestStatus]:
+    """pytest output of matplotlib, whose rows name `MouseButton.LEFT` / `.RIGHT` parameters 1 / 3.
+
+    Example: "PASSED t.py::test_click[MouseButton.LEFT]" -> {"t.py::test_click[1]": PASSED}
+    """
+    return parse_pytest(log.replace("MouseButton.LEFT", "1").replace("MouseButton.RIGHT", "3"))
