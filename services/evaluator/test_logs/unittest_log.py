@@ -52,8 +52,8 @@ def parse_unittest(log: str) -> dict[str, TestStatus]:
     for line in plain_lines(log):
         header = _HEADER_RE.match(line)
         if header:
-            status = TestStatus.FAILED if header.group(1) == "FAIL" else TestStatus.ERROR
-            record(found, header.group(2), status)
+            failed = TestStatus.FAILED if header.group(1) == "FAIL" else TestStatus.ERROR
+            record(found, header.group(2), failed)
             pending = None
             continue
         if _SEP in line:
