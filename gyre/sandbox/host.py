@@ -8,7 +8,9 @@ Layout of one sandbox (a size-limited tmpfs when the kernel allows it, so the qu
         tmp/              the sandbox's /tmp, /var/tmp and /dev/shm
         etc/              root: the passwd and group files the sandbox sees
         forward/          root 0711: the forwarder's Unix socket (the one way out)
-        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (set-up's own)
+        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (set-up's own),
+                          started.json (set-up's report), outcome.json (the end): all written by
+                          the keeper from pipes it alone reads, each bounded
 
 With namespaces, a process inside sees only the minimal root of `gyre.sandbox.rootfs`, started
 by bubblewrap as the sandbox user; without them (not root, or no bwrap) it runs on the host
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -37,7 +40,14 @@ import structlog
 
 from gyre.errors import InvalidArgument
 from gyre.sandbox import launcher
-from gyre.sandbox.keeper import KEEPER_FILE, OUTCOME_FILE, ForwardStats, kill_keeper, start_time
+from gyre.sandbox.keeper import (
+    KEEPER_FILE,
+    OUTCOME_FILE,
+    STARTED_FILE,
+    ForwardStats,
+    kill_keeper,
+    start_time,
+)
 from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
 from gyre.sandbox.rootfs import FORWARD_DIR
@@ -59,6 +69,12 @@ class Outcome:
     killed: str = ""
     """Why the host killed it: `deadline`, `disk_quota`, `cancelled`; empty when it exited."""
     duration_s: float = 0.0
+    started: bool = False
+    """The keeper's record that set-up finished and the process began (init's report on a pipe
+    only the host reads, made before the process ran): the one fact `gyre.sandbox.blame` trusts."""
+    setup_errno: int = 0
+    setup_error: str = ""
+    """Why set-up failed, as reported on that pipe (or that it ended without reporting)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,13 +297,14 @@ class Sandbox:
         cwd: Path | None = None,
         pass_fds: Sequence[int] = (),
         read_only: Sequence[Path] = (),
+        stdout_fd: int | None = None,
     ) -> None:
         """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
-        the host holds) are inherited at the same numbers; `read_only`: host-written folders of
-        this sandbox (the grader's files) the process may read but not change."""
+        the host holds) are inherited at the same numbers; `stdout_fd`: such a pipe as its stdout
+        instead of the log (its stderr still goes to the log); `read_only`: host-written folders
+        of this sandbox (the grader's files) the process may read but not change."""
         if self.keeper is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
-        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         spec: dict[str, object] = {
             "argv": list(argv),
             "env": {"HOME": str(self.home), "TMPDIR": "/tmp", "PATH": os.defpath, **env},
@@ -296,10 +313,11 @@ class Sandbox:
             "gid": self.gid,
             "rlimits": self.limits.rlimits(),
             "namespaces": self.isolation.namespaces,
-            "log_fd": log_fd,
             "pass_fds": list(pass_fds),
+            "stdout_fd": stdout_fd,
         }
-        own_fds = [log_fd]  # closed here once the keeper holds them (or on failure)
+        own_fds: list[int] = []  # closed here once the keeper holds them (or on failure)
+        caller_fds = [*pass_fds, *([stdout_fd] if stdout_fd is not None else [])]
         keeper: dict[str, object] = {"log_dir": str(self.path / "log"), "forward": None}
         try:
             if self.isolation.namespaces:
@@ -328,7 +346,7 @@ class Sandbox:
             keeper.update(
                 cmd=cmd,
                 init=spec,
-                pass_fds=[*own_fds, *pass_fds],
+                pass_fds=[*own_fds, *caller_fds],
                 env={
                     "PATH": os.environ.get("PATH", os.defpath),
                     "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
@@ -344,7 +362,7 @@ class Sandbox:
                     stdout=setup_log,
                     stderr=setup_log,
                     start_new_session=True,  # not in the runner's group: a signal to it misses the keeper
-                    pass_fds=(*own_fds, *pass_fds),
+                    pass_fds=(*own_fds, *caller_fds),
                 )
         finally:
             for fd in own_fds:
@@ -382,17 +400,25 @@ class Sandbox:
                 await self.kill("disk_quota")
                 break
         duration = time.monotonic() - started
+        setup = self._read_json(STARTED_FILE) or {}
+        base = Outcome(
+            exit_code=None,
+            duration_s=duration,
+            started=setup.get("started") is True,
+            setup_errno=int(setup.get("setup_errno") or 0),
+            setup_error=str(setup.get("setup_error") or ""),
+        )
         if self._kill_reason:
-            return Outcome(exit_code=None, killed=self._kill_reason, duration_s=duration)
-        ended = self._read_outcome()
+            return dataclasses.replace(base, killed=self._kill_reason)
+        ended = self._read_json(OUTCOME_FILE)
         if ended is not None:
             forward = ended.get("forward") or {}
             if self.forwarder is not None and forward:
                 self.forwarder = ForwardStats(folder=self.forwarder.folder, **forward)
-            return Outcome(exit_code=ended["exit_code"], duration_s=duration)
+            return dataclasses.replace(base, exit_code=ended["exit_code"])
         if self.proc is not None and self.proc.returncode not in (None, 0):
-            return Outcome(exit_code=self.proc.returncode, duration_s=duration)  # the keeper died
-        return Outcome(exit_code=None, killed="keeper_lost", duration_s=duration)
+            return dataclasses.replace(base, exit_code=self.proc.returncode)  # the keeper died
+        return dataclasses.replace(base, killed="keeper_lost")
 
     async def _ended(self, *, within_s: float) -> bool:
         if self.proc is not None:
@@ -414,12 +440,17 @@ class Sandbox:
         pid, started = self.keeper
         return pid > 0 and started is not None and start_time(pid) == started
 
-    def _read_outcome(self) -> dict[str, Any] | None:
+    def _read_json(self, name: str) -> dict[str, Any] | None:
+        """A record the keeper wrote in log/ (root-only: nothing in the sandbox reaches it)."""
         try:
-            data: dict[str, Any] = json.loads((self.path / "log" / OUTCOME_FILE).read_text())
+            data: dict[str, Any] = json.loads((self.path / "log" / name).read_text())
         except (OSError, ValueError):
             return None
-        return data
+        return data if isinstance(data, dict) else None
+
+    async def log_tail(self, limit: int = 2000, *, name: str = "harness.log") -> str:
+        """The last `limit` bytes of a log of this sandbox, read off the event loop."""
+        return await asyncio.to_thread(read_tail, self.path / "log" / name, limit)
 
     async def kill(self, reason: str) -> None:
         """Kill every process of the sandbox: pid namespace, cgroups, and everything of its uid."""
@@ -470,6 +501,17 @@ class Sandbox:
             _remove_cgroup(d)
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
+
+
+def read_tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a file, however large it grew; "" when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _cgroup_pids(cgroup: Path) -> list[int]:
