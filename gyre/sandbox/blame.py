@@ -84,7 +84,7 @@ def blame(facts: HostFacts) -> Blame:
         return Blame(verdict=POLICY, reason=f"killed by the host: {facts.killed.replace('_', ' ')} exceeded")
     if facts.exit_code not in (0, None) and facts.proxy_failed_calls > 0:
         why = (
-            f"the proxy failed {facts.proxy_failed_calls} of the program's model calls "
+            f"the proxy failed {facts.proxy_failed_calls} of the harness's model calls "
             f"(last: {facts.last_proxy_failure[:1000]}); it exited with {facts.exit_code}"
         )
         return Blame(verdict=INFRASTRUCTURE, kind="model_unavailable", reason=why)
