@@ -7,9 +7,8 @@ here are the host's own: the keeper's record of init's report on a pipe only the
 and the count of calls the proxy failed for its own or an engine's cause. No log text is
 among them: a harness can write any log line it likes.
 
-Everything after the program started is the policy's doing and is graded. The runner
-(`services/runner`) and the grader (`services/evaluator`) both decide with `blame`; the table
-of cases is in docs/failure-classification.md.
+Everything after the program started is the policy's doing and is graded. The runner and the
+grader both decide with `blame`; the table of cases is in docs/failure-classification.md.
 
 Example:
     blame(HostFacts(started=True, exit_code=1))               -> POLICY ("the program exited with 1")

@@ -40,15 +40,17 @@ import structlog
 
 from gyre.errors import InvalidArgument
 from gyre.sandbox import launcher
+from gyre.sandbox.cgroups import cgroup_pids, make_cgroups, remove_cgroup
 from gyre.sandbox.keeper import (
     KEEPER_FILE,
     OUTCOME_FILE,
     STARTED_FILE,
     ForwardStats,
     kill_keeper,
+    read_tail,
     start_time,
 )
-from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
+from gyre.sandbox.limits import Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
 from gyre.sandbox.rootfs import FORWARD_DIR
 from gyre.sandbox.roots import usable_root
@@ -148,7 +150,7 @@ class SandboxHost:
                 remove_tree(path)
             for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
-                    _remove_cgroup(Path(base) / f"gyre-{path.name}")
+                    remove_cgroup(Path(base) / f"gyre-{path.name}")
             if self.uid_base <= owner < self.uid_base + self.uid_count:
                 with contextlib.suppress(KeyError):
                     self._free_user(owner, pwd.getpwuid(owner).pw_name)
@@ -259,24 +261,7 @@ class Sandbox:
             if sub != "log" and self.uid is not None:
                 os.chown(d, self.uid, self.gid if self.gid is not None else self.uid)
         if self.isolation.cgroups:
-            self._make_cgroups()
-
-    def _make_cgroups(self) -> None:
-        caps = self.host.caps
-        mem, pids = (Path(base) / f"gyre-{self.name}" for base in (caps.cgroup_memory, caps.cgroup_pids))
-        cpu = Path(caps.cgroup_cpu) / f"gyre-{self.name}" if caps.cgroup_cpu else None
-        for d in (mem, pids, cpu):
-            if d is not None:
-                d.mkdir(exist_ok=True)
-                self.cgroups.append(d)
-        (mem / "memory.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
-        with contextlib.suppress(OSError):  # without swap accounting the file is missing
-            (mem / "memory.memsw.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
-        (pids / "pids.max").write_text(str(self.limits.max_procs + 8))  # +8: set-up and its helpers
-        if cpu is not None:
-            period_us, quota_us = self.limits.cfs_quota()
-            (cpu / "cpu.cfs_period_us").write_text(str(period_us))
-            (cpu / "cpu.cfs_quota_us").write_text(str(quota_us))
+            make_cgroups(self.host.caps, f"gyre-{self.name}", self.limits, made=self.cgroups)
 
     def own_files(self) -> None:
         """Give everything in work/ and home/ to the sandbox user, folders 0700 at the top (after
@@ -469,13 +454,13 @@ class Sandbox:
             else:
                 await asyncio.sleep(0.05)
         for _ in range(int(KILL_WAIT_S / 0.05)):  # bounded: SIGKILLed processes exit in moments
-            if not any(_cgroup_pids(d) for d in self.cgroups):
+            if not any(cgroup_pids(d) for d in self.cgroups):
                 break
             await asyncio.sleep(0.05)
 
     def _kill_leftovers(self) -> None:
         for d in self.cgroups:
-            for pid in _cgroup_pids(d):
+            for pid in cgroup_pids(d):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if self.uid is not None:  # kill(-1) as the sandbox uid reaches exactly its processes
@@ -498,42 +483,6 @@ class Sandbox:
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("sandbox_not_removed", path=str(self.path), error=str(exc))
         for d in self.cgroups:
-            _remove_cgroup(d)
+            remove_cgroup(d)
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
-
-
-def read_tail(path: Path, limit: int) -> str:
-    """The last `limit` bytes of a file, however large it grew; "" when it cannot be read."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - limit))
-            return f.read(limit).decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _cgroup_pids(cgroup: Path) -> list[int]:
-    try:
-        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _remove_cgroup(cgroup: Path) -> None:
-    """rmdir a sandbox's cgroup. Its last processes may still be exiting (bwrap's pid 1 takes the
-    namespace down as it goes), and rmdir fails while any is in it: kill and retry, bounded."""
-    for _ in range(100):
-        pids = _cgroup_pids(cgroup)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            cgroup.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-    log.warning("sandbox_cgroup_left", cgroup=str(cgroup))

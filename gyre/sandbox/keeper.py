@@ -136,6 +136,17 @@ class Drain:
         return await asyncio.to_thread(self.done.wait, timeout_s)
 
 
+def read_tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a log, however large it grew; "" when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def setup_record(status: bytes) -> dict[str, Any]:
     """The keeper's record of how set-up ended, from the line init wrote on the status pipe (pure).
 

@@ -240,9 +240,8 @@ class Supervisor:
                 setup_log = await box.log_tail(1500, name="sandbox.log")
                 raise LaunchFailed(blamed.kind, f"{blamed.reason}\n{setup_log}".strip())
             tail = (await box.log_tail(800)).strip()
-            raise LaunchFailed(
-                blamed.kind, f"{blamed.reason}; last output: {tail}" if tail else blamed.reason
-            )
+            reason = f"{blamed.reason}; last output: {tail}" if tail else blamed.reason
+            await self._end_failed(run, blamed.kind, reason, exit_code=outcome.exit_code)
         elif outcome.killed == "deadline" or (
             outcome.killed == "" and spent_own_budget(launch.harness, outcome.exit_code)
         ):
