@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from gyre.sandbox.blame import CANCELLED, INFRASTRUCTURE, POLICY, HostFacts, blame
 from gyre.sandbox.host import Outcome, SandboxHost
+from gyre.sandbox.keeper import LOG_LIMIT, Drain
 from gyre.sandbox.limits import SandboxLimits
 from services.evaluator.cli import run as evaluate
 
@@ -227,3 +228,26 @@ def test_the_check_still_grades_honest_code(tmp_path: Path, capsys: pytest.Captu
     assert evaluate(["--task", str(task), "--workspace", str(ws), "--json"]) == 0
     graded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (graded["assessable"], graded["score"]) == (True, 1.0), graded
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_harness_log_is_bounded_and_its_end_is_read_without_the_rest() -> None:
+    """The keeper keeps LOG_LIMIT bytes and the last 64 KiB of the harness's output; the runner
+    reads only the end (the issue: two 512 MB logs read whole stalled the runner's loop)."""
+    host = SandboxHost(REPO / ".gyre" / "test-proof" / uuid.uuid4().hex[:8], uid_base=61250, uid_count=50)
+    box = await host.create("flood", SandboxLimits(memory_mb=512, max_procs=32, file_size_mb=64, disk_mb=96))
+    try:
+        flood = (
+            "import sys\nfor _ in range(24):\n    sys.stdout.write('x' * (1 << 20))\nprint('\\nTHE END')\n"
+        )
+        await box.launch([sys.executable, "-c", flood], env={})
+        outcome = await box.wait(timeout_s=60)
+        assert (outcome.started, outcome.exit_code) == (True, 0)
+        size = (box.path / "log" / "harness.log").stat().st_size
+        assert LOG_LIMIT < size <= LOG_LIMIT + Drain.TAIL + 200, size
+        tail = await box.log_tail(100)
+        assert len(tail) == 100 and tail.rstrip().endswith("THE END")
+    finally:
+        await box.release()
+        host.sweep()
+        host.root.rmdir()
