@@ -103,7 +103,7 @@ class Drain:
         self.path = path
         self.limit = limit
         self.data = bytearray()
-        """What was read, for a caller that wants it whole (the status pipe)."""
+        """What was read, when `path` is None (the status pipe): the caller wants it whole."""
         self.dropped = 0
         self.tail = bytearray()
         self.done = threading.Event()
@@ -120,7 +120,8 @@ class Drain:
                             out.write(keep)
                             out.flush()
                         written += len(keep)
-                        self.data += keep
+                        if self.path is None:  # kept only where nothing is written (the status)
+                            self.data += keep
                     if len(keep) < len(chunk):
                         self.dropped += len(chunk) - len(keep)
                         self.tail = (self.tail + chunk[len(keep) :])[-self.TAIL :]
