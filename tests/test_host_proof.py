@@ -251,3 +251,31 @@ async def test_a_harness_log_is_bounded_and_its_end_is_read_without_the_rest() -
         await box.release()
         host.sweep()
         host.root.rmdir()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_harness_that_fills_its_disk_still_has_its_end_recorded() -> None:
+    """The keeper's records share the sandbox's quota: it reserves their room before the harness
+    runs, so a full disk cannot leave an execution without its outcome (a reattached runner
+    would call that `keeper_lost`: an infrastructure failure)."""
+    host = SandboxHost(REPO / ".gyre" / "test-proof" / uuid.uuid4().hex[:8], uid_base=61300, uid_count=50)
+    if not host.isolation.tmpfs_quota:
+        pytest.skip("no tmpfs quota on this host: the disk limit is a watcher's kill instead")
+    box = await host.create("fill", LIMITS)
+    try:
+        fill = (  # files of 1 MiB (the file size limit is lower than the quota) until ENOSPC
+            "import errno, os, sys\nn = 0\nwhile True:\n    n += 1\n"
+            "    try:\n        with open(os.path.join(os.environ['HOME'], f'fill{n}'), 'wb') as f:\n"
+            "            f.write(b'x' * (1 << 20))\n"
+            "    except OSError as e:\n        if e.errno == errno.ENOSPC:\n            break\n"
+            "        raise\n"
+            "sys.exit(3)\n"
+        )
+        await box.launch([sys.executable, "-c", fill], env={})
+        outcome = await box.wait(timeout_s=60)
+        assert (outcome.started, outcome.exit_code, outcome.killed) == (True, 3, "")
+        assert json.loads((box.path / "log" / "outcome.json").read_text())["exit_code"] == 3
+    finally:
+        await box.release()
+        host.sweep()
+        host.root.rmdir()

@@ -36,6 +36,7 @@ LOG_LIMIT = 16 * 1024 * 1024
 """Bytes of the harness's output kept in harness.log (then its last 64 KiB); the runner reads
 only the end of it."""
 DRAIN_GRACE_S = 2.0
+RESERVED_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,9 +68,23 @@ def kill_keeper(keeper_file: Path) -> None:
 
 
 def write_atomically(path: Path, data: dict[str, Any]) -> None:
+    """Write the JSON beside `path` and rename it there. Where `reserve` made room for it first,
+    the text goes into those pages: a sandbox that filled its disk quota (the log folder shares
+    the sandbox's tmpfs) cannot keep the keeper from recording how it ended."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
+    text = json.dumps(data).encode()
+    if len(text) <= RESERVED_BYTES and tmp.exists():
+        with tmp.open("r+b") as f:
+            f.write(text)
+            f.truncate()
+    else:
+        tmp.write_bytes(text)
     os.replace(tmp, path)
+
+
+def reserve(path: Path) -> None:
+    """Allocate the pages `write_atomically(path, ...)` will write into, before the sandbox runs."""
+    path.with_name(f".{path.name}.tmp").write_bytes(b" " * RESERVED_BYTES)
 
 
 def start_time(pid: int) -> int | None:
@@ -178,6 +193,8 @@ def setup_record(status: bytes) -> dict[str, Any]:
 async def keep(spec: dict[str, Any]) -> int:
     log_dir = Path(spec["log_dir"])
     write_atomically(log_dir / KEEPER_FILE, {"pid": os.getpid(), "start_time": start_time(os.getpid())})
+    for name in (STARTED_FILE, OUTCOME_FILE):
+        reserve(log_dir / name)
     forwarder = None
     if spec.get("forward"):
         f = spec["forward"]
