@@ -122,6 +122,8 @@ class Drain:
         self.dropped = 0
         self.tail = bytearray()
         self.done = threading.Event()
+        self.line = threading.Event()
+        """Set once a whole line was read (the status pipe's one line)."""
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
@@ -137,6 +139,8 @@ class Drain:
                         written += len(keep)
                         if self.path is None:  # kept only where nothing is written (the status)
                             self.data += keep
+                            if b"\n" in keep:
+                                self.line.set()
                     if len(keep) < len(chunk):
                         self.dropped += len(chunk) - len(keep)
                         self.tail = (self.tail + chunk[len(keep) :])[-self.TAIL :]
@@ -247,9 +251,8 @@ async def keep(spec: dict[str, Any]) -> int:
 async def _record_setup(status: Drain, log_dir: Path) -> dict[str, Any]:
     """Write `started.json` as soon as init reported (before the harness could end): a host kill
     at the deadline takes the keeper down before it writes the outcome, and still finds this."""
-    while not await status.wait(1.0):
-        if bytes(status.data).endswith(b"\n"):
-            break
+    while not (status.line.is_set() or status.done.is_set()):
+        await asyncio.to_thread(status.line.wait, 0.05)
     record = setup_record(bytes(status.data))
     write_atomically(log_dir / STARTED_FILE, record)
     return record
