@@ -56,8 +56,10 @@ from services.evaluator.scoring import (
 from services.evaluator.taskset import TaskDef
 
 log = structlog.get_logger(__name__)
-GRADER_VERSION = 3
-"""3: values compared outside the tested process, skipped and missing tests fail, workspace faults score 0."""
+GRADER_VERSION = 4
+"""3: values compared outside the tested process, skipped and missing tests fail, workspace faults score 0.
+4: only host-proven set-up failures are not assessable; a check script's silence, death or
+non-zero exit fails its verdicts."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
