@@ -1,0 +1,147 @@
+"""Tracker sinks: each real library holds one row per step, and a failing sink stops nothing.
+
+The optional libraries (tensorboard, wandb, mlflow-skinny, trackio) are in the `dev` extra, so
+CI runs every sink; they stay out of the default install (`gyre[track]` brings them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gyre.errors import InvalidArgument
+from gyre_app.track_rows import StepRow
+from gyre_app.track_sinks import OPTIONAL_PACKAGES, SINK_NAMES, Tracker, parse_sinks
+
+STEPS = (1, 2, 3)
+SAMPLE = {
+    "step": 1,
+    "execution_id": "e1",
+    "task_id": "t1",
+    "reward": 1.0,
+    "ending": "done",
+    "turns": 2,
+    "prompt": "fix it",
+    "tool_calls": [{"name": "ls", "arguments": "{}"}],
+    "last_output": "ok",
+}
+
+
+def row(step: int) -> StepRow:
+    return StepRow(
+        step=step,
+        scalars={"reward/mean": step / 10, "staleness/max": 1.0, "pass_at_1": 0.5},
+        reward_histogram=(1, 0, 0, 0, 0, step),
+    )
+
+
+def wandb_history_steps(folder: Path) -> list[int]:
+    """The step of each history record in the offline run file (a LevelDB-style log of protobuf
+    `Record`s in 32 KiB blocks after a 7-byte header), read without W&B's own reader, which lives
+    in its Go core."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, buf, steps = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or kind == 0:  # the block's padding
+            pos += left
+            continue
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            if record.WhichOneof("record_type") == "history":
+                steps.append(record.history.step.num)
+    return steps
+
+
+@pytest.fixture
+def all_sinks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Tracker, Path]]:
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracker.open(SINK_NAMES, tmp_path, project="gyre-test", run_name="run-1")
+    yield tracker, tmp_path
+
+
+def test_every_sink_holds_exactly_one_row_per_step(all_sinks: tuple[Tracker, Path]) -> None:
+    tracker, folder = all_sinks
+    for step in STEPS:
+        tracker.log_row(row(step))
+        tracker.log_samples(step, [{**SAMPLE, "step": step}])
+    tracker.close()
+    assert tracker.failures == {}
+    assert tracker.rows_logged == dict.fromkeys(SINK_NAMES, len(STEPS))
+
+    lines = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(STEPS) and lines[2]["reward_histogram"] == [1, 0, 0, 0, 0, 3]
+    assert len((folder / "samples.jsonl").read_text().splitlines()) == len(STEPS)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == list(STEPS)
+    assert [e.step for e in events.Scalars("reward/hist_1.0")] == list(STEPS)
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("gyre-test").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == list(STEPS)
+
+    assert sorted(set(wandb_history_steps(folder))) == list(STEPS)
+
+    from trackio.sqlite_storage import SQLiteStorage
+
+    logged = [r for r in SQLiteStorage.get_logs("gyre-test", "run-1") if "reward/mean" in r]
+    assert [r["step"] for r in logged] == list(STEPS)
+
+
+def test_a_failing_sink_is_counted_and_the_others_keep_logging(tmp_path: Path) -> None:
+    (tmp_path / "blocked").write_text("a file where the JSONL sink wants its folder")
+    tracker = Tracker.open(["jsonl"], tmp_path / "blocked", project="p", run_name="r")
+    tracker.sinks += Tracker.open(["jsonl"], tmp_path / "ok", project="p", run_name="r").sinks
+    for step in STEPS:
+        tracker.log_row(row(step))
+    assert tracker.failures == {"jsonl": len(STEPS)}
+    assert len((tmp_path / "ok" / "steps.jsonl").read_text().splitlines()) == len(STEPS)
+
+
+def test_an_unknown_tracker_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(
+        InvalidArgument, match=r"--track: unknown tracker 'neptune'; known: jsonl, tensorboard"
+    ):
+        parse_sinks("tensorboard,neptune")
+
+
+def test_a_tracker_whose_package_is_missing_is_refused_with_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The package name is the only thing changed: find_spec really looks for it and finds nothing.
+    monkeypatch.setitem(OPTIONAL_PACKAGES, "wandb", "wandb_absent_for_this_test")
+    with pytest.raises(
+        InvalidArgument,
+        match=r"the wandb tracker needs the Python package 'wandb_absent_for_this_test', which is not "
+        r"installed: pip install 'gyre\[track\]' \(all of them\) or pip install wandb_absent_for_this_test",
+    ):
+        parse_sinks("jsonl,wandb")
+
+
+def test_names_are_deduplicated_and_none_means_no_tracker() -> None:
+    assert parse_sinks(" TensorBoard,jsonl,tensorboard ") == ("tensorboard", "jsonl")
+    assert parse_sinks("none") == ()
+    assert os.environ.get("GYRE_TRACK_SINKS", "jsonl")  # the default needs no package
