@@ -320,6 +320,7 @@ def start_tracker(kernel: KernelSettings, env: dict[str, str], cwd: Path, *, sin
     settings = TrackSettings()
     run_name = settings.resolved_run_name()
     folder = track_folder(settings, state_dir, run_name).resolve()
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     pid = spawn_detached(
         [sys.executable, "-m", MARKER],
         log_path=state_dir / "logs" / "tracker.log",
