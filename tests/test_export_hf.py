@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -102,3 +103,24 @@ def test_gyre_export_command_refuses_an_unknown_step_on_one_line(
     assert gyre_main([*argv, "--tokenizer", str(model_dir)]) == 1
     err = capsys.readouterr().err
     assert err.strip() == "gyre export: STEP: no checkpoint of step 9; steps with a checkpoint: 1, 2"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+    reason="needs a CUDA device and the vllm extra",
+)
+def test_exported_model_loads_in_vllm_and_scores_like_the_trainer(
+    trained: tuple[PreTrainedModel, Path, Path], tmp_path: Path
+) -> None:
+    """vLLM serves the exported folder as it is; its greedy tokens are the trainer model's argmax."""
+    from vllm import LLM, SamplingParams
+
+    model, checkpoints, model_dir = trained
+    exported = export_step(checkpoints, 2, tmp_path / "hf", tokenizer_dir=model_dir)
+    llm = LLM(model=str(exported.folder), dtype="float32", enforce_eager=True, gpu_memory_utilization=0.2)
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in PROMPT_IDS], params)
+    with torch.no_grad():
+        expected = model.eval()(input_ids=torch.tensor(PROMPT_IDS)).logits[:, -1].argmax(-1).tolist()
+    assert [o.outputs[0].token_ids[0] for o in outputs] == expected
