@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gyre.errors import InvalidArgument
+from gyre_app.track_readback import logged_steps, tensorboard_steps
 from gyre_app.track_rows import StepRow
 from gyre_app.track_sinks import OPTIONAL_PACKAGES, SINK_NAMES, Tracker, parse_sinks
 
@@ -35,36 +35,9 @@ SAMPLE = {
 def row(step: int) -> StepRow:
     return StepRow(
         step=step,
-        scalars={"reward/mean": step / 10, "staleness/max": 1.0, "pass_at_1": 0.5},
+        scalars={"train/loss": 1.0 / step, "reward/mean": step / 10, "staleness/max": 1.0, "pass_at_1": 0.5},
         reward_histogram=(1, 0, 0, 0, 0, step),
     )
-
-
-def wandb_history_steps(folder: Path) -> list[int]:
-    """The step of each history record in the offline run file (a LevelDB-style log of protobuf
-    `Record`s in 32 KiB blocks after a 7-byte header), read without W&B's own reader, which lives
-    in its Go core."""
-    from wandb.proto import wandb_internal_pb2
-
-    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, block, buf, steps = 7, 32768, b"", []
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if left < 7 or kind == 0:  # the block's padding
-            pos += left
-            continue
-        buf += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # a whole record, or the last piece of one
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(buf)
-            buf = b""
-            if record.WhichOneof("record_type") == "history":
-                steps.append(record.history.step.num)
-    return steps
 
 
 @pytest.fixture
@@ -87,28 +60,11 @@ def test_every_sink_holds_exactly_one_row_per_step(all_sinks: tuple[Tracker, Pat
     assert tracker.rows_logged == dict.fromkeys(SINK_NAMES, len(STEPS))
 
     lines = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == list(STEPS) and lines[2]["reward_histogram"] == [1, 0, 0, 0, 0, 3]
+    assert lines[2]["reward_histogram"] == [1, 0, 0, 0, 0, 3]
     assert len((folder / "samples.jsonl").read_text().splitlines()) == len(STEPS)
-
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(folder / "tensorboard"))
-    events.Reload()
-    assert [e.step for e in events.Scalars("reward/mean")] == list(STEPS)
-    assert [e.step for e in events.Scalars("reward/hist_1.0")] == list(STEPS)
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("gyre-test").experiment_id])
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == list(STEPS)
-
-    assert sorted(set(wandb_history_steps(folder))) == list(STEPS)
-
-    from trackio.sqlite_storage import SQLiteStorage
-
-    logged = [r for r in SQLiteStorage.get_logs("gyre-test", "run-1") if "reward/mean" in r]
-    assert [r["step"] for r in logged] == list(STEPS)
+    held = logged_steps(folder, SINK_NAMES, project="gyre-test", run_name="run-1")
+    assert held == {name: list(STEPS) for name in SINK_NAMES}
+    assert tensorboard_steps(folder, "reward/hist_1.0") == list(STEPS)
 
 
 def test_a_failing_sink_is_counted_and_the_others_keep_logging(tmp_path: Path) -> None:
