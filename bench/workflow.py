@@ -149,6 +149,7 @@ def tracker_live(root: Path, timeout_s: float) -> dict[str, Any]:
     from gyre_app.track_readback import logged_steps
 
     sinks = installed_sinks()
+    os.environ["TRACKIO_DIR"] = str(root / "trackio")  # where this process's Trackio reader looks
     env = {k: v for k, v in os.environ.items() if not k.startswith("GYRE_")}
     env |= {
         "GYRE_STATE_DIR": str(root / "state"),
@@ -168,16 +169,18 @@ def tracker_live(root: Path, timeout_s: float) -> dict[str, Any]:
             raise RuntimeError(f"gyre up failed: {up.stderr[-2000:]}")
         folder = Path(json.loads(up.stdout)["tracking"])
         demo = gyre("demo", "--keep")
-        status = gyre("status", "--json")
-        version = int(json.loads(status.stdout)["version"])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the tracker polls every second
-            done = (
-                json.loads((folder / "status.json").read_text()) if (folder / "status.json").exists() else {}
-            )
-            if done.get("steps", 0) >= version:
+        # The stack trains on after the demo returns (its last group): wait until the trainer's
+        # version has held still for a few seconds and the tracker has a row for each step.
+        version, stable_since, deadline = -1, time.monotonic(), time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = int(json.loads(gyre("status", "--json").stdout)["version"])
+            if now != version:
+                version, stable_since = now, time.monotonic()
+            status_file = folder / "status.json"
+            tracked = json.loads(status_file.read_text())["steps"] if status_file.exists() else 0
+            if tracked == version and time.monotonic() - stable_since >= 5:
                 break
-            time.sleep(0.5)
+            time.sleep(1)
     finally:
         gyre("down")
     held = logged_steps(folder, sinks, project=PROJECT, run_name="live")

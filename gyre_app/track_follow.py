@@ -30,7 +30,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from gyre.bus import Bus, BusConfig
-from gyre.devstack.processes import read_json, spawn_detached, terminate, write_json
+from gyre.devstack.processes import is_our_process, read_json, spawn_detached, terminate, write_json
 from gyre.engine.v1 import events_pb2 as engine_events
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import UndecodableEvent, parse_envelope, stream_name, subject_for, unpack_payload
@@ -314,8 +314,16 @@ def track_folder(settings: TrackSettings, state_dir: Path, run_name: str) -> Pat
 
 
 def start_tracker(kernel: KernelSettings, env: dict[str, str], cwd: Path, *, sinks: Sequence[str]) -> Path:
-    """Spawn the tracker for the stack in `kernel.state_dir` (detached); returns its folder."""
+    """Spawn the tracker for the stack in `kernel.state_dir` (detached); returns its folder.
+
+    One already following this stack with the same sinks is kept (a repeated `gyre up` does not
+    start a second run); with other sinks it is replaced.
+    """
     state_dir = kernel.state_dir.resolve()
+    recorded = read_json(state_dir / PID_FILE) or {}
+    pid = recorded.get("pid")
+    if isinstance(pid, int) and is_our_process(pid, MARKER) and recorded.get("sinks") == list(sinks):
+        return Path(str(recorded["folder"]))
     stop_tracker(state_dir)
     settings = TrackSettings()
     run_name = settings.resolved_run_name()
@@ -334,7 +342,7 @@ def start_tracker(kernel: KernelSettings, env: dict[str, str], cwd: Path, *, sin
             "GYRE_TRACK_DIR": str(folder),
         },
     )
-    write_json(state_dir / PID_FILE, {"pid": pid, "folder": str(folder)})
+    write_json(state_dir / PID_FILE, {"pid": pid, "folder": str(folder), "sinks": list(sinks)})
     return folder
 
 

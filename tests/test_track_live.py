@@ -136,6 +136,8 @@ async def test_the_tracker_process_follows_a_stack_and_exits_when_it_is_gone(
     }
     folder = start_tracker(kernel, env, REPO_ROOT, sinks=("jsonl",))
     pid = read_json(state_dir / "tracker.json")["pid"]  # type: ignore[index]
+    assert start_tracker(kernel, env, REPO_ROOT, sinks=("jsonl",)) == folder  # a repeated `gyre up`
+    assert read_json(state_dir / "tracker.json")["pid"] == pid  # type: ignore[index]
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         await publish_group(own_bus, tokenizer, "task-p1", [1.0, 0.0], version=1)
