@@ -66,6 +66,7 @@ FED: tuple[tuple[str, type[message.Message]], ...] = (
     ("runner", runner_events.ExecutionCancelled),
     ("evaluator", evaluator_events.RewardAssigned),
     ("engine", engine_events.EngineWeightsUpdated),
+    ("trainer", trainer_events.GroupSetAside),
     ("trainer", trainer_events.StepCompleted),  # last: see the module docstring
 )
 ROLES = {
@@ -210,7 +211,9 @@ def apply(ledger: RunLedger, event: message.Message, decoder: Decoder) -> StepFa
             grad_norm=event.grad_norm,
             duration_s=event.duration_s,
         )
-    if isinstance(event, evaluator_events.RewardAssigned):
+    if isinstance(event, trainer_events.GroupSetAside):
+        ledger.forget_task(event.task_id)
+    elif isinstance(event, evaluator_events.RewardAssigned):
         grade = event.grade
         ledger.record_reward(
             execution_id=grade.execution_id,

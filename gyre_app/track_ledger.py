@@ -92,6 +92,12 @@ class RunLedger:
     def record_cell_role(self, cell_id: str, role: str) -> None:
         self.cell_roles[cell_id] = role
 
+    def forget_task(self, task_id: str) -> None:
+        """A group the trainer set aside is never trained: its executions would never leave."""
+        for execution_id in [e for e, facts in self.executions.items() if facts.task_id == task_id]:
+            self.executions.pop(execution_id, None)
+            self.calls.pop(execution_id, None)
+
     def complete_step(self, step: StepFacts) -> StepOutput:
         """The step's row, samples and trajectories; its executions are forgotten afterwards."""
         tasks = set(step.task_ids)

@@ -185,3 +185,12 @@ def test_atif_trajectory_has_a_user_step_then_one_agent_step_per_call_with_tool_
         "total_steps": 3,
     }
     assert doc["extra"]["reward"] == 1.0 and doc["extra"]["trained_at_step"] == 3
+
+
+def test_a_set_aside_group_is_forgotten() -> None:
+    ledger = RunLedger()
+    ledger.record_reward(execution_id="a1", task_id="task-a", reward=1.0, assessable=True)
+    ledger.record_call(call("a1", 0))
+    ledger.record_reward(execution_id="b1", task_id="task-b", reward=0.0, assessable=True)
+    ledger.forget_task("task-a")
+    assert set(ledger.executions) == {"b1"} and ledger.calls == {}
