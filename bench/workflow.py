@@ -173,7 +173,11 @@ def tracker_live(root: Path, timeout_s: float) -> dict[str, Any]:
         # version has held still for a few seconds and the tracker has a row for each step.
         version, stable_since, deadline = -1, time.monotonic(), time.monotonic() + 120
         while time.monotonic() < deadline:
-            now = int(json.loads(gyre("status", "--json").stdout)["version"])
+            status = gyre("status", "--json")
+            if status.returncode != 0:  # a service restarting: ask again
+                time.sleep(1)
+                continue
+            now = int(json.loads(status.stdout)["version"])
             if now != version:
                 version, stable_since = now, time.monotonic()
             status_file = folder / "status.json"
@@ -188,6 +192,7 @@ def tracker_live(root: Path, timeout_s: float) -> dict[str, Any]:
     return {
         "tracker_source": "live run (gyre up --track, gyre demo)",
         "tracker_demo_rc": demo.returncode,
+        "tracker_demo_stderr_tail": demo.stderr[-300:] if demo.returncode else "",
         "tracker_sinks": list(sinks),
         "tracker_steps": version,
         "tracker_rows_by_sink": {k: len(v) for k, v in held.items()},

@@ -37,12 +37,13 @@ def up_sinks(track: str | None) -> tuple[str, ...]:
 
 def start_for_up(sinks: tuple[str, ...]) -> str:
     """Start the tracker for the stack `gyre up` just started; returns its folder ("" if none)."""
-    if not sinks:
-        return ""
     from gyre_app.stack import REPO_ROOT, kernel_env, load_state
-    from gyre_app.track_follow import start_tracker
+    from gyre_app.track_follow import start_tracker, stop_tracker
 
     kernel = KernelSettings()
+    if not sinks:  # `--track none` on a stack that had a tracker: stop it
+        stop_tracker(kernel.state_dir.resolve())
+        return ""
     state = load_state(kernel.state_dir.resolve())
     assert state is not None, "gyre up returned without a stack.json"
     env = kernel_env(state.nats_url, state.database_url, kernel.bus_prefix)

@@ -7,13 +7,13 @@ CI runs every sink; they stay out of the default install (`gyre[track]` brings t
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gyre.errors import InvalidArgument
+from gyre_app.cli_track import up_sinks
 from gyre_app.track_readback import logged_steps, tensorboard_steps
 from gyre_app.track_rows import StepRow
 from gyre_app.track_sinks import OPTIONAL_PACKAGES, SINK_NAMES, Tracker, parse_sinks
@@ -100,4 +100,12 @@ def test_a_tracker_whose_package_is_missing_is_refused_with_how_to_install_it(
 def test_names_are_deduplicated_and_none_means_no_tracker() -> None:
     assert parse_sinks(" TensorBoard,jsonl,tensorboard ") == ("tensorboard", "jsonl")
     assert parse_sinks("none") == ()
-    assert os.environ.get("GYRE_TRACK_SINKS", "jsonl")  # the default needs no package
+
+
+def test_gyre_up_track_adds_to_jsonl_and_none_turns_tracking_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GYRE_TRACK_SINKS", raising=False)
+    assert up_sinks(None) == ("jsonl",)
+    assert up_sinks("tensorboard,mlflow") == ("jsonl", "tensorboard", "mlflow")
+    assert up_sinks("none") == ()
+    monkeypatch.setenv("GYRE_TRACK_SINKS", "wandb")
+    assert up_sinks(None) == ("wandb",)
