@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gyre.errors import InvalidArgument
+from gyre.logs import configure_logging
 from gyre_app.cli_track import up_sinks
 from gyre_app.track_readback import logged_steps, tensorboard_steps
 from gyre_app.track_rows import StepRow
@@ -67,13 +68,17 @@ def test_every_sink_holds_exactly_one_row_per_step(all_sinks: tuple[Tracker, Pat
     assert tensorboard_steps(folder, "reward/hist_1.0") == list(STEPS)
 
 
-def test_a_failing_sink_is_counted_and_the_others_keep_logging(tmp_path: Path) -> None:
+def test_a_failing_sink_is_logged_counted_and_the_others_keep_logging(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging()  # to this test's stderr (a CLI test before may have left a closed one)
     (tmp_path / "blocked").write_text("a file where the JSONL sink wants its folder")
     tracker = Tracker.open(["jsonl"], tmp_path / "blocked", project="p", run_name="r")
     tracker.sinks += Tracker.open(["jsonl"], tmp_path / "ok", project="p", run_name="r").sinks
     for step in STEPS:
         tracker.log_row(row(step))
     assert tracker.failures == {"jsonl": len(STEPS)}
+    assert capsys.readouterr().err.count("tracker_sink_failed") == len(STEPS)
     assert len((tmp_path / "ok" / "steps.jsonl").read_text().splitlines()) == len(STEPS)
 
 
