@@ -206,8 +206,13 @@ class MlflowSink:
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(self.folder / 'mlflow.db').resolve()}"
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(self.project)
+        # Artifacts (the sample tables) beside the store, not in MLflow's default ./mlruns of the
+        # process's working folder.
+        artifacts = (self.folder / "mlflow-artifacts").resolve().as_uri()
         experiment_id = (
-            experiment.experiment_id if experiment else self.client.create_experiment(self.project)
+            experiment.experiment_id
+            if experiment
+            else self.client.create_experiment(self.project, artifact_location=artifacts)
         )
         self.run_id = self.client.create_run(experiment_id, run_name=self.run_name).info.run_id
 

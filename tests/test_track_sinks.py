@@ -66,6 +66,7 @@ def test_every_sink_holds_exactly_one_row_per_step(all_sinks: tuple[Tracker, Pat
     held = logged_steps(folder, SINK_NAMES, project="gyre-test", run_name="run-1")
     assert held == {name: list(STEPS) for name in SINK_NAMES}
     assert tensorboard_steps(folder, "reward/hist_1.0") == list(STEPS)
+    assert len(list(folder.glob("mlflow-artifacts/*/artifacts/samples/step-*.json"))) == len(STEPS)
 
 
 def test_a_failing_sink_is_logged_counted_and_the_others_keep_logging(
