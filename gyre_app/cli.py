@@ -20,7 +20,7 @@ from typer.exceptions import TyperException
 from gyre.errors import GyreError
 from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
-from gyre_app import cli_replay, cli_report, cli_tasks, cli_trace
+from gyre_app import cli_export, cli_replay, cli_report, cli_tasks, cli_trace, cli_track
 
 app = typer.Typer(
     name="gyre",
@@ -46,6 +46,7 @@ def up(
         bool,
         typer.Option(help="mutual TLS between services; embedded NATS and Postgres ask for passwords"),
     ] = False,
+    track: Annotated[str | None, typer.Option(help=cli_track.TRACK_HELP)] = None,
 ) -> None:
     """Start NATS, Postgres (embedded unless configured), every service and the cells."""
     from gyre_app.stack import MODES
@@ -53,7 +54,9 @@ def up(
 
     if mode not in MODES:
         raise typer.BadParameter(f"must be one of {', '.join(MODES)}, got {mode!r}", param_hint="--mode")
+    sinks = cli_track.up_sinks(track)  # refused here, before anything starts
     state = stack_up(KernelSettings(), metrics=metrics, cells=cells, mode=mode, secure=secure)
+    tracking = cli_track.start_for_up(sinks)
     print(
         json.dumps(
             {
@@ -64,6 +67,7 @@ def up(
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
                 "mode": state.mode,
+                **({"tracking": tracking} if tracking else {}),
                 **({"metrics": {s.name: s.metrics_url for s in state.services}} if metrics else {}),
             },
             indent=2,
@@ -97,6 +101,7 @@ def down(
     from gyre_app.stack_servers import stop_embedded_servers
 
     kernel = KernelSettings()
+    cli_track.stop_for_down(kernel)
     stopped = stack_down(kernel)
     if all_:
         stopped += stop_embedded_servers(kernel.state_dir)
@@ -206,6 +211,8 @@ cli_tasks.register(app)
 cli_replay.register(app)
 cli_trace.register(app)
 cli_report.register(app)
+cli_export.register(app)
+cli_track.register(app)
 
 # Commands that belong to a service live in that service and are loaded only when named, so
 # `gyre up` does not pay for torch. Each module has `main(argv: list[str]) -> int`; its own

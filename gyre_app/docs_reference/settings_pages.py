@@ -33,7 +33,9 @@ class Setting:
 
 def settings_classes() -> list[type[BaseSettings]]:
     """The kernel's classes first, then each service's, by service name."""
-    found: list[type[BaseSettings]] = [KernelSettings, TlsSettings]
+    from gyre_app.track_config import TrackSettings  # the application's own, beside the kernel's
+
+    found: list[type[BaseSettings]] = [KernelSettings, TlsSettings, TrackSettings]
     for config in sorted((ROOT / "services").glob("*/config.py")):
         module = importlib.import_module(f"services.{config.parent.name}.config")
         for value in vars(module).values():
