@@ -183,10 +183,12 @@ def service_env(
             "GYRE_SCHEDULER_RUNNER_ADDRESS": at("runner"),
             "GYRE_SCHEDULER_MODE": mode,
             "GYRE_SCHEDULER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
+            "GYRE_SCHEDULER_MODEL_DIR": model_dir,
         },
         "proxy": {"GYRE_PROXY_MODEL_DIR": model_dir, "GYRE_PROXY_HTTP_PORT": str(proxy_http_port)},
         "runner": {
             "GYRE_RUNNER_PROXY_ADDRESS": at("proxy"),
+            "GYRE_RUNNER_SCHEDULER_ADDRESS": at("scheduler"),
             "GYRE_RUNNER_PROXY_BASE_URL": proxy_base_url,
             "GYRE_RUNNER_SANDBOX_ROOT": str(sandboxes_dir(state_dir) / "runner"),
             "GYRE_RUNNER_HARNESS_ENV": json.dumps(LOCAL_AGENT_ENV),

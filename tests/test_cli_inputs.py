@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gyre import logs
 from gyre_app.cli import main
 
 INPUT_ERROR = 2
@@ -26,20 +30,47 @@ SERVICES = ("SCHEDULER", "RUNNER", "TRAJECTORY", "TRAINER", "EVALUATOR", "PROXY"
 TASK = {"name": "t", "family": "terminal", "prompt": "Do it.", "group_size": 1}
 FUZZ = settings(
     max_examples=40,
+    derandomize=True,  # the same examples every run, as the wire fuzz (tests/wire_fuzz.py)
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
+class CurrentStderr:
+    """Whatever sys.stderr is when a line is logged (capsys's during a test, the real one after):
+    `main` configures logging to the stderr it finds, which capsys closes after the test."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
+def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
+    from gyre_app import cli as gyre_cli
+
+    real = logs.configure_logging
+
+    def configure_logging(**kwargs: str) -> None:  # as main does, minus a file the test closes
+        real(**kwargs)
+        structlog.configure(
+            logger_factory=structlog.PrintLoggerFactory(file=CurrentStderr()),  # type: ignore[arg-type]
+            cache_logger_on_first_use=False,
+        )
+
+    saved = structlog.get_config()
+    monkeypatch.setattr(gyre_cli, "configure_logging", configure_logging)
     with socket.socket() as s:  # bound, then closed: nothing listens there
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
     for service in SERVICES:
         monkeypatch.setenv(f"GYRE_{service}_ADDRESS", closed)
     monkeypatch.setenv("GYRE_STATE_DIR", str(tmp_path / "state"))
-    return Cli(tmp_path, capsys)
+    yield Cli(tmp_path, capsys)
+    structlog.configure(**saved)
 
 
 class Cli:
@@ -132,7 +163,9 @@ ODD_JSON = st.recursive(
     max_leaves=8,
 )
 TASK_LINES = st.dictionaries(
-    st.sampled_from([*TASK, "timeout_s", "harness", "labels", "max_infra_retries", "workspace_template"])
+    st.sampled_from(
+        [*TASK, "timeout_s", "harness", "labels", "max_infra_retries", "workspace_template", "harness_env"]
+    )
     | TEXT,
     ODD_JSON,
     max_size=8,

@@ -4,7 +4,8 @@ One task a line, the fields of `TaskSpec` (proto/gyre/scheduler/v1/scheduler.pro
 
     {"name": "fix-slug", "family": "repo_repair", "prompt": "...", "group_size": 4,
      "timeout_s": 600, "harness": "gyre-agent", "workspace_template": "task:slugfix",
-     "labels": {"split": "train"}, "max_infra_retries": 2}
+     "labels": {"split": "train"}, "max_infra_retries": 2,
+     "harness_env": {"GYRE_AGENT_MAX_TURNS": "20"}}
 
 `name`, `family`, `prompt` and `group_size` are required; `timeout_s` defaults to 600 s,
 `harness` to `gyre-agent` and `max_infra_retries` (replacements for infrastructure failures) to
@@ -28,7 +29,7 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_HARNESS = "gyre-agent"
 REQUIRED = ("name", "family", "prompt", "group_size")
 TEXT_FIELDS = ("name", "family", "prompt", "harness", "workspace_template")
-KNOWN = frozenset((*TEXT_FIELDS, "group_size", "timeout_s", "labels", "max_infra_retries"))
+KNOWN = frozenset((*TEXT_FIELDS, "group_size", "timeout_s", "labels", "max_infra_retries", "harness_env"))
 BATCH_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 MAX_UINT32 = 2**32 - 1
 """The widest `group_size` the contract can carry; the scheduler refuses what is over its own limit."""
@@ -81,12 +82,13 @@ def _spec(raw: Mapping[str, object], source: str, line: int) -> scheduler_pb2.Ta
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise _fail(source, line, "max_infra_retries", f"must be an integer >= 0, got {retries!r}")
         spec.max_infra_retries = min(retries, 2**32 - 1)  # the scheduler refuses what is too many
-    labels = raw.get("labels", {})
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) and _is_unicode(k + v) for k, v in labels.items()
-    ):
-        raise _fail(source, line, "labels", f"must map Unicode strings to strings, got {labels!r}")
-    spec.labels.update(labels)
+    for key in ("labels", "harness_env"):
+        pairs = raw.get(key, {})
+        if not isinstance(pairs, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and _is_unicode(k + v) for k, v in pairs.items()
+        ):
+            raise _fail(source, line, key, f"must map Unicode strings to strings, got {pairs!r}")
+        getattr(spec, key).update(pairs)
     return spec
 
 

@@ -33,6 +33,9 @@ class RunnerSettings(BaseSettings):
     """First uid handed to sandbox users (one per sandbox, up to 1000)."""
     proxy_address: str = ""
     """The proxy's gRPC address for RegisterExecutionToken; empty: tokens are not registered."""
+    scheduler_address: str = ""
+    """The scheduler's gRPC address: the runner registers what it can run there every 30 s, and
+    the scheduler refuses at submission what it could not (empty: no registration)."""
     proxy_base_url: str = "http://127.0.0.1:8080"
     """The proxy's HTTP root (OpenAI at /v1, Anthropic at /v1/messages): the one place a sandbox may reach."""
     tasks_dir: Path = BUNDLED_TASKS

@@ -65,6 +65,7 @@ class ScheduledEvents:
             family=p.family,
             task=grading_task(workspace_template=p.workspace_template, labels=dict(p.labels)),
             min_policy_version=p.admitted_version.steps,
+            harness_env=tuple(sorted(p.harness_env.items())),
         )
         problem = ""
         try:
