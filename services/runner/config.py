@@ -59,8 +59,8 @@ class RunnerSettings(BaseSettings):
     keep_workspace_s: float = 6 * 3600.0
     """How long an ended execution's sandbox (its workspace) is kept at most when no grade comes:
     it is released as soon as its RewardAssigned arrives (a grader killed mid-grading is
-    redelivered and still finds it), all are released when the runner stops, and a restarted
-    runner keeps the ones still waiting."""
+    redelivered and still finds it); a stopping runner leaves them all, running or ended, and a
+    restarted runner keeps the ones still waiting (`gyre down` sweeps what a stopped stack left)."""
     token_grace_s: float = 600.0
     """How long after the deadline a token still works (calls in flight)."""
     revoke_retry_s: float = 300.0
