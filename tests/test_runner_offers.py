@@ -1,17 +1,24 @@
 """What no registered runner could run, and a prompt no model call could hold, are refused at
 submission with the field named (services/scheduler/runner_offers.py, pure, with offers built the
-way the runner builds its own; services/scheduler/prompt_window.py)."""
+way the runner builds its own; services/scheduler/prompt_window.py); a task's harness_env
+reaches the runner's launch."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from proxy_support import write_tokenizer
 
+from gyre.common.v1 import ids_pb2
 from gyre.errors import InvalidArgument
-from services.runner.harness import REGISTRY, RESERVED_ENV
+from gyre.scheduler.v1 import scheduler_pb2
+from services.runner.codec import launch_from_scheduled
+from services.runner.executions import validate_launch
+from services.runner.harness import HARNESSES, REGISTRY, RESERVED_ENV
+from services.scheduler.codec import execution_scheduled
 from services.scheduler.prompt_window import PromptWindow
 from services.scheduler.runner_offers import HarnessOffer, RunnerOffer, check_offered
 from services.scheduler.tasks import TaskSpec
@@ -127,3 +134,17 @@ def test_a_prompt_that_alone_fills_the_context_window_is_refused(tmp_path: Path)
 
 def test_an_unreadable_model_folder_checks_no_prompt(tmp_path: Path) -> None:
     PromptWindow(tmp_path / "missing").check([replace(TASK, prompt="word " * 200)])
+
+
+def test_a_tasks_harness_env_reaches_the_runners_launch() -> None:
+    """The scheduler's ExecutionScheduled carries it; the runner's launch gives it to the harness."""
+    task = scheduler_pb2.Task(
+        task_id=str(uuid.uuid4()),
+        spec=scheduler_pb2.TaskSpec(
+            prompt="Do it.", timeout_s=60, harness="gyre-agent", harness_env={"GYRE_AGENT_MAX_TURNS": "3"}
+        ),
+    )
+    ref = ids_pb2.ExecutionRef(task_id=task.task_id, execution_id=str(uuid.uuid4()))
+    launch = launch_from_scheduled("e1", execution_scheduled(task, ref, admitted_version=0))
+    validate_launch(launch, harnesses=HARNESSES, reserved_env=RESERVED_ENV)
+    assert launch.harness_env == (("GYRE_AGENT_MAX_TURNS", "3"),)
