@@ -1,7 +1,9 @@
 """The `gyre` command: local stack, tasks, executions, replay and staleness (shell: typer + rich).
 
 Every command has `--help`; every command that reads has `--json` (one JSON object on stdout).
-An error is one line on stderr, `gyre <command>: <what was wrong>`, and a non-zero exit.
+An error is one line on stderr, `gyre <command>: <what was wrong>`: exit code 2 when the input
+was wrong (an option, an argument, a file, a field a service refused), 1 when something else
+failed (a service away, a task that does not exist).
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
-from gyre.errors import GyreError
+from gyre.errors import GyreError, InvalidArgument
 from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
 from gyre_app import cli_export, cli_replay, cli_report, cli_tasks, cli_trace, cli_track
+from gyre_app.client.tasks_file import TasksFileError
+
+INPUT_ERROR = 2
+"""The exit code of a command whose input was wrong (click's own for usage errors)."""
 
 app = typer.Typer(
     name="gyre",
@@ -273,6 +279,24 @@ def _present_stack_certificate() -> None:
     use_tls_env({f"GYRE_TLS_{k.upper()}": v for k, v in tls.items()} if isinstance(tls, dict) else {})
 
 
+def one_line(message: str) -> str:
+    """An error message as one line: a newline becomes a space; any other character that is not
+    printable (a tab, U+001E or U+2028 from a tasks file, which end lines too) is escaped.
+
+    Example: one_line("line 1, field a\x1eb: unknown") -> "line 1, field a\\x1eb: unknown"
+    """
+    message = message.replace("\n", " ")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+
+
+def _is_utf8(arg: str) -> bool:
+    try:
+        arg.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
@@ -282,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     # sandbox root relocated while `gyre down` sweeps, say) goes to stderr.
     configure_logging(fmt=kernel.log_format, level=kernel.log_level)
     _present_stack_certificate()
+    undecodable = next((arg for arg in argv if not _is_utf8(arg)), None)
+    if undecodable is not None:  # bytes the locale could not decode: no service could take them
+        print(one_line(f"gyre {command_path(argv)}: {undecodable!r} is not UTF-8 text"), file=sys.stderr)
+        return INPUT_ERROR
     if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
         from gyre_app.warmstart.cli import main as warm_start
 
@@ -298,11 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print(f"gyre {command}: aborted", file=sys.stderr)
         return 1
-    except TyperException as exc:  # usage errors: typer prints them with the command's usage line
-        exc.show()  # type: ignore[attr-defined]
-        return int(getattr(exc, "exit_code", 2))
+    except TyperException as exc:  # usage errors (click's): one line, like every input error
+        message = exc.format_message()  # type: ignore[attr-defined]
+        print(one_line(f"gyre {command}: {message} (gyre {command} --help)"), file=sys.stderr)
+        return INPUT_ERROR
+    except (InvalidArgument, TasksFileError) as exc:
+        print(one_line(f"gyre {command}: {exc}"), file=sys.stderr)
+        return INPUT_ERROR
     except (GyreError, RuntimeError) as exc:
-        print(f"gyre {command}: {exc}".replace("\n", " "), file=sys.stderr)
+        print(one_line(f"gyre {command}: {exc}"), file=sys.stderr)
         return 1
     return int(result) if isinstance(result, int) else 0
 

@@ -14,7 +14,15 @@ from gyre.runner.v1 import runner_pb2
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre_app.cli_import import tasks_import
 from gyre_app.client import GyreClient, ServiceAddresses, Task, TaskProgress
-from gyre_app.client.tasks_file import NumberedTask, TasksFileError, bundled_spec, line_of, parse_tasks
+from gyre_app.client.tasks_file import (
+    MAX_UINT32,
+    NumberedTask,
+    TasksFileError,
+    bundled_spec,
+    decode_tasks_file,
+    line_of,
+    parse_tasks,
+)
 from gyre_app.output import JSON_HELP, console, message_dict, pairs, print_json, table
 
 T = TypeVar("T")
@@ -63,10 +71,16 @@ def _specs(
     if file is not None:
         if not file.is_file():
             raise TasksFileError(f"{file}: no such file")
-        return parse_tasks(file.read_text(), source=str(file))
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise TasksFileError(f"{file}: cannot be read: {exc.strerror}") from None
+        return parse_tasks(decode_tasks_file(data, source=str(file)), source=str(file))
     from services.evaluator.taskset import load_task
 
     assert task is not None
+    if not 1 <= group_size <= MAX_UINT32:
+        raise InvalidArgument("--group-size", f"must be an integer from 1 to {MAX_UINT32}, got {group_size}")
     try:
         definition = load_task(task)
     except (InvalidArgument, NotFound, FileNotFoundError) as exc:

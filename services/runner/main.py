@@ -12,10 +12,12 @@ from gyre.rpc_telemetry import channel as traced_channel
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
+from gyre.scheduler.v1 import scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.runner import metrics, repo
 from services.runner.config import AGENT_FILES, RunnerSettings
 from services.runner.consumer import GradedEvents, ScheduledEvents
+from services.runner.registration import Registration
 from services.runner.service import RunnerServicer
 from services.runner.supervisor import Supervisor
 
@@ -61,4 +63,7 @@ async def build_with_supervisor(
     )
     graded = Consumer(conns.bus, GradedEvents(supervisor).spec())
     workers: list[Worker] = [relay.run, scheduled.run, graded.run, supervisor.run]
+    if settings.scheduler_address:
+        scheduler = scheduler_pb2_grpc.SchedulerServiceStub(traced_channel(settings.scheduler_address))
+        workers.append(Registration(settings, scheduler).run)
     return ServiceHost(name=NAME, server=server, connections=conns, workers=workers), supervisor

@@ -52,8 +52,9 @@ FILL_TIMEOUT_S = 300.0
 RECOVER_REVOKE_RETRY_S = 10.0
 COMMIT_RETRY_S = 600.0
 SHUTDOWN_WAIT_S = 8.0
-"""How long a stopping runner waits for its killed executions to record their end: within the
-host's grace for its workers (`ServiceHost.stop`: grace_s + 5 s), which then cancels them."""
+"""How long a stopping runner waits for its launches to reach their harness and for its ended
+executions to record their end: within the host's grace for its workers (`ServiceHost.stop`:
+grace_s + 5 s), which then cancels them."""
 
 
 class LaunchFailed(Exception):
@@ -79,6 +80,10 @@ class Running:
     """Calls the proxy failed (5xx) and the last one's message, once its token is revoked."""
     revoke_retry_s: float | None = None
     """How long to retry the revocation while the proxy is away (None: the settings')."""
+    in_slot: bool = False
+    """It holds one of the `max_running` slots (it is being launched, runs or ends)."""
+    waiting: bool = False
+    """Its harness runs and is recorded as running: a stopping runner can leave it to its keeper."""
 
 
 class Supervisor:
@@ -119,6 +124,7 @@ class Supervisor:
         structlog.contextvars.bind_contextvars(execution_id=eid)
         try:
             async with self.slots:
+                run.in_slot = True
                 await body(run)
         except LaunchFailed as exc:
             await self._end_failed(run, exc.kind, exc.reason)
@@ -158,8 +164,8 @@ class Supervisor:
         if run.cancel is not None:
             await self._end(run, "cancelled", _cancelled(run, box))
             return
-        if self.stopping:  # its shutdown kill found no harness yet: none may start after it
-            raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
+        # A stopping runner still launches a harness it has filled a workspace for: the stop hands
+        # running harnesses to their keepers (`_shut_down`), so this one carries on like the others.
         token = secrets.token_urlsafe(32)
         now = datetime.now(UTC)
         deadline = now + timedelta(seconds=launch.timeout_s)
@@ -209,7 +215,9 @@ class Supervisor:
     async def _wait_and_finish(
         self, run: Running, box: Sandbox, *, timeout_s: float, ran_before_s: float = 0.0
     ) -> None:
+        run.waiting = True
         outcome = await box.wait(timeout_s=timeout_s)
+        run.waiting = False
         outcome = dataclasses.replace(outcome, duration_s=outcome.duration_s + ran_before_s)
         await self._revoke(run, cancel_in_flight=bool(outcome.killed))
         await self._finish(run, box, outcome)
@@ -430,9 +438,8 @@ class Supervisor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Worker: release sandboxes once graded (`release`, from RewardAssigned) or at the latest
-        `keep_workspace_s` after their end; on shutdown kill what still runs (it ends as failed:
-        runner lost) and release every ended sandbox. A crash (kill -9) kills nothing: the next
-        runner re-attaches (`recover`)."""
+        `keep_workspace_s` after their end; on shutdown hand what runs to its keeper and keep every
+        sandbox (`_shut_down`), as a crash (kill -9) does: the next runner re-attaches (`recover`)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY_S)
@@ -443,23 +450,28 @@ class Supervisor:
         await self._shut_down()
 
     async def _shut_down(self) -> None:
-        """Kill what runs, then release every sandbox, ended or not: a stopped runner leaves no
-        process, mount or folder behind, even when the host cancels this worker mid-way (an end
-        slow to commit, a revocation retried while the proxy is away); an execution whose end was
-        not recorded by then ends as runner lost at the next start (no sandbox to `recover`)."""
+        """A graceful stop (`gyre restart runner`, a deploy) leaves executions alone, as a crash
+        does: running harnesses stay with their keepers and every sandbox stays, ended ones too
+        (their grades may still come); the next runner re-attaches to them (`recover`), and
+        `gyre down` sweeps what a stopped stack leaves. Killing here would fail executions an
+        operator never meant to touch and burn their groups' retries.
+
+        Launches under way get a few seconds to reach their harness and ends under way to
+        commit; one that cannot is cancelled with the process and ends as runner lost at the next
+        start, as after a crash. An execution still waiting for a slot is not started (a stopping
+        runner starts no new work): it ends as runner lost, now or at the next start."""
         self.stopping = True
-        try:
-            for run in list(self.running.values()):
-                if run.box is not None:
-                    await run.box.kill("runner stopped")
-            if self.running:
-                await asyncio.wait({r.task for r in self.running.values()}, timeout=SHUTDOWN_WAIT_S)
-        finally:
-            boxes = [box for box, _ in self.ended.values()]
-            boxes += [r.box for r in self.running.values() if r.box is not None]
-            self.ended.clear()
-            for box in boxes:
-                await box.release()
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        while time.monotonic() < deadline:
+            busy = {r.task for r in self.running.values() if r.in_slot and not r.waiting}
+            if not busy:
+                break
+            await asyncio.wait(busy, timeout=min(0.2, max(deadline - time.monotonic(), 0.0)))
+        handed = [r for r in self.running.values() if r.waiting]
+        for run in handed:
+            run.task.cancel()  # this process stops watching it (the keeper runs on); the next runner does
+        await asyncio.gather(*(r.task for r in handed), return_exceptions=True)
+        log.info("runner_stopped_leaving_executions", handed_over=len(handed), kept_ended=len(self.ended))
 
     async def release(self, execution_id: str) -> None:
         """Drop an ended execution's sandbox (its workspace too): after grading, or in tests."""

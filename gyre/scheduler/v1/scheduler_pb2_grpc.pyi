@@ -62,6 +62,11 @@ class SchedulerServiceStub:
     """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
     through the runner (their workspaces are kept and graded as the runner's cancellation says).
     """
+    RegisterRunner: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterRunnerRequest, _scheduler_pb2.RegisterRunnerResponse]
+    """A runner says what it can run: its harnesses (and whether their programs are there), task
+    sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+    refuses a task no registered runner could run. Runners register again every 30 s.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -96,6 +101,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     CancelTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CancelTaskRequest, _scheduler_pb2.CancelTaskResponse]  # type: ignore[assignment]
     """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
     through the runner (their workspaces are kept and graded as the runner's cancellation says).
+    """
+    RegisterRunner: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterRunnerRequest, _scheduler_pb2.RegisterRunnerResponse]  # type: ignore[assignment]
+    """A runner says what it can run: its harnesses (and whether their programs are there), task
+    sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+    refuses a task no registered runner could run. Runners register again every 30 s.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -188,6 +198,17 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.CancelTaskResponse, _abc.Awaitable[_scheduler_pb2.CancelTaskResponse]]:
         """Cancel a task: a task not admitted yet is never scheduled; running harnesses are stopped
         through the runner (their workspaces are kept and graded as the runner's cancellation says).
+        """
+
+    @_abc_1.abstractmethod
+    def RegisterRunner(
+        self,
+        request: _scheduler_pb2.RegisterRunnerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RegisterRunnerResponse, _abc.Awaitable[_scheduler_pb2.RegisterRunnerResponse]]:
+        """A runner says what it can run: its harnesses (and whether their programs are there), task
+        sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+        refuses a task no registered runner could run. Runners register again every 30 s.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
