@@ -20,7 +20,7 @@ from typer.exceptions import TyperException
 from gyre.errors import GyreError
 from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
-from gyre_app import cli_replay, cli_report, cli_tasks, cli_trace
+from gyre_app import cli_images, cli_replay, cli_report, cli_tasks, cli_trace
 
 app = typer.Typer(
     name="gyre",
@@ -206,6 +206,7 @@ cli_tasks.register(app)
 cli_replay.register(app)
 cli_trace.register(app)
 cli_report.register(app)
+cli_images.register(app)
 
 # Commands that belong to a service live in that service and are loaded only when named, so
 # `gyre up` does not pay for torch. Each module has `main(argv: list[str]) -> int`; its own

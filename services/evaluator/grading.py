@@ -55,6 +55,8 @@ class Graded:
     grader: str
     duration_s: float
     attempts: int
+    signals: tuple[str, ...] = ()
+    """What a reviewer should look at (container tasks: test files edited, git history read)."""
 
 
 class Grader:

@@ -1,0 +1,117 @@
+"""Container tasks graded by their own tests in their own image, on the local Podman (live).
+
+The images are built here, offline: the base with `gyre images base` (mmdebstrap; minutes, once
+per machine) and each fixture's image FROM it (about a second each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.dataset_fixtures import FIXTURES, Fixture, build_image, case_diff, image_tag, write_task
+from gyre.sandbox.backend import ContainerLimits
+from gyre.sandbox.oci import OciBackend, find_engine
+from gyre_app.images import DEFAULT_BASE, build_base
+from services.evaluator.cli import run as evaluate
+from services.evaluator.container_grading import ContainerGrader
+from services.evaluator.container_task import ContainerTask, load_container_task
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        find_engine() is None, reason="no container engine (.ci/run installs podman and runc)"
+    ),
+]
+BY_NAME = {f.name: f for f in FIXTURES}
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ContainerTask]]:
+    build_base(DEFAULT_BASE)
+    out = tmp_path_factory.mktemp("container-tasks")
+    loaded = {}
+    for fixture in (BY_NAME["mini-calc-1"], BY_NAME["answer-harbor-4"]):
+        build_image(fixture)
+        loaded[fixture.name] = load_container_task(write_task(fixture, out))
+    yield loaded
+
+
+def grade(task: ContainerTask, diff: bytes) -> Any:
+    return asyncio.run(ContainerGrader(OciBackend()).grade(task, diff))
+
+
+@pytest.mark.parametrize("case", ["gold", "empty", "wrong", "cheat"])
+def test_a_swebench_diff_gets_the_grade_its_tests_give(tasks: dict[str, ContainerTask], case: str) -> None:
+    fixture = BY_NAME["mini-calc-1"]
+    graded = grade(tasks[fixture.name], case_diff(fixture, case))
+    assert graded.scored.assessable, graded.scored.reason
+    assert graded.scored.score == pytest.approx(fixture.expected[case])
+    if case == "cheat":  # the test patch overwrote the agent's edit, and the reviewer is told
+        assert graded.signals == ("diff edits files the test patch overwrites: tests/test_calc.py",)
+
+
+def test_a_diff_that_does_not_apply_is_an_assessable_zero_with_the_reason(
+    tasks: dict[str, ContainerTask],
+) -> None:
+    bad = b"diff --git a/mini/calc.py b/mini/calc.py\n--- a/mini/calc.py\n+++ b/mini/calc.py\n"
+    bad += b"@@ -1,2 +1,2 @@\n-def nothing_like_this():\n+def other():\n     pass\n"
+    graded = grade(tasks["mini-calc-1"], bad)
+    assert (graded.scored.score, graded.scored.assessable) == (0.0, True)
+    assert "agent's diff does not apply" in graded.scored.reason
+
+
+@pytest.mark.parametrize("case", ["gold", "wrong", "cheat"])
+def test_a_harbor_verifier_runs_its_hidden_tests_after_the_agent(
+    tasks: dict[str, ContainerTask], case: str
+) -> None:
+    fixture = BY_NAME["answer-harbor-4"]
+    graded = grade(tasks[fixture.name], case_diff(fixture, case))
+    assert (graded.scored.score, graded.scored.assessable) == (fixture.expected[case], True)
+
+
+def test_a_container_has_no_network_and_its_limits(tasks: dict[str, ContainerTask]) -> None:
+    async def probe() -> tuple[Any, Any]:
+        backend = OciBackend()
+        limits = ContainerLimits(cpus=0.5, memory_mb=256, storage_mb=64, max_procs=64)
+        box = await backend.create(
+            name=f"gyre-test-{uuid.uuid4().hex[:8]}", image=DEFAULT_BASE, limits=limits
+        )
+        try:
+            net = await box.exec(
+                ["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)"],
+                timeout_s=30,
+            )
+            big = await box.exec(["sh", "-c", "head -c 100000000 /dev/zero > /big"], timeout_s=60)
+            return net, big
+        finally:
+            await box.close()
+
+    net, big = asyncio.run(probe())
+    assert net.exit_code != 0 and b"Network is unreachable" in net.output
+    assert big.storage_exceeded
+
+
+def test_gyre_evaluate_grades_a_patch_and_refuses_a_missing_image(
+    tasks: dict[str, ContainerTask], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fixture: Fixture = BY_NAME["mini-calc-1"]
+    patch = tmp_path / "gold.diff"
+    patch.write_bytes(case_diff(fixture, "gold"))
+    folder = str(shutil.copytree(tasks[fixture.name].folder, tmp_path / fixture.name))
+    assert evaluate(["--task", folder, "--patch", str(patch), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["score"], result["assessable"], result["details"]["family"]) == (1.0, True, "swebench")
+
+    toml = Path(folder) / "task.toml"
+    toml.write_text(toml.read_text().replace(image_tag(fixture), "localhost/gyre-no-such-image:0"))
+    assert evaluate(["--task", folder, "--patch", str(patch), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "environment.image" in err and "gyre-no-such-image" in err
