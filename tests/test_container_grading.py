@@ -14,15 +14,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from bench.dataset_fixtures import FIXTURES, Fixture, build_image, case_diff, image_tag, write_task
+from gyre.common.v1 import ids_pb2
+from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.sandbox.backend import ContainerLimits
 from gyre.sandbox.oci import OciBackend, find_engine
+from gyre.settings import KernelSettings
 from gyre_app.images import DEFAULT_BASE, build_base
 from services.evaluator.cli import run as evaluate
+from services.evaluator.config import EvaluatorSettings
 from services.evaluator.container_grading import ContainerGrader
-from services.evaluator.container_task import ContainerTask, load_container_task
+from services.evaluator.container_task import AGENT_DIFF, AGENT_LOG, ContainerTask, load_container_task
+from services.evaluator.main import build
 
 pytestmark = [
     pytest.mark.slow,
@@ -115,3 +121,40 @@ def test_gyre_evaluate_grades_a_patch_and_refuses_a_missing_image(
     assert evaluate(["--task", folder, "--patch", str(patch), "--json"]) == 2
     err = capsys.readouterr().err
     assert "environment.image" in err and "gyre-no-such-image" in err
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_evaluator_grades_the_diff_a_runner_exported(
+    tasks: dict[str, ContainerTask], kernel: KernelSettings, tmp_path: Path
+) -> None:
+    fixture = BY_NAME["mini-calc-1"]
+    host = await build(EvaluatorSettings(), kernel)
+    await host.start()
+    channel = grpc.aio.insecure_channel(host.address)
+    try:
+        stub = evaluator_pb2_grpc.EvaluatorServiceStub(channel)
+        graded = {}
+        for case in ("cheat", "none"):
+            ws = tmp_path / case
+            ws.mkdir()
+            if case == "cheat":
+                (ws / AGENT_DIFF).write_bytes(case_diff(fixture, case))
+                (ws / AGENT_LOG).write_text("$ git reflog\n")
+            request = evaluator_pb2.GradeWorkspaceRequest(
+                request_id=f"c-{uuid.uuid4().hex[:8]}",
+                execution=ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4())),
+                family="swebench",
+                task=str(tasks[fixture.name].folder),
+                workspace_uri=ws.as_uri(),
+            )
+            graded[case] = (await stub.GradeWorkspace(request)).grade
+    finally:
+        await channel.close()
+        await host.stop()
+    cheat = graded["cheat"]
+    assert (cheat.score, cheat.assessable, cheat.grader) == (pytest.approx(0.3), True, "swebench@1")
+    assert list(cheat.signals) == [
+        "diff edits files the test patch overwrites: tests/test_calc.py",
+        "agent ran git history commands: git reflog",
+    ]
+    assert not graded["none"].assessable and "no agent.diff" in graded["none"].unassessable_reason

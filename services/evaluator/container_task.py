@@ -31,6 +31,11 @@ from services.evaluator.test_logs import PARSERS
 
 CONTAINER_FAMILIES = ("swebench", "harbor")
 SOURCE_FORMATS = ("swebench", "swegym", "swesmith", "r2e", "harbor")
+AGENT_DIFF = "agent.diff"
+"""What the runner exports from an agent's container into the workspace folder it reports: the
+binary diff against the base commit (staged, new files included)..."""
+AGENT_LOG = "agent.log"
+"""...and the harness's log, where a reviewer's signals (git history commands) are looked for."""
 DEFAULT_REWARD_FILES = ("/logs/verifier/reward.txt", "/logs/verifier/reward.json")
 
 

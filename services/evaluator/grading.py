@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -43,6 +43,9 @@ from services.evaluator.scoring import (
     score_task,
 )
 from services.evaluator.taskset import TaskDef
+
+if TYPE_CHECKING:  # container_grading builds on Graded below
+    from services.evaluator.container_grading import ContainerGrader
 
 log = structlog.get_logger(__name__)
 GRADER_VERSION = 3
@@ -69,6 +72,9 @@ class Grader:
         max_files: int = 100_000,
         max_depth: int = 64,
     ):
+        self.containers: ContainerGrader | None = None
+        """Grades tasks that bring their own image; None when this host has no container engine
+        (set by the service's wiring)."""
         self.host = host
         self.limits = limits
         self.attempts = attempts
