@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from bench.dataset_fixtures import FIXTURES, Fixture, build_image, case_diff, image_tag, write_task
+from bench.datasets import forged_diff
 from gyre.common.v1 import ids_pb2
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.sandbox.backend import ContainerLimits
@@ -62,6 +63,15 @@ def test_a_swebench_diff_gets_the_grade_its_tests_give(tasks: dict[str, Containe
     assert graded.scored.score == pytest.approx(fixture.expected[case])
     if case == "cheat":  # the test patch overwrote the agent's edit, and the reviewer is told
         assert graded.signals == ("diff edits files the test patch overwrites: tests/test_calc.py",)
+
+
+def test_a_diff_that_prints_its_own_passing_summary_and_exits_scores_zero(
+    tasks: dict[str, ContainerTask],
+) -> None:
+    graded = grade(tasks["mini-calc-1"], forged_diff(BY_NAME["mini-calc-1"]))
+    assert (graded.scored.score, graded.scored.assessable) == (0.0, True)
+    assert "canary" in graded.scored.reason
+    assert graded.signals == ("diff changes how tests run: conftest.py",)
 
 
 def test_a_diff_that_does_not_apply_is_an_assessable_zero_with_the_reason(

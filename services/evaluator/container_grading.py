@@ -8,7 +8,8 @@ SWE-bench family, after the agent ended:
     3. every file the dataset's test patch touches reset to the base, then the test patch applied,
        so edits the agent made to those tests never count;
     4. the test command under `bash -lc` in the workdir, its log parsed by the task's parser and
-       scored (`container_scoring`).
+       scored (`container_scoring`). For pytest logs a canary test of random name rides along
+       (PYTEST_ADDOPTS); a log without its PASSED line was cut short or forged, and scores 0.
 Harbor: the diff applied the same way, then the hidden tests uploaded into a wiped /tests and
 /logs/verifier only now, the verifier run, and the reward file read.
 
@@ -19,6 +20,7 @@ reported `not assessable`; everything the diff causes (a hang, a full disk) scor
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 
@@ -37,7 +39,7 @@ from services.evaluator.container_scoring import (
 from services.evaluator.container_task import ContainerTask
 from services.evaluator.grading import Graded
 from services.evaluator.scoring import Scored, earned_zero, not_assessable
-from services.evaluator.test_logs import parse_test_log
+from services.evaluator.test_logs import TestStatus, parse_test_log
 
 log = structlog.get_logger(__name__)
 CONTAINER_GRADER_VERSION = 1
@@ -117,10 +119,12 @@ class ContainerGrader:
                 return not_assessable(
                     f"the dataset's test patch does not apply to the base: {applied[-600:]}"
                 )
+            canary = await self._plant_canary(box) if task.log_parser == "pytest" else None
             ran = await box.exec(
                 ["bash", "-lc", task.test_command],
                 timeout_s=max(1.0, deadline - time.monotonic()),
                 workdir=task.workdir,
+                env={"PYTEST_ADDOPTS": canary[0]} if canary else None,
             )
             if ran.timed_out:
                 return earned_zero(f"the tests ran past the grader's deadline of {task.grader_timeout_s:g} s")
@@ -129,9 +133,26 @@ class ContainerGrader:
                     f"the tested code wrote past the storage limit of {box.limits.storage_mb} MB"
                 )
             statuses = parse_test_log(task.log_parser, ran.output.decode(errors="replace"))
+            if canary is not None:
+                reported = [t for t in statuses if t.endswith(canary[1])]
+                if not any(statuses[t] == TestStatus.PASSED for t in reported):
+                    return earned_zero(
+                        "the test run never reported the grader's own canary test: it was cut short "
+                        "or its report was written by the tested code"
+                    )
+                statuses = {t: s for t, s in statuses.items() if t not in reported}
             return score_tests(task, statuses)
         finally:
             await box.close()
+
+    async def _plant_canary(self, box: Container) -> tuple[str, str]:
+        """A passing test of random name outside the workdir, added to pytest's arguments: pytest
+        reports it in its end-of-run summary, so a run whose code printed a summary of its own and
+        exited early (or crashed) lacks it. (PYTEST_ADDOPTS path, node id suffix)."""
+        folder, name, test = secrets.token_hex(6), secrets.token_hex(6), secrets.token_hex(6)
+        path = f"/tmp/gyre-canary-{folder}/test_{name}.py"
+        await box.write_file(path, f"def test_{test}():\n    pass\n".encode())
+        return path, f"test_{name}.py::test_{test}"
 
     async def _apply(self, box: Container, task: ContainerTask, patch: bytes, name: str) -> str | None:
         """None when `patch` applied in the workdir; else the tools' output."""

@@ -21,6 +21,9 @@ from services.evaluator.test_logs import TestStatus
 
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _TEST_PATH = re.compile(r"(^|/)(tests?|testing)/|(^|/)test_[^/]*$|_tests?\.py$|(^|/)conftest\.py$")
+_TEST_CONFIG = re.compile(
+    r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|sitecustomize\.py|usercustomize\.py)$"
+)
 HISTORY_COMMANDS = re.compile(
     r"\bgit\s+(log|reflog|show|fetch|pull|checkout\s+\S*origin|cat-file|rev-list|fsck|for-each-ref|tag)\b"
 )
@@ -119,9 +122,14 @@ def review_signals(*, diff: str, test_patch: str, agent_log: str = "") -> tuple[
     overwritten = [p for p in touched if p in tested]
     if overwritten:
         signals.append("diff edits files the test patch overwrites: " + ", ".join(overwritten[:10]))
-    looks_like_tests = [p for p in touched if p not in tested and _TEST_PATH.search(p)]
+    looks_like_tests = [
+        p for p in touched if p not in tested and _TEST_PATH.search(p) and not _TEST_CONFIG.search(p)
+    ]
     if looks_like_tests:
         signals.append("diff edits test files: " + ", ".join(looks_like_tests[:10]))
+    config = [p for p in touched if _TEST_CONFIG.search(p)]
+    if config:
+        signals.append("diff changes how tests run: " + ", ".join(config[:10]))
     commands = sorted({m.group(0) for m in HISTORY_COMMANDS.finditer(agent_log)})
     if commands:
         signals.append("agent ran git history commands: " + ", ".join(commands[:10]))
