@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
@@ -30,14 +31,17 @@ from gyre.sandbox.backend import ContainerLimits, ExecResult
 
 log = structlog.get_logger(__name__)
 GYRE_DIR = "/run/gyre"
-"""Where the relay and the forwarder's socket folder appear inside (read-only)."""
+"""Where the relay's code appears inside (read-only)."""
+FORWARD_DIR = "/run/gyre-forward"
+"""Where the forwarder's socket folder appears inside (read-only; apart from GYRE_DIR, since a
+mount point cannot be made inside a read-only mount)."""
 INIT = Path(__file__).resolve().parent / "init.py"
 CLI_TIMEOUT_S = 120.0
 RELAY = (
     "import selectors, sys\n"
     "sys.path.insert(0, '/run/gyre')\n"
     "from init import Relay\n"
-    "relay = Relay(listen_port=int(sys.argv[1]), socket_path='/run/gyre/forward/proxy.sock')\n"
+    "relay = Relay(listen_port=int(sys.argv[1]), socket_path='/run/gyre-forward/proxy.sock')\n"
     "sel = selectors.DefaultSelector()\n"
     "relay.register(sel)\n"
     "while True:\n"
@@ -141,7 +145,7 @@ class OciBackend:
             # to the socket but cannot replace either.
             staged = tempfile.mkdtemp(prefix="gyre-oci-")
             shutil.copy(INIT, Path(staged) / "init.py")
-            argv += ["-v", f"{staged}:{GYRE_DIR}:ro", "-v", f"{forward_folder}:{GYRE_DIR}/forward:ro"]
+            argv += ["-v", f"{staged}:{GYRE_DIR}:ro", "-v", f"{forward_folder}:{FORWARD_DIR}:ro"]
             argv += ["--entrypoint", "python3", image, "-I", "-S", "-c", RELAY, str(listen_port)]
         else:
             argv += ["--entrypoint", "sleep", image, "infinity"]
@@ -224,6 +228,16 @@ class Container:
             timed_out=timed_out,
             truncated=size > max_output,
             storage_exceeded=over,
+        )
+
+    async def spawn(
+        self, argv: Sequence[str], *, workdir: str, env_file: Path, output: BinaryIO
+    ) -> asyncio.subprocess.Process:
+        """Start a long command (a harness) inside, its output into `output`; the caller waits.
+        The environment comes from a file, so no secret of it shows on the host's command lines."""
+        cmd = [*self.engine, "exec", "-w", workdir, "--env-file", str(env_file), self.name, *argv]
+        return await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=asyncio.subprocess.STDOUT
         )
 
     async def storage_used_mb(self) -> float:

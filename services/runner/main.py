@@ -12,6 +12,7 @@ from gyre.rpc_telemetry import channel as traced_channel
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
+from gyre.sandbox.oci import OciBackend, find_engine
 from gyre.settings import KernelSettings
 from services.runner import metrics, repo
 from services.runner.config import AGENT_FILES, RunnerSettings
@@ -48,6 +49,8 @@ async def build_with_supervisor(
     supervisor = Supervisor(
         sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy
     )
+    engine = find_engine()
+    supervisor.containers = OciBackend(engine) if engine else None
     await supervisor.recover()
     metrics.register(supervisor)
     scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())

@@ -35,11 +35,20 @@ from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.adopt import adopt
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB
+from gyre.sandbox.oci import OciBackend
 from gyre.sandbox.trees import CopyBounds
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
+from services.runner.container_exec import (
+    CONTAINER_FAMILIES,
+    PROMPT_FILE,
+    ContainerSandbox,
+    read_spec,
+    task_folder,
+)
 from services.runner.executions import Launch, recovered_launch
+from services.runner.git_scrub import ScrubFailed
 from services.runner.harness import HarnessInput, crash_end, limits_for, plan_launch, spent_own_budget
 from services.runner.workspace import WorkspaceError, fill
 
@@ -67,7 +76,7 @@ class Running:
     launch: Launch
     task: asyncio.Task[None]
     started: asyncio.Future[None]
-    box: Sandbox | None = None
+    box: Sandbox | ContainerSandbox | None = None
     cancel: tuple[str, str] | None = None
     """(reason, request_id) once CancelExecution asked."""
     registered: bool = False
@@ -97,10 +106,12 @@ class Supervisor:
         self.proxy: Any = proxy  # grpc.aio stub: its calls are awaitable at run time
         self.forward = _forward(settings.proxy_base_url)
         self.running: dict[str, Running] = {}
-        self.ended: dict[str, tuple[Sandbox, float]] = {}
+        self.ended: dict[str, tuple[Sandbox | ContainerSandbox, float]] = {}
         self.slots = asyncio.Semaphore(settings.max_running)
         self.stopping = False
         """Set on shutdown: no harness is launched any more."""
+        self.containers: OciBackend | None = None
+        """Runs container tasks (`swebench`, `harbor`); None when this host has no engine (wiring sets it)."""
 
     def start(
         self, launch: Launch, *, reattach: Callable[[Running], Awaitable[None]] | None = None
@@ -135,25 +146,15 @@ class Supervisor:
         launch = run.launch
         if self.stopping:
             raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
-        try:
-            limits = limits_for(launch.harness, self.settings.limits())
-            run.box = box = await self.host.create(launch.execution_id, limits)
-        except (OSError, subprocess.SubprocessError, GyreError) as exc:
-            raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
-        try:
-            bounds = CopyBounds(
-                max_bytes=self.settings.disk_mb * MIB, deadline=time.monotonic() + FILL_TIMEOUT_S
-            )
-            await asyncio.to_thread(
-                fill, launch.workspace_template, box.work, self.settings.template_sources(), bounds=bounds
-            )
-            prompt_file = box.home / "prompt.md"
-            prompt_file.write_text(launch.prompt)
-            await asyncio.to_thread(box.own_files)
-        except WorkspaceError as exc:
-            raise LaunchFailed("workspace", str(exc)) from exc
-        except OSError as exc:
-            raise LaunchFailed("workspace", f"workspace could not be filled: {exc}") from exc
+        box: Sandbox | ContainerSandbox
+        runtime: tuple[str, ...] = ()
+        if launch.family in CONTAINER_FAMILIES:
+            box = await self._prepare_container(run)
+            prompt_file, python = PROMPT_FILE, "python3"
+        else:
+            box = await self._prepare_sandbox(run)
+            prompt_file, python = str(box.home / "prompt.md"), sys.executable
+            runtime = tuple(self.settings.sandbox_runtime)
         if run.cancel is not None:
             await self._end(run, "cancelled", _cancelled(run, box))
             return
@@ -171,11 +172,11 @@ class Supervisor:
             HarnessInput(
                 base_url=box.base_url(self.forward) + self.forward_path,
                 token=token,
-                prompt_file=str(prompt_file),
-                python=sys.executable,
+                prompt_file=prompt_file,
+                python=python,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
-                runtime=tuple(self.settings.sandbox_runtime),
+                runtime=runtime,
                 timeout_s=launch.timeout_s,
             ),
         )
@@ -202,11 +203,57 @@ class Supervisor:
             deadline=deadline,
         )
         run.started.set_result(None)
-        log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
+        isolation = box.isolation.describe() if isinstance(box, Sandbox) else f"oci container {box.name}"
+        log.info("execution_started", harness=launch.harness, isolation=isolation)
         await self._wait_and_finish(run, box, timeout_s=launch.timeout_s)
 
+    async def _prepare_sandbox(self, run: Running) -> Sandbox:
+        """A bubblewrap root with the task's template filled in and the prompt in its home."""
+        launch = run.launch
+        try:
+            limits = limits_for(launch.harness, self.settings.limits())
+            run.box = box = await self.host.create(launch.execution_id, limits)
+        except (OSError, subprocess.SubprocessError, GyreError) as exc:
+            raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
+        try:
+            bounds = CopyBounds(
+                max_bytes=self.settings.disk_mb * MIB, deadline=time.monotonic() + FILL_TIMEOUT_S
+            )
+            await asyncio.to_thread(
+                fill, launch.workspace_template, box.work, self.settings.template_sources(), bounds=bounds
+            )
+            (box.home / "prompt.md").write_text(launch.prompt)
+            await asyncio.to_thread(box.own_files)
+        except WorkspaceError as exc:
+            raise LaunchFailed("workspace", str(exc)) from exc
+        except OSError as exc:
+            raise LaunchFailed("workspace", f"workspace could not be filled: {exc}") from exc
+        return box
+
+    async def _prepare_container(self, run: Running) -> ContainerSandbox:
+        """A container of the task's own image, its repository cut back to the base."""
+        launch = run.launch
+        if self.containers is None:
+            raise LaunchFailed("sandbox", "the runner's host has no container engine (podman and runc)")
+        run.box = box = ContainerSandbox(self.settings.sandbox_root, launch.execution_id)
+        try:
+            spec = read_spec(task_folder(launch.task, self.settings.tasks_dir))
+            spec = dataclasses.replace(
+                spec, limits=spec.limits.scaled(**self.settings.container_multipliers())
+            )
+            await box.start(
+                self.containers,
+                spec,
+                forward=self.forward,
+                max_connections=self.settings.limits().max_connections,
+                prompt=launch.prompt,
+            )
+        except (OSError, GyreError, ScrubFailed) as exc:
+            raise LaunchFailed("sandbox", f"the task's container could not be prepared: {exc}") from exc
+        return box
+
     async def _wait_and_finish(
-        self, run: Running, box: Sandbox, *, timeout_s: float, ran_before_s: float = 0.0
+        self, run: Running, box: Sandbox | ContainerSandbox, *, timeout_s: float, ran_before_s: float = 0.0
     ) -> None:
         outcome = await box.wait(timeout_s=timeout_s)
         outcome = dataclasses.replace(outcome, duration_s=outcome.duration_s + ran_before_s)
@@ -217,7 +264,7 @@ class Supervisor:
     def forward_path(self) -> str:
         return urllib.parse.urlsplit(self.settings.proxy_base_url).path.rstrip("/")
 
-    async def _finish(self, run: Running, box: Sandbox, outcome: Outcome) -> None:
+    async def _finish(self, run: Running, box: Sandbox | ContainerSandbox, outcome: Outcome) -> None:
         launch = run.launch
         uri = box.work.as_uri()
         setup = _tail(box.path / "log" / "sandbox.log")
@@ -460,7 +507,7 @@ class Supervisor:
             await entry[0].release()
 
 
-def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
+def _cancelled(run: Running, box: Sandbox | ContainerSandbox) -> events_pb2.ExecutionCancelled:
     reason, request_id = run.cancel or ("", "")
     return events_pb2.ExecutionCancelled(
         execution=execution_ref(run.launch),
