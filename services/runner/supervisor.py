@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -34,23 +33,14 @@ from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.adopt import adopt
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
-from gyre.sandbox.limits import MIB
 from gyre.sandbox.oci import OciBackend
-from gyre.sandbox.trees import CopyBounds
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
-from services.runner.container_exec import (
-    CONTAINER_FAMILIES,
-    PROMPT_FILE,
-    ContainerSandbox,
-    read_spec,
-    task_folder,
-)
+from services.runner.container_exec import CONTAINER_FAMILIES, PROMPT_FILE, ContainerSandbox
 from services.runner.executions import Launch, recovered_launch
-from services.runner.git_scrub import ScrubFailed
-from services.runner.harness import HarnessInput, crash_end, limits_for, plan_launch, spent_own_budget
-from services.runner.workspace import WorkspaceError, fill
+from services.runner.harness import HarnessInput, crash_end, plan_launch, spent_own_budget
+from services.runner.prepare import LaunchFailed, fill_sandbox, start_container
 
 log = structlog.get_logger(__name__)
 PRODUCER = "runner"
@@ -62,13 +52,6 @@ COMMIT_RETRY_S = 600.0
 SHUTDOWN_WAIT_S = 8.0
 """How long a stopping runner waits for its killed executions to record their end: within the
 host's grace for its workers (`ServiceHost.stop`: grace_s + 5 s), which then cancels them."""
-
-
-class LaunchFailed(Exception):
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason[:4096]
 
 
 @dataclass(slots=True)
@@ -148,11 +131,12 @@ class Supervisor:
             raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
         box: Sandbox | ContainerSandbox
         runtime: tuple[str, ...] = ()
+        keep = functools.partial(setattr, run, "box")  # set as soon as made: released if this fails
         if launch.family in CONTAINER_FAMILIES:
-            box = await self._prepare_container(run)
+            box = await start_container(self.containers, self.settings, launch, self.forward, keep=keep)
             prompt_file, python = PROMPT_FILE, "python3"
         else:
-            box = await self._prepare_sandbox(run)
+            box = await fill_sandbox(self.host, self.settings, launch, keep=keep)
             prompt_file, python = str(box.home / "prompt.md"), sys.executable
             runtime = tuple(self.settings.sandbox_runtime)
         if run.cancel is not None:
@@ -206,51 +190,6 @@ class Supervisor:
         isolation = box.isolation.describe() if isinstance(box, Sandbox) else f"oci container {box.name}"
         log.info("execution_started", harness=launch.harness, isolation=isolation)
         await self._wait_and_finish(run, box, timeout_s=launch.timeout_s)
-
-    async def _prepare_sandbox(self, run: Running) -> Sandbox:
-        """A bubblewrap root with the task's template filled in and the prompt in its home."""
-        launch = run.launch
-        try:
-            limits = limits_for(launch.harness, self.settings.limits())
-            run.box = box = await self.host.create(launch.execution_id, limits)
-        except (OSError, subprocess.SubprocessError, GyreError) as exc:
-            raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
-        try:
-            bounds = CopyBounds(
-                max_bytes=self.settings.disk_mb * MIB, deadline=time.monotonic() + FILL_TIMEOUT_S
-            )
-            await asyncio.to_thread(
-                fill, launch.workspace_template, box.work, self.settings.template_sources(), bounds=bounds
-            )
-            (box.home / "prompt.md").write_text(launch.prompt)
-            await asyncio.to_thread(box.own_files)
-        except WorkspaceError as exc:
-            raise LaunchFailed("workspace", str(exc)) from exc
-        except OSError as exc:
-            raise LaunchFailed("workspace", f"workspace could not be filled: {exc}") from exc
-        return box
-
-    async def _prepare_container(self, run: Running) -> ContainerSandbox:
-        """A container of the task's own image, its repository cut back to the base."""
-        launch = run.launch
-        if self.containers is None:
-            raise LaunchFailed("sandbox", "the runner's host has no container engine (podman and runc)")
-        run.box = box = ContainerSandbox(self.settings.sandbox_root, launch.execution_id)
-        try:
-            spec = read_spec(task_folder(launch.task, self.settings.tasks_dir))
-            spec = dataclasses.replace(
-                spec, limits=spec.limits.scaled(**self.settings.container_multipliers())
-            )
-            await box.start(
-                self.containers,
-                spec,
-                forward=self.forward,
-                max_connections=self.settings.limits().max_connections,
-                prompt=launch.prompt,
-            )
-        except (OSError, GyreError, ScrubFailed) as exc:
-            raise LaunchFailed("sandbox", f"the task's container could not be prepared: {exc}") from exc
-        return box
 
     async def _wait_and_finish(
         self, run: Running, box: Sandbox | ContainerSandbox, *, timeout_s: float, ran_before_s: float = 0.0
