@@ -63,9 +63,13 @@ def _specs(
         if not file.is_file():
             raise TasksFileError(f"{file}: no such file")
         return parse_tasks(file.read_text(), source=str(file))
+    from gyre_app.container_tasks import container_specs, is_container_source
     from services.evaluator.taskset import load_task
 
     assert task is not None
+    if is_container_source(Path(task)):
+        found = container_specs(Path(task), group_size=group_size, timeout_s=timeout_s, harness=harness)
+        return [NumberedTask(line=0, spec=spec) for spec in found]
     try:
         definition = load_task(task)
     except (InvalidArgument, NotFound, FileNotFoundError) as exc:
@@ -83,7 +87,10 @@ def _specs(
 
 def submit(
     file: Annotated[Path | None, typer.Argument(help="JSON-lines file, one TaskSpec a line")] = None,
-    task: Annotated[str | None, typer.Option(help="a bundled task by name, e.g. slugfix")] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="a bundled task by name (e.g. slugfix), or an imported task folder or task set"),
+    ] = None,
     group_size: Annotated[int, typer.Option(help="executions of the --task group")] = 2,
     timeout_s: Annotated[float, typer.Option(help="deadline of each --task execution")] = 600.0,
     harness: Annotated[str, typer.Option(help="harness of the --task executions")] = "gyre-agent",

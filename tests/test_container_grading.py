@@ -20,10 +20,12 @@ import pytest
 from bench.dataset_fixtures import FIXTURES, Fixture, build_image, case_diff, image_tag, write_task
 from bench.datasets import forged_diff
 from gyre.common.v1 import ids_pb2
+from gyre.errors import InvalidArgument
 from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.sandbox.backend import ContainerLimits
 from gyre.sandbox.oci import OciBackend, find_engine
 from gyre.settings import KernelSettings
+from gyre_app.container_tasks import container_specs
 from gyre_app.images import DEFAULT_BASE, build_base
 from services.evaluator.cli import run as evaluate
 from services.evaluator.config import EvaluatorSettings
@@ -168,3 +170,30 @@ async def test_the_evaluator_grades_the_diff_a_runner_exported(
         "agent ran git history commands: git reflog",
     ]
     assert not graded["none"].assessable and "no agent.diff" in graded["none"].unassessable_reason
+
+
+def test_a_task_set_is_submitted_one_group_a_task_and_a_missing_image_is_refused(
+    tasks: dict[str, ContainerTask], tmp_path: Path
+) -> None:
+    calc = tasks["mini-calc-1"]
+    shutil.copytree(calc.folder, tmp_path / calc.name)
+    manifest = {"seed": None, "families": ["swebench"], "splits": {"train": [calc.name], "heldout": []}}
+    (tmp_path / "taskset.json").write_text(json.dumps(manifest))
+    (spec,) = container_specs(tmp_path, group_size=2, timeout_s=60.0, harness="gyre-agent")
+    assert (spec.name, spec.family, spec.group_size, spec.workspace_template) == (
+        calc.name,
+        "swebench",
+        2,
+        "",
+    )
+    assert dict(spec.labels) == {"gyre.task": str((tmp_path / calc.name).resolve())}
+
+    missing = tmp_path / "gone"
+    shutil.copytree(calc.folder, missing)
+    toml = missing / "task.toml"
+    toml.write_text(toml.read_text().replace(calc.image, "localhost/gyre-no-such-image:0"))
+    manifest["splits"]["train"] = [calc.name, "gone"]  # type: ignore[index]
+    (tmp_path / "taskset.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidArgument) as err:
+        container_specs(tmp_path, group_size=2, timeout_s=60.0, harness="gyre-agent")
+    assert err.value.field == f"{toml}: environment.image" and "gyre-no-such-image" in err.value.problem
