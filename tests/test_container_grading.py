@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +199,33 @@ def test_a_task_set_is_submitted_one_group_a_task_and_a_missing_image_is_refused
     with pytest.raises(InvalidArgument) as err:
         container_specs(tmp_path, group_size=2, timeout_s=60.0, harness="gyre-agent")
     assert err.value.field == f"{toml}: environment.image" and "gyre-no-such-image" in err.value.problem
+
+
+def test_gyre_images_base_skips_a_tag_already_present(tasks: dict[str, ContainerTask]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre_app.cli", "images", "base", "--tag", DEFAULT_BASE, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["tag"], result["built"], result["present"]) == (DEFAULT_BASE, False, True)
+
+
+def test_a_sweep_removes_only_its_owners_containers(tasks: dict[str, ContainerTask]) -> None:
+    async def run() -> tuple[int, bool, bool]:
+        backend = OciBackend()
+        owner = f"test:{uuid.uuid4().hex[:8]}"
+        limits = ContainerLimits(memory_mb=128)
+        mine = await backend.create(
+            name=f"gyre-test-{uuid.uuid4().hex[:8]}", image=DEFAULT_BASE, limits=limits, owner=owner
+        )
+        other = await backend.create(
+            name=f"gyre-test-{uuid.uuid4().hex[:8]}", image=DEFAULT_BASE, limits=limits
+        )
+        try:
+            swept = await backend.sweep(owner)
+            return swept, await mine.alive(), await other.alive()
+        finally:
+            await other.close()
+
+    assert asyncio.run(run()) == (1, False, True)

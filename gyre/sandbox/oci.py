@@ -110,7 +110,9 @@ class OciBackend:
         limits: ContainerLimits,
         forward_folder: str = "",
         listen_port: int = 18080,
+        owner: str = "",
     ) -> Container:
+        """`owner` labels the container (`gyre.owner`) so its owner can sweep what a crash left."""
         limits.validate()
         argv = [
             *self.engine,
@@ -138,6 +140,8 @@ class OciBackend:
             f"nproc={limits.max_procs}:{limits.max_procs}",
             "--label",
             "gyre.sandbox=1",
+            "--label",
+            f"gyre.owner={owner}",
         ]
         staged = ""
         if forward_folder:
@@ -158,6 +162,16 @@ class OciBackend:
                 f"container {name} from {image!r} did not start: {err.decode(errors='replace')[-800:]}"
             )
         return Container(name=name, engine=self.engine, limits=limits, staged=staged)
+
+    async def sweep(self, owner: str) -> int:
+        """Remove every container labelled with `owner` (what a killed process left); how many."""
+        code, out, _ = await _run(
+            [*self.engine, "ps", "-a", "--filter", f"label=gyre.owner={owner}", "--format", "{{.Names}}"]
+        )
+        names = out.decode().split() if code == 0 else []
+        if names:
+            await _run([*self.engine, "rm", "-f", "-t", "0", *names])
+        return len(names)
 
 
 class Container:

@@ -51,6 +51,7 @@ class EvaluatorSettings(BaseSettings):
             cpus=self.container_cpus,
             memory=self.container_memory,
             storage=self.container_storage,
+            owner=f"evaluator:{self.sandbox_root.resolve()}",
         )
 
     def limits(self) -> SandboxLimits:

@@ -61,7 +61,10 @@ class ContainerGrader:
         cpus: float = 1.0,
         memory: float = 1.0,
         storage: float = 1.0,
+        owner: str = "",
     ):
+        self.owner = owner
+        """Label of this grader's containers, swept when its evaluator starts again."""
         self.backend = backend
         self.attempts = attempts
         self.multipliers = {"cpus": cpus, "memory": memory, "storage": storage}
@@ -102,7 +105,10 @@ class ContainerGrader:
         self, task: ContainerTask, diff: bytes, test_patch: bytes, *, deadline: float
     ) -> Scored:
         box = await self.backend.create(
-            name=f"gyre-grade-{uuid.uuid4().hex[:12]}", image=task.image, limits=self.limits(task)
+            name=f"gyre-grade-{uuid.uuid4().hex[:12]}",
+            image=task.image,
+            limits=self.limits(task),
+            owner=self.owner,
         )
         try:
             if diff.strip():

@@ -32,6 +32,8 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
     grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
     engine = find_engine()
     grader.containers = settings.container_grader(OciBackend(engine)) if engine else None
+    if grader.containers is not None:  # a killed evaluator's grading containers: redelivered anyway
+        await grader.containers.backend.sweep(grader.containers.owner)
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     metrics.register()

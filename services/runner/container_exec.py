@@ -120,6 +120,7 @@ class ContainerSandbox:
             limits=spec.limits,
             forward_folder=str(self.forwarder.folder),
             listen_port=forward.listen_port,
+            owner=owner_label(self.path.parent),
         )
         made = await self.box.exec(["sh", "-c", ENSURE_REPO, "repo", spec.workdir], timeout_s=120)
         if made.exit_code != 0:
@@ -219,6 +220,12 @@ class ContainerSandbox:
         if self.forwarder is not None:
             await self.forwarder.close()
         await asyncio.to_thread(shutil.rmtree, self.path, True)
+
+
+def owner_label(sandbox_root: Path) -> str:
+    """The label of this runner's containers: its sandbox folder, so a restarted runner sweeps its
+    own leftovers and never another runner's on the same host."""
+    return f"runner:{sandbox_root.resolve()}"
 
 
 def task_folder(ref: str, tasks_dir: Path) -> Path:
