@@ -15,6 +15,7 @@ from services.evaluator.test_logs.pytest_log import (
     parse_pytest,
     parse_pytest_matplotlib,
     parse_pytest_options,
+    parse_pytest_r2e,
 )
 from services.evaluator.test_logs.status import LogParser, TestStatus
 from services.evaluator.test_logs.sympy_log import parse_sympy
@@ -25,6 +26,7 @@ PARSERS: Mapping[str, LogParser] = MappingProxyType(
         "pytest": parse_pytest,
         "pytest_options": parse_pytest_options,
         "matplotlib": parse_pytest_matplotlib,
+        "r2e": parse_pytest_r2e,
         "django": parse_unittest,
         "unittest": parse_unittest,
         "sympy": parse_sympy,

@@ -115,3 +115,15 @@ def parse_pytest_matplotlib(log: str) -> dict[str, TestStatus]:
     Example: "PASSED t.py::test_click[MouseButton.LEFT]" -> {"t.py::test_click[1]": PASSED}
     """
     return parse_pytest(log.replace("MouseButton.LEFT", "1").replace("MouseButton.RIGHT", "3"))
+
+
+def parse_pytest_r2e(log: str) -> dict[str, TestStatus]:
+    """pytest output keyed the way R2E-Gym names tests: the node id without its file, `::` as `.`.
+
+    Example: "PASSED r2e_tests/test_1.py::TestJoin::test_empty" -> {"TestJoin.test_empty": PASSED}
+    """
+    found: dict[str, TestStatus] = {}
+    for test_id, status in parse_pytest(log).items():
+        if "::" in test_id:
+            record(found, ".".join(test_id.split("::")[1:]), status)
+    return found
