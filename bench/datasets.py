@@ -35,6 +35,8 @@ from bench.dataset_fixtures import (
     make_diff,
     write_task,
 )
+from bench.dataset_images import build_image as build_dataset_image
+from bench.dataset_images import cheat_diff, import_fixtures, row_of, solution_diff
 from gyre.sandbox.backend import ContainerLimits
 from gyre.sandbox.oci import Container, OciBackend
 from gyre_app.images import DEFAULT_BASE, build_base
@@ -99,6 +101,55 @@ async def grade_all(out: Path, grader: ContainerGrader) -> tuple[list[dict[str, 
     return rows, forged
 
 
+async def grade_imported(out: Path, grader: ContainerGrader) -> list[dict[str, Any]]:
+    """The fixtures `gyre tasks import` reads (tests/data/datasets): gold resolves, no change
+    earns exactly the PASS_TO_PASS weight, the row's wrong patch earns part, a cheat on the
+    tests earns what no change earned (the test patch wins); a Harbor solution resolves and no
+    change earns 0."""
+    rows: list[dict[str, Any]] = []
+    for folder in import_fixtures(out):
+        task = load_container_task(folder)
+        build_dataset_image(task)
+        empty = task.weight_pass_to_pass if task.pass_to_pass else 0.0
+        cases: dict[str, tuple[bytes, float, float]]
+        if task.source_format == "harbor":
+            cases = {"gold": (await solution_diff(task, grader.backend), 1.0, 1.0), "empty": (b"", 0.0, 0.0)}
+        else:
+            # R2E-Gym rows name no FAIL_TO_PASS / PASS_TO_PASS split: every test the fix passes is
+            # one to pass, some of which pass before it too, so no change earns some, never all.
+            none = (0.0, 1.0 - 1e-6) if task.source_format == "r2e" else (empty, empty)
+            cases = {
+                "gold": (task.gold_patch.read_bytes(), 1.0, 1.0),
+                "empty": (b"", *none),
+                "wrong": (str(row_of(task)["wrong_patch"]).encode(), empty + 1e-6, 1.0 - 1e-6),
+                "cheat": (cheat_diff(task), -1.0, -1.0),  # expected: what `empty` earned
+            }
+        earned_empty = 0.0
+        for case, (diff, low, high) in cases.items():
+            graded = await grader.grade(task, diff)
+            score = graded.scored.score
+            if case == "empty":
+                earned_empty = score
+            if case == "cheat":
+                low = high = earned_empty
+            agree = graded.scored.assessable and low - 1e-6 <= score <= high + 1e-6
+            rows.append(
+                {
+                    "instance": task.name,
+                    "case": case,
+                    "score": score,
+                    "agree": agree,
+                    "grade_s": graded.duration_s,
+                }
+            )
+            print(
+                f"{task.name[:40]:40} {case:6} score {score:.3f} expected [{low:.2f}, {high:.2f}] "
+                f"{'ok' if agree else 'DISAGREES'} {graded.duration_s:.2f}s {graded.scored.reason[:80]}",
+                flush=True,
+            )
+    return rows
+
+
 async def start_many(backend: OciBackend, n: int) -> tuple[list[float], int, int]:
     """Start n containers at once; (start times, how many ran together, escapes seen)."""
     limits = ContainerLimits(cpus=0.25, memory_mb=256, storage_mb=256, max_procs=64)
@@ -132,10 +183,13 @@ async def main_async(concurrent: int) -> dict[str, Any]:
         build_image(fixture)
     backend = OciBackend()
     with tempfile.TemporaryDirectory(prefix="gyre-bench-datasets-") as tmp:
-        rows, forged = await grade_all(Path(tmp), ContainerGrader(backend))
+        rows, forged = await grade_all(Path(tmp) / "own", ContainerGrader(backend))
+        imported = await grade_imported(Path(tmp) / "imported", ContainerGrader(backend))
+    rows += imported
     starts, together, escapes = await start_many(backend, concurrent)
     return {
-        "instances": len(FIXTURES),
+        "instances": len({r["instance"] for r in rows}),
+        "imported_instances": len({r["instance"] for r in imported}),
         "cases": len(rows),
         "grading_agreement": round(sum(r["agree"] for r in rows) / len(rows), 4),
         "container_start_p50_s": round(statistics.median(starts), 3),
