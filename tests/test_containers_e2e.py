@@ -1,9 +1,9 @@
 """One group of a SWE-bench-format task trains on the live stack, graded by its own tests.
 
-`gyre up --mode gyre` (every service, the torch engines, embedded NATS and Postgres), then
-`gyre submit --task <imported task folder> --watch`: the runner starts the agent in the task's
-own image against the proxy, the evaluator grades its diff with the dataset's tests in a fresh
-container, and the trainer takes the group into an optimizer step.
+`gyre tasks import` of the fixture rows, `gyre up --mode gyre` (every service, the torch engines,
+embedded NATS and Postgres), then `gyre submit --task <imported task folder> --watch`: the runner
+starts the agent in the task's own image against the proxy, the evaluator grades its diff with
+the dataset's tests in a fresh container, and the trainer takes the group into an optimizer step.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from bench.dataset_fixtures import FIXTURES, build_image, write_task
+from bench.dataset_images import build_image, import_fixtures
 from gyre.sandbox.oci import find_engine
 from gyre_app.images import DEFAULT_BASE, build_base
+from services.evaluator.container_task import load_container_task
 
 pytestmark = [
     pytest.mark.e2e,
@@ -33,7 +34,6 @@ pytestmark = [
     ),
 ]
 REPO = Path(__file__).resolve().parent.parent
-CALC = next(f for f in FIXTURES if f.name == "mini-calc-1")
 
 
 def gyre(env: dict[str, str], *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
@@ -61,8 +61,9 @@ def stack() -> Iterator[tuple[dict[str, str], Path]]:
 def test_a_swebench_group_is_graded_by_its_own_tests_and_trained(stack: tuple[dict[str, str], Path]) -> None:
     env, root = stack
     build_base(DEFAULT_BASE)
-    build_image(CALC)
-    folder = write_task(CALC, root / "tasks")
+    # The importers' fixture rows through `gyre tasks import`, as a user would bring a dataset.
+    folder = next(f for f in import_fixtures(root / "imported") if f.name == "gyre-fixtures__calc-1")
+    build_image(load_container_task(folder))
     submitted = gyre(
         env, "submit", "--task", str(folder), "--group-size", "2", "--timeout-s", "90",
         "--watch", "--watch-timeout-s", "300", "--json", timeout_s=400,
