@@ -16,6 +16,8 @@ import pytest
 import pytest_asyncio
 
 from bench.dataset_fixtures import FIXTURES, build_image, write_task
+from bench.dataset_images import build_image as build_dataset_image
+from bench.dataset_images import import_fixtures
 from bench.scripted_model import ScriptedModel
 from gyre.common.v1 import ids_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
@@ -47,7 +49,15 @@ SCRIPT = {
     ]
 }
 # Fixes the bug, then hangs past the deadline: the work done so far is exported and graded.
-SCRIPTS = {"hang": {"main": [FIX, {"tool": "shell", "args": {"command": "sleep 120"}}]}}
+SCRIPTS = {
+    "hang": {"main": [FIX, {"tool": "shell", "args": {"command": "sleep 120"}}]},
+    # Looks for the tests an R2E-Gym image carries, and notes what it found in the workspace.
+    "peek": {
+        "main": [
+            {"tool": "shell", "args": {"command": "ls /root/r2e_tests > peek.txt 2>&1; echo $? >> peek.txt"}}
+        ]
+    },
+}
 
 
 @dataclass
@@ -79,11 +89,13 @@ async def rig(kernel: KernelSettings, tmp_path_factory: pytest.TempPathFactory) 
         shutil.rmtree(settings.sandbox_root, ignore_errors=True)
 
 
-async def run_to_end(rig: Rig, *, prompt: str, timeout_s: float) -> runner_pb2.Execution:
+async def run_to_end(
+    rig: Rig, *, prompt: str, timeout_s: float, folder: Path | None = None
+) -> runner_pb2.Execution:
     ref = ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=str(uuid.uuid4()))
     request = runner_pb2.StartExecutionRequest(
         request_id=f"c-{uuid.uuid4().hex[:8]}", execution=ref, harness="gyre-agent", family="swebench",
-        task=str(rig.folder), prompt=prompt, timeout_s=timeout_s,
+        task=str(folder or rig.folder), prompt=prompt, timeout_s=timeout_s,
     )  # fmt: skip
     await rig.stub.StartExecution(request)
     get = runner_pb2.GetExecutionRequest(execution_id=ref.execution_id)
@@ -95,7 +107,9 @@ async def run_to_end(rig: Rig, *, prompt: str, timeout_s: float) -> runner_pb2.E
     raise AssertionError(f"execution {ref.execution_id} never ended")
 
 
-async def grade(rig: Rig, ended: runner_pb2.Execution) -> tuple[bytes, str, Graded]:
+async def grade(
+    rig: Rig, ended: runner_pb2.Execution, folder: Path | None = None
+) -> tuple[bytes, str, Graded]:
     workspace = Path(ended.workspace_uri.removeprefix("file://"))
     diff = await asyncio.to_thread((workspace / "agent.diff").read_bytes)
     log = (await asyncio.to_thread((workspace / "agent.log").read_bytes)).decode()
@@ -103,7 +117,8 @@ async def grade(rig: Rig, ended: runner_pb2.Execution) -> tuple[bytes, str, Grad
     exists = [*(find_engine() or []), "container", "exists", f"gyre-run-{ended.execution.execution_id}"]
     assert (await asyncio.to_thread(subprocess.run, exists)).returncode == 1
     assert not await asyncio.to_thread(workspace.exists)
-    graded = await ContainerGrader(OciBackend()).grade(load_container_task(rig.folder), diff, agent_log=log)
+    task = load_container_task(folder or rig.folder)
+    graded = await ContainerGrader(OciBackend()).grade(task, diff, agent_log=log)
     return diff, log, graded
 
 
@@ -123,3 +138,16 @@ async def test_a_timed_out_agent_keeps_the_work_it_did_for_partial_credit(rig: R
     assert ended.state == runner_pb2.EXECUTION_STATE_TIMED_OUT, ended
     _, _, graded = await grade(rig, ended)
     assert graded.scored.score == 1.0
+
+
+async def test_an_r2e_images_own_tests_are_hidden_from_the_agent_and_still_grade(
+    rig: Rig, tmp_path: Path
+) -> None:
+    folders = await asyncio.to_thread(import_fixtures, tmp_path)
+    folder = next(f for f in folders if f.name.startswith("stack__"))
+    await asyncio.to_thread(build_dataset_image, load_container_task(folder))
+    ended = await run_to_end(rig, prompt="[script: peek] fix it", timeout_s=60.0, folder=folder)
+    assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED, ended
+    diff, _, graded = await grade(rig, ended, folder)
+    assert b"No such file or directory" in diff and b"+2" in diff  # ls found nothing, exit code 2
+    assert graded.scored.assessable and 0.0 < graded.scored.score < 1.0  # the tests ran at grading

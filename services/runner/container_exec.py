@@ -51,12 +51,19 @@ ENSURE_REPO = (
 EXPORT = 'cd "$1" && git add -A >/dev/null 2>&1; git diff --cached --binary "$2"'
 
 
+R2E_TESTS = ("/root/r2e_tests", "/r2e_tests")
+"""Where R2E-Gym images keep the tests that grade them; removed before the agent starts (the
+grading container is fresh from the image and has them)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContainerSpec:
     image: str
     workdir: str
     base_commit: str
     limits: ContainerLimits
+    hidden_paths: tuple[str, ...] = ()
+    """Paths of the image the agent must not see (the dataset's own tests)."""
 
 
 def read_spec(folder: Path) -> ContainerSpec:
@@ -75,9 +82,13 @@ def read_spec(folder: Path) -> ContainerSpec:
         storage_mb=int(env.get("storage_mb", 10240)),
     )
     limits.validate(f"{path}.environment")
-    base = source.get("base_commit", "") if isinstance(source, dict) else ""
+    source = source if isinstance(source, dict) else {}
     return ContainerSpec(
-        image=env["image"], workdir=str(env.get("workdir", "/testbed")), base_commit=str(base), limits=limits
+        image=env["image"],
+        workdir=str(env.get("workdir", "/testbed")),
+        base_commit=str(source.get("base_commit", "")),
+        limits=limits,
+        hidden_paths=R2E_TESTS if source.get("format") == "r2e" else (),
     )
 
 
@@ -128,6 +139,10 @@ class ContainerSandbox:
                 f"{spec.workdir} is not a git repository and none could be made: {made.output[-300:]!r}"
             )
         await scrub_future_history(self.box, workdir=spec.workdir, base_commit=spec.base_commit)
+        if spec.hidden_paths:
+            hidden = await self.box.exec(["rm", "-rf", "--", *spec.hidden_paths], timeout_s=60)
+            if hidden.exit_code != 0:
+                raise OSError(f"the dataset's tests could not be hidden: {hidden.output[-300:]!r}")
         head = await self.box.exec(["git", "rev-parse", "HEAD"], timeout_s=30, workdir=spec.workdir)
         self.base = head.output.decode().strip()
         with tempfile.TemporaryDirectory(prefix="gyre-agent-") as tmp:
