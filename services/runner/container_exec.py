@@ -32,6 +32,7 @@ from gyre.errors import InvalidArgument
 from gyre.sandbox.backend import ContainerLimits
 from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.host import Forward, Outcome
+from gyre.sandbox.keeper import read_tail
 from gyre.sandbox.oci import Container, OciBackend
 from services.runner.config import AGENT_FILES
 from services.runner.git_scrub import scrub_future_history
@@ -207,7 +208,12 @@ class ContainerSandbox:
         duration = time.monotonic() - self.started_at
         (self.path / "harness.env").unlink(missing_ok=True)
         await self.export()
-        return Outcome(exit_code=code, killed=self.killed, duration_s=duration)
+        # The harness command was started (`launch` returned), so what follows is its outcome.
+        return Outcome(exit_code=code, killed=self.killed, duration_s=duration, started=True)
+
+    async def log_tail(self, limit: int = 2000, *, name: str = "harness.log") -> str:
+        """The last `limit` bytes of the harness's log (the only log a container execution has)."""
+        return await asyncio.to_thread(read_tail, self.log_path.parent / name, limit)
 
     async def kill(self, reason: str) -> None:
         """Every process in the container but its first (the relay) ends; the files stay for the diff."""
