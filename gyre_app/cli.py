@@ -22,7 +22,7 @@ from typer.exceptions import TyperException
 from gyre.errors import GyreError, InvalidArgument
 from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
-from gyre_app import cli_export, cli_replay, cli_report, cli_tasks, cli_trace, cli_track
+from gyre_app import cli_export, cli_images, cli_replay, cli_report, cli_tasks, cli_trace, cli_track
 from gyre_app.client.tasks_file import TasksFileError
 
 INPUT_ERROR = 2
@@ -219,6 +219,7 @@ cli_trace.register(app)
 cli_report.register(app)
 cli_export.register(app)
 cli_track.register(app)
+cli_images.register(app)
 
 # Commands that belong to a service live in that service and are loaded only when named, so
 # `gyre up` does not pay for torch. Each module has `main(argv: list[str]) -> int`; its own

@@ -76,11 +76,15 @@ def _specs(
         except OSError as exc:
             raise TasksFileError(f"{file}: cannot be read: {exc.strerror}") from None
         return parse_tasks(decode_tasks_file(data, source=str(file)), source=str(file))
+    from gyre_app.container_tasks import container_specs, is_container_source
     from services.evaluator.taskset import load_task
 
     assert task is not None
     if not 1 <= group_size <= MAX_UINT32:
         raise InvalidArgument("--group-size", f"must be an integer from 1 to {MAX_UINT32}, got {group_size}")
+    if is_container_source(Path(task)):
+        found = container_specs(Path(task), group_size=group_size, timeout_s=timeout_s, harness=harness)
+        return [NumberedTask(line=0, spec=spec) for spec in found]
     try:
         definition = load_task(task)
     except (InvalidArgument, NotFound, FileNotFoundError) as exc:
@@ -98,7 +102,10 @@ def _specs(
 
 def submit(
     file: Annotated[Path | None, typer.Argument(help="JSON-lines file, one TaskSpec a line")] = None,
-    task: Annotated[str | None, typer.Option(help="a bundled task by name, e.g. slugfix")] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="a bundled task by name (e.g. slugfix), or an imported task folder or task set"),
+    ] = None,
     group_size: Annotated[int, typer.Option(help="executions of the --task group")] = 2,
     timeout_s: Annotated[float, typer.Option(help="deadline of each --task execution")] = 600.0,
     harness: Annotated[str, typer.Option(help="harness of the --task executions")] = "gyre-agent",

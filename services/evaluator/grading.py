@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -55,6 +55,9 @@ from services.evaluator.scoring import (
 )
 from services.evaluator.taskset import TaskDef
 
+if TYPE_CHECKING:  # container_grading builds on Graded below
+    from services.evaluator.container_grading import ContainerGrader
+
 log = structlog.get_logger(__name__)
 GRADER_VERSION = 4
 """3: values compared outside the tested process, skipped and missing tests fail, workspace faults score 0.
@@ -68,6 +71,8 @@ class Graded:
     grader: str
     duration_s: float
     attempts: int
+    signals: tuple[str, ...] = ()
+    """What a reviewer should look at (container tasks: test files edited, git history read)."""
 
 
 class Grader:
@@ -80,6 +85,9 @@ class Grader:
         max_files: int = 100_000,
         max_depth: int = 64,
     ):
+        self.containers: ContainerGrader | None = None
+        """Grades tasks that bring their own image; None when this host has no container engine
+        (set by the service's wiring)."""
         self.host = host
         self.limits = limits
         self.attempts = attempts

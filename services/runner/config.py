@@ -56,6 +56,10 @@ class RunnerSettings(BaseSettings):
     "Bash,Read,Edit,Write,Agent"}` (harness.py); an execution's own `harness_env` wins over these."""
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
+    container_cpus: float = 1.0
+    """Multiplier on a container task's own `environment.cpus` (memory and storage below)."""
+    container_memory: float = 1.0
+    container_storage: float = 1.0
     keep_workspace_s: float = 6 * 3600.0
     """How long an ended execution's sandbox (its workspace) is kept at most when no grade comes:
     it is released as soon as its RewardAssigned arrives (a grader killed mid-grading is
@@ -80,6 +84,14 @@ class RunnerSettings(BaseSettings):
     cpus: float = 2.0
     max_connections: int = 64
     """Connections a harness may hold open at once through the forwarded proxy port."""
+
+    def container_multipliers(self) -> dict[str, float]:
+        """Keyword arguments of `ContainerLimits.scaled` from these settings."""
+        return {
+            "cpus": self.container_cpus,
+            "memory": self.container_memory,
+            "storage": self.container_storage,
+        }
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits.of(self)

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -35,14 +34,14 @@ from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.adopt import adopt
 from gyre.sandbox.blame import CANCELLED, HostFacts, blame
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
-from gyre.sandbox.limits import MIB
-from gyre.sandbox.trees import CopyBounds
+from gyre.sandbox.oci import OciBackend
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
+from services.runner.container_exec import CONTAINER_FAMILIES, PROMPT_FILE, ContainerSandbox
 from services.runner.executions import Launch, recovered_launch
-from services.runner.harness import HarnessInput, crash_reason, limits_for, plan_launch, spent_own_budget
-from services.runner.workspace import WorkspaceError, fill
+from services.runner.harness import HarnessInput, crash_reason, plan_launch, spent_own_budget
+from services.runner.prepare import LaunchFailed, fill_sandbox, start_container
 
 log = structlog.get_logger(__name__)
 PRODUCER = "runner"
@@ -57,19 +56,12 @@ executions to record their end: within the host's grace for its workers (`Servic
 grace_s + 5 s), which then cancels them."""
 
 
-class LaunchFailed(Exception):
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason[:4096]
-
-
 @dataclass(slots=True)
 class Running:
     launch: Launch
     task: asyncio.Task[None]
     started: asyncio.Future[None]
-    box: Sandbox | None = None
+    box: Sandbox | ContainerSandbox | None = None
     cancel: tuple[str, str] | None = None
     """(reason, request_id) once CancelExecution asked."""
     registered: bool = False
@@ -103,10 +95,12 @@ class Supervisor:
         self.proxy: Any = proxy  # grpc.aio stub: its calls are awaitable at run time
         self.forward = _forward(settings.proxy_base_url)
         self.running: dict[str, Running] = {}
-        self.ended: dict[str, tuple[Sandbox, float]] = {}
+        self.ended: dict[str, tuple[Sandbox | ContainerSandbox, float]] = {}
         self.slots = asyncio.Semaphore(settings.max_running)
         self.stopping = False
         """Set on shutdown: no harness is launched any more."""
+        self.containers: OciBackend | None = None
+        """Runs container tasks (`swebench`, `harbor`); None when this host has no engine (wiring sets it)."""
 
     def start(
         self, launch: Launch, *, reattach: Callable[[Running], Awaitable[None]] | None = None
@@ -142,25 +136,16 @@ class Supervisor:
         launch = run.launch
         if self.stopping:
             raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
-        try:
-            limits = limits_for(launch.harness, self.settings.limits())
-            run.box = box = await self.host.create(launch.execution_id, limits)
-        except (OSError, subprocess.SubprocessError, GyreError) as exc:
-            raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
-        try:
-            bounds = CopyBounds(
-                max_bytes=self.settings.disk_mb * MIB, deadline=time.monotonic() + FILL_TIMEOUT_S
-            )
-            await asyncio.to_thread(
-                fill, launch.workspace_template, box.work, self.settings.template_sources(), bounds=bounds
-            )
-            prompt_file = box.home / "prompt.md"
-            prompt_file.write_text(launch.prompt)
-            await asyncio.to_thread(box.own_files)
-        except WorkspaceError as exc:
-            raise LaunchFailed("workspace", str(exc)) from exc
-        except OSError as exc:
-            raise LaunchFailed("workspace", f"workspace could not be filled: {exc}") from exc
+        box: Sandbox | ContainerSandbox
+        runtime: tuple[str, ...] = ()
+        keep = functools.partial(setattr, run, "box")  # set as soon as made: released if this fails
+        if launch.family in CONTAINER_FAMILIES:
+            box = await start_container(self.containers, self.settings, launch, self.forward, keep=keep)
+            prompt_file, python = PROMPT_FILE, "python3"
+        else:
+            box = await fill_sandbox(self.host, self.settings, launch, keep=keep)
+            prompt_file, python = str(box.home / "prompt.md"), sys.executable
+            runtime = tuple(self.settings.sandbox_runtime)
         if run.cancel is not None:
             await self._end(run, "cancelled", _cancelled(run, box))
             return
@@ -178,11 +163,11 @@ class Supervisor:
             HarnessInput(
                 base_url=box.base_url(self.forward) + self.forward_path,
                 token=token,
-                prompt_file=str(prompt_file),
-                python=sys.executable,
+                prompt_file=prompt_file,
+                python=python,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
-                runtime=tuple(self.settings.sandbox_runtime),
+                runtime=runtime,
                 timeout_s=launch.timeout_s,
             ),
         )
@@ -209,11 +194,12 @@ class Supervisor:
             deadline=deadline,
         )
         run.started.set_result(None)
-        log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
+        isolation = box.isolation.describe() if isinstance(box, Sandbox) else f"oci container {box.name}"
+        log.info("execution_started", harness=launch.harness, isolation=isolation)
         await self._wait_and_finish(run, box, timeout_s=launch.timeout_s)
 
     async def _wait_and_finish(
-        self, run: Running, box: Sandbox, *, timeout_s: float, ran_before_s: float = 0.0
+        self, run: Running, box: Sandbox | ContainerSandbox, *, timeout_s: float, ran_before_s: float = 0.0
     ) -> None:
         run.waiting = True
         outcome = await box.wait(timeout_s=timeout_s)
@@ -226,7 +212,7 @@ class Supervisor:
     def forward_path(self) -> str:
         return urllib.parse.urlsplit(self.settings.proxy_base_url).path.rstrip("/")
 
-    async def _finish(self, run: Running, box: Sandbox, outcome: Outcome) -> None:
+    async def _finish(self, run: Running, box: Sandbox | ContainerSandbox, outcome: Outcome) -> None:
         launch = run.launch
         uri = box.work.as_uri()
         failed, last = run.failed_calls
@@ -480,7 +466,7 @@ class Supervisor:
             await entry[0].release()
 
 
-def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
+def _cancelled(run: Running, box: Sandbox | ContainerSandbox) -> events_pb2.ExecutionCancelled:
     reason, request_id = run.cancel or ("", "")
     return events_pb2.ExecutionCancelled(
         execution=execution_ref(run.launch),
