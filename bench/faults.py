@@ -18,6 +18,8 @@ execution's calls published children first, rewards before the task). Not built 
 Postgres restart (shared servers on development machines), a cut proxy-engine link, a step's
 batch rebuilt from the log. Uses GYRE_NATS_URL / GYRE_DATABASE_URL when set, else the embedded
 servers; a fresh database and bus prefix, removed afterwards. Prints one JSON object last.
+`--full` also runs the operator actions of `bench.fault_operator` (a graceful restart of every
+service, `gyre restart` from an empty environment) and reports `operator_action_failures`.
 `--full` adds the liveness scenarios (`bench.fault_liveness`; `wedged`: no fresh group trained).
 """
 
@@ -221,7 +223,7 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
     on embedded servers of its own (it restarts them)."""
     nats_url, admin_url = urls or servers()
     outcomes: list[Outcome] = []
-    steps = mismatches = 0
+    steps = mismatches = operator_failures = 0
     with tempfile.TemporaryDirectory(prefix="gyre-faults-") as work:
         async with scratch_kernel(nats_url, admin_url, label="faults") as kernel:
             stack = Stack(kernel, Path(work))
@@ -256,12 +258,20 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
             outcomes += [Outcome(**o) for o in await fault_liveness.run_liveness_rig(Path(work) / "liveness")]
             steps += live_steps
             mismatches += live_mismatches
+            from bench.fault_operator import run_operator_rig
+
+            operator, operator_steps, operator_mismatches = await run_operator_rig(Path(work) / "operator")
+            operator_failures = sum(o.pop("operator_action_failures") for o in operator)
+            outcomes += [Outcome(**o) for o in operator]
+            steps += operator_steps
+            mismatches += operator_mismatches
     return {
         "scenarios": len(outcomes),
         "lost_calls": sum(o.lost_calls for o in outcomes),
         "duplicate_calls": sum(o.duplicate_calls for o in outcomes),
         "duplicate_trained_groups": sum(o.duplicate_trained_groups for o in outcomes),
         "unrecovered": sum(o.unrecovered for o in outcomes),
+        "operator_action_failures": operator_failures,
         "wedged": sum(o.wedged for o in outcomes),
         "recovery_s_max": max(o.recovery_s for o in outcomes),
         "steps_replayed": steps,

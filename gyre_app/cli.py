@@ -1,7 +1,9 @@
 """The `gyre` command: local stack, tasks, executions, replay and staleness (shell: typer + rich).
 
 Every command has `--help`; every command that reads has `--json` (one JSON object on stdout).
-An error is one line on stderr, `gyre <command>: <what was wrong>`, and a non-zero exit.
+An error is one line on stderr, `gyre <command>: <what was wrong>`: exit code 2 when the input
+was wrong (an option, an argument, a file, a field a service refused), 1 when something else
+failed (a service away, a task that does not exist).
 """
 
 from __future__ import annotations
@@ -17,10 +19,23 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
-from gyre.errors import GyreError
+from gyre.errors import GyreError, InvalidArgument
 from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
-from gyre_app import cli_cells, cli_replay, cli_report, cli_tasks, cli_trace
+from gyre_app import (
+    cli_cells,
+    cli_export,
+    cli_images,
+    cli_replay,
+    cli_report,
+    cli_tasks,
+    cli_trace,
+    cli_track,
+)
+from gyre_app.client.tasks_file import TasksFileError
+
+INPUT_ERROR = 2
+"""The exit code of a command whose input was wrong (click's own for usage errors)."""
 
 app = typer.Typer(
     name="gyre",
@@ -46,6 +61,7 @@ def up(
         bool,
         typer.Option(help="mutual TLS between services; embedded NATS and Postgres ask for passwords"),
     ] = False,
+    track: Annotated[str | None, typer.Option(help=cli_track.TRACK_HELP)] = None,
 ) -> None:
     """Start NATS, Postgres (embedded unless configured), every service and the cells."""
     from gyre_app.stack import MODES
@@ -53,7 +69,9 @@ def up(
 
     if mode not in MODES:
         raise typer.BadParameter(f"must be one of {', '.join(MODES)}, got {mode!r}", param_hint="--mode")
+    sinks = cli_track.up_sinks(track)  # refused here, before anything starts
     state = stack_up(KernelSettings(), metrics=metrics, cells=cells, mode=mode, secure=secure)
+    tracking = cli_track.start_for_up(sinks)
     print(
         json.dumps(
             {
@@ -64,6 +82,7 @@ def up(
                 "proxy_http_url": state.proxy_http_url,
                 "model_dir": state.model_dir,
                 "mode": state.mode,
+                **({"tracking": tracking} if tracking else {}),
                 **({"metrics": {s.name: s.metrics_url for s in state.services}} if metrics else {}),
             },
             indent=2,
@@ -97,6 +116,7 @@ def down(
     from gyre_app.stack_servers import stop_embedded_servers
 
     kernel = KernelSettings()
+    cli_track.stop_for_down(kernel)
     stopped = stack_down(kernel)
     if all_:
         stopped += stop_embedded_servers(kernel.state_dir)
@@ -206,6 +226,9 @@ cli_tasks.register(app)
 cli_replay.register(app)
 cli_trace.register(app)
 cli_report.register(app)
+cli_export.register(app)
+cli_track.register(app)
+cli_images.register(app)
 cli_cells.register(app)
 
 # Commands that belong to a service live in that service and are loaded only when named, so
@@ -267,6 +290,24 @@ def _present_stack_certificate() -> None:
     use_tls_env({f"GYRE_TLS_{k.upper()}": v for k, v in tls.items()} if isinstance(tls, dict) else {})
 
 
+def one_line(message: str) -> str:
+    """An error message as one line: a newline becomes a space; any other character that is not
+    printable (a tab, U+001E or U+2028 from a tasks file, which end lines too) is escaped.
+
+    Example: one_line("line 1, field a\x1eb: unknown") -> "line 1, field a\\x1eb: unknown"
+    """
+    message = message.replace("\n", " ")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+
+
+def _is_utf8(arg: str) -> bool:
+    try:
+        arg.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     # `gyre up/down` fork servers after gRPC calls; grpc's fork handlers are not needed for that.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
@@ -276,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     # sandbox root relocated while `gyre down` sweeps, say) goes to stderr.
     configure_logging(fmt=kernel.log_format, level=kernel.log_level)
     _present_stack_certificate()
+    undecodable = next((arg for arg in argv if not _is_utf8(arg)), None)
+    if undecodable is not None:  # bytes the locale could not decode: no service could take them
+        print(one_line(f"gyre {command_path(argv)}: {undecodable!r} is not UTF-8 text"), file=sys.stderr)
+        return INPUT_ERROR
     if argv[:1] == ["model"] and "--warm-start" in argv:  # the warm start needs every service's parts
         from gyre_app.warmstart.cli import main as warm_start
 
@@ -292,11 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print(f"gyre {command}: aborted", file=sys.stderr)
         return 1
-    except TyperException as exc:  # usage errors: typer prints them with the command's usage line
-        exc.show()  # type: ignore[attr-defined]
-        return int(getattr(exc, "exit_code", 2))
+    except TyperException as exc:  # usage errors (click's): one line, like every input error
+        message = exc.format_message()  # type: ignore[attr-defined]
+        print(one_line(f"gyre {command}: {message} (gyre {command} --help)"), file=sys.stderr)
+        return INPUT_ERROR
+    except (InvalidArgument, TasksFileError) as exc:
+        print(one_line(f"gyre {command}: {exc}"), file=sys.stderr)
+        return INPUT_ERROR
     except (GyreError, RuntimeError) as exc:
-        print(f"gyre {command}: {exc}".replace("\n", " "), file=sys.stderr)
+        print(one_line(f"gyre {command}: {exc}"), file=sys.stderr)
         return 1
     return int(result) if isinstance(result, int) else 0
 

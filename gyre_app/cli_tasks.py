@@ -12,8 +12,17 @@ import typer
 from gyre.errors import GyreError, InvalidArgument, NotFound
 from gyre.runner.v1 import runner_pb2
 from gyre.scheduler.v1 import scheduler_pb2
+from gyre_app.cli_import import tasks_import
 from gyre_app.client import GyreClient, ServiceAddresses, Task, TaskProgress
-from gyre_app.client.tasks_file import NumberedTask, TasksFileError, bundled_spec, line_of, parse_tasks
+from gyre_app.client.tasks_file import (
+    MAX_UINT32,
+    NumberedTask,
+    TasksFileError,
+    bundled_spec,
+    decode_tasks_file,
+    line_of,
+    parse_tasks,
+)
 from gyre_app.output import JSON_HELP, console, message_dict, pairs, print_json, table
 
 T = TypeVar("T")
@@ -62,10 +71,20 @@ def _specs(
     if file is not None:
         if not file.is_file():
             raise TasksFileError(f"{file}: no such file")
-        return parse_tasks(file.read_text(), source=str(file))
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise TasksFileError(f"{file}: cannot be read: {exc.strerror}") from None
+        return parse_tasks(decode_tasks_file(data, source=str(file)), source=str(file))
+    from gyre_app.container_tasks import container_specs, is_container_source
     from services.evaluator.taskset import load_task
 
     assert task is not None
+    if not 1 <= group_size <= MAX_UINT32:
+        raise InvalidArgument("--group-size", f"must be an integer from 1 to {MAX_UINT32}, got {group_size}")
+    if is_container_source(Path(task)):
+        found = container_specs(Path(task), group_size=group_size, timeout_s=timeout_s, harness=harness)
+        return [NumberedTask(line=0, spec=spec) for spec in found]
     try:
         definition = load_task(task)
     except (InvalidArgument, NotFound, FileNotFoundError) as exc:
@@ -83,7 +102,10 @@ def _specs(
 
 def submit(
     file: Annotated[Path | None, typer.Argument(help="JSON-lines file, one TaskSpec a line")] = None,
-    task: Annotated[str | None, typer.Option(help="a bundled task by name, e.g. slugfix")] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="a bundled task by name (e.g. slugfix), or an imported task folder or task set"),
+    ] = None,
     group_size: Annotated[int, typer.Option(help="executions of the --task group")] = 2,
     timeout_s: Annotated[float, typer.Option(help="deadline of each --task execution")] = 600.0,
     harness: Annotated[str, typer.Option(help="harness of the --task executions")] = "gyre-agent",
@@ -207,6 +229,9 @@ def tasks_generate(ctx: typer.Context) -> None:
     code = generate(["generate", *ctx.args])
     if code:
         raise typer.Exit(code)
+
+
+tasks_app.command("import")(tasks_import)
 
 
 @tasks_app.command("list")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -116,6 +117,22 @@ def check_name(name: str) -> None:
         raise InvalidArgument("--name", f"must be letters, digits, - and _, got {name!r}")
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse a folder the export could not write, before any service is asked (made if missing).
+
+    Tried, not judged from its mode bits: root may write where the bits say no, and nobody
+    writes below a file or on a read-only mount whatever the bits say."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except (OSError, UnicodeEncodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidArgument(
+            "OUT_DIR", f"{str(out_dir)!r} is not a folder this user can write: {why}"
+        ) from None
+
+
 def write(out_dir: Path, name: str, collected: Collected, assumed: Assumed) -> dict[str, Any]:
     """Write `<name>.jsonl` and `<name>.yaml` (only a workload `gyre sim` reads); the summary."""
     check_name(name)
@@ -204,6 +221,7 @@ def export(
         link_bytes_per_s=link_bytes_per_s,
     )
     check_name(name)  # before any service is asked
+    check_out_dir(out_dir)
     collected = run(lambda c: collect(c, list(task or [])))
     summary = write(out_dir, name, collected, assumed)
     if as_json:

@@ -39,6 +39,8 @@ from gyre_app.migrations import upgrade_all
 from gyre_app.stack_servers import ensure_database, servers_back
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SETTINGS_PREFIX = "GYRE_"
+"""Every setting of the kernel and the services is read from a variable named so."""
 SERVICES = ("scheduler", "trajectory", "runner", "evaluator", "proxy", "trainer")
 NEEDS_MODEL = ("proxy", "trainer")
 STACK_DATABASE = "gyre"
@@ -72,6 +74,9 @@ class ServiceProcess:
     """The service package it runs (`engine` for `engine-1`, `cell` for `cell-0`); empty: its name."""
     metrics_url: str = ""
     """Its Prometheus endpoint when `gyre up --metrics` (or GYRE_METRICS_PORT) asked for one."""
+    settings_env: dict[str, str] = field(default_factory=dict)
+    """The GYRE_* variables it was started with (its settings and the kernel's): `gyre restart`
+    starts it again with these, never with the caller's shell (`stack_restart`)."""
 
     @property
     def marker(self) -> str:
@@ -178,10 +183,12 @@ def service_env(
             "GYRE_SCHEDULER_RUNNER_ADDRESS": at("runner"),
             "GYRE_SCHEDULER_MODE": mode,
             "GYRE_SCHEDULER_GROUPS_PER_STEP": str(DEMO_GROUPS_PER_STEP),
+            "GYRE_SCHEDULER_MODEL_DIR": model_dir,
         },
         "proxy": {"GYRE_PROXY_MODEL_DIR": model_dir, "GYRE_PROXY_HTTP_PORT": str(proxy_http_port)},
         "runner": {
             "GYRE_RUNNER_PROXY_ADDRESS": at("proxy"),
+            "GYRE_RUNNER_SCHEDULER_ADDRESS": at("scheduler"),
             "GYRE_RUNNER_PROXY_BASE_URL": proxy_base_url,
             "GYRE_RUNNER_SANDBOX_ROOT": str(sandboxes_dir(state_dir) / "runner"),
             "GYRE_RUNNER_HARNESS_ENV": json.dumps(LOCAL_AGENT_ENV),
@@ -219,7 +226,7 @@ def up(
     GYRE_METRICS_PORT set) every process also serves Prometheus metrics on a port of its own, on
     127.0.0.1, recorded as its `metrics_url`. `services` short of all of them starts those alone,
     without cells (tests of the stack's plumbing). `agent_env` adds to (or overrides) the built-in
-    agent's settings (`LOCAL_AGENT_ENV`) for this start (a `restart` goes back to the defaults).
+    agent's settings (`LOCAL_AGENT_ENV`) for this start (a `restart` keeps them).
     A stack found running with some services dead gets those alone started again, in place; with
     `supervise` a detached supervisor (`gyre_app.supervise`) does that on its own from then on.
     With `secure`, gRPC between processes is mutual TLS and the embedded NATS and Postgres ask
@@ -362,18 +369,14 @@ def spawn_service(
     log_path = state_dir / "logs" / f"{name}.log"
     argv = [sys.executable, "-m", f"services.{module}", "--port", str(ports[name])]
     metrics_env = {"GYRE_METRICS_PORT": str(metrics_port)} if metrics_port is not None else {}
-    pid = spawn_detached(
-        argv,
-        log_path=log_path,
-        cwd=REPO_ROOT,
-        env={
-            **env,
-            **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode),
-            **metrics_env,
-            **(secure_stack.process_tls_env(state_dir, name) if secure else {}),
-            **(extra_env or {}),
-        },
-    )
+    full_env = {
+        **env,
+        **service_env(name, state_dir=state_dir, ports=ports, proxy_http_port=proxy_http_port, mode=mode),
+        **metrics_env,
+        **(secure_stack.process_tls_env(state_dir, name) if secure else {}),
+        **(extra_env or {}),
+    }
+    pid = spawn_detached(argv, log_path=log_path, cwd=REPO_ROOT, env=full_env)
     return ServiceProcess(
         name=name,
         pid=pid,
@@ -381,6 +384,7 @@ def spawn_service(
         log_path=str(log_path),
         module="" if module == name else module,
         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port is not None else "",
+        settings_env={k: v for k, v in full_env.items() if k.startswith(SETTINGS_PREFIX)},
     )
 
 

@@ -1,14 +1,18 @@
 """`gyre restart SERVICE`: one service of a running stack restarted in place (shell: processes).
 
 The same port and settings, nothing else touched: NATS, Postgres and the other services keep
-running, so executions carry on. The supervisor (`gyre_app.supervise`) restarts a dead service
-through `restart_if_dead`; a lock file serialises it with a manual `gyre restart`.
+running, so executions carry on. The settings are the ones the stack recorded when it started the
+service (`ServiceProcess.settings_env`), not the caller's: a `gyre restart` from another shell, or
+from an empty environment, must not drop a custom task folder or point at another bus prefix. The
+supervisor (`gyre_app.supervise`) restarts a dead service through `restart_if_dead`; a lock file
+serialises it with a manual `gyre restart`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -17,6 +21,7 @@ from pathlib import Path
 from gyre.devstack.processes import is_our_process, terminate, write_json
 from gyre.settings import KernelSettings, stack_state_path
 from gyre_app.stack import (
+    SETTINGS_PREFIX,
     ServiceProcess,
     kernel_env,
     load_state,
@@ -69,7 +74,10 @@ def _restart(
     terminate(old.pid, old.marker, timeout_s=15.0)
     ports = {s.name: int(s.address.rsplit(":", 1)[1]) for s in state.services}
     metrics_port = int(old.metrics_url.split(":")[2].split("/")[0]) if old.metrics_url else None
-    env = kernel_env(state.nats_url, state.database_url, kernel.bus_prefix)
+    if old.settings_env:  # the caller's shell keeps only what is no setting (PATH, HOME, ...)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+    else:  # recorded before stacks kept their settings: the best guess left is the caller's
+        env = kernel_env(state.nats_url, state.database_url, kernel.bus_prefix)
     proxy_http_port = int(state.proxy_http_url.rsplit(":", 1)[1]) if state.proxy_http_url else 0
     service = spawn_service(
         name,
@@ -81,6 +89,7 @@ def _restart(
         module=old.module or name,
         mode=state.mode or "gyre",
         secure=bool(state.tls),
+        extra_env=dict(old.settings_env),  # last, so it wins over the defaults spawn_service adds
     )
     state.services[state.services.index(old)] = service
     write_json(stack_state_path(state_dir), asdict(state))

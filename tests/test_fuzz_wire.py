@@ -182,6 +182,7 @@ def test_every_proxy_method_refuses_bad_input_clearly(kernel: KernelSettings, tm
 def test_every_evaluator_and_runner_method_refuses_bad_input_clearly(kernel: KernelSettings) -> None:
     from gyre.evaluator.v1 import evaluator_pb2
     from gyre.runner.v1 import runner_pb2
+    from gyre.sandbox.adopt import sweep_leftovers
     from services.evaluator.config import EvaluatorSettings
     from services.evaluator.main import build as build_evaluator
     from services.runner.config import RunnerSettings
@@ -198,10 +199,13 @@ def test_every_evaluator_and_runner_method_refuses_bad_input_clearly(kernel: Ker
         )
         return await build_runner(settings, own)
 
-    for running in _serve(evaluator, kernel, "evaluator"):
-        fuzz_service(running, evaluator_pb2.DESCRIPTOR.services_by_name["EvaluatorService"])
-    for running in _serve(runner, kernel, "runner"):
-        fuzz_service(running, runner_pb2.DESCRIPTOR.services_by_name["RunnerService"])
+    try:
+        for running in _serve(evaluator, kernel, "evaluator"):
+            fuzz_service(running, evaluator_pb2.DESCRIPTOR.services_by_name["EvaluatorService"])
+        for running in _serve(runner, kernel, "runner"):
+            fuzz_service(running, runner_pb2.DESCRIPTOR.services_by_name["RunnerService"])
+    finally:  # a stopped runner leaves its sandboxes to the next one: sweep them, as `gyre down` does
+        sweep_leftovers(root / "runner", uid_base=RunnerSettings.model_fields["uid_base"].default)
 
 
 def test_every_engine_method_refuses_bad_input_clearly(kernel: KernelSettings, model_dir: Path) -> None:

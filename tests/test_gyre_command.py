@@ -205,7 +205,7 @@ async def test_a_malformed_tasks_file_names_the_line_and_field(stack: Stack) -> 
     tasks_file = stack.tmp / "bad.jsonl"
     tasks_file.write_text(json.dumps(TASK) + "\n" + json.dumps({**TASK, "group_size": "two"}) + "\n")
     rc, out, err = await stack.gyre("submit", str(tasks_file))
-    assert rc == 1 and out == ""
+    assert rc == 2 and out == ""  # an input error
     assert err.strip().splitlines() == [
         f"gyre submit: {tasks_file} line 2, field group_size: must be an integer >= 1, got 'two'"
     ]
@@ -215,7 +215,7 @@ async def test_a_field_the_scheduler_refuses_is_named_by_its_line(stack: Stack) 
     tasks_file = stack.tmp / "refused.jsonl"
     tasks_file.write_text(json.dumps(TASK) + "\n\n" + json.dumps({**TASK, "family": "Not-A-Family"}) + "\n")
     rc, _, err = await stack.gyre("submit", str(tasks_file))
-    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert rc == 2 and len(err.strip().splitlines()) == 1
     assert f"{tasks_file} line 3, field family: must be 1..64 of [a-z0-9_]" in err
 
 
@@ -291,7 +291,7 @@ async def test_tasks_list_pages_through_the_schedulers_tasks(
     rest = await stack.gyre_json("tasks", "list", "--limit", "0", "--page-token", first["next_page_token"])
     assert [t["task_id"] for t in first["tasks"] + rest["tasks"]] == ids and not rest["next_page_token"]
     rc, _, err = await stack.gyre("tasks", "list", "--state", "finished")
-    assert rc == 1 and len(err.strip().splitlines()) == 1 and "state" in err and "graded" in err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "state" in err and "graded" in err
 
 
 async def test_replay_step_re_derives_the_checksum_the_trainer_recorded(

@@ -1,7 +1,8 @@
-"""A runner killed with -9 mid-execution: the harness lives on in its sandbox, the restarted runner
-re-attaches to it, ends it once (finished, as the harness ended), keeps its workspace until the
-grade arrives, and leaves no sandbox user, cgroup or process behind (real runner processes, real
-NATS and Postgres, the built-in agent against a scripted model)."""
+"""A runner killed with -9, or stopped gracefully (SIGTERM: `gyre restart runner`, a deploy),
+mid-execution: the harness lives on in its sandbox, the restarted runner re-attaches to it, ends it
+once (finished, as the harness ended), keeps its workspace until the grade arrives, and leaves no
+sandbox user, cgroup or process behind (real runner processes, real NATS and Postgres, the
+built-in agent against a scripted model)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ SCRIPTS = {
     "long": {"main": [
         {"tool": "write_file", "args": {"path": "before.txt", "content": "1\n"}},
         {"tool": "shell", "args": {"command": "sleep 3"}},
+        {"tool": "write_file", "args": {"path": "after.txt", "content": "2\n"}},
+        {"final": "done"},
+    ]},
+    # Sleeps past a graceful stop's own few seconds, so the next runner must be the one to end it.
+    "longer": {"main": [
+        {"tool": "write_file", "args": {"path": "before.txt", "content": "1\n"}},
+        {"tool": "shell", "args": {"command": "sleep 8"}},
         {"tool": "write_file", "args": {"path": "after.txt", "content": "2\n"}},
         {"final": "done"},
     ]},
@@ -103,8 +111,9 @@ async def wait_for(predicate: object, what: str, *, within_s: float = 90.0) -> N
     raise AssertionError(f"never: {what}")
 
 
-async def test_a_killed_runner_reattaches_to_its_running_harness_and_ends_it_once(
-    kernel: KernelSettings, model: tuple[ScriptedModel, str], bus: Bus, tmp_path: Path
+@pytest.mark.parametrize("how", ["kill9", "sigterm"])
+async def test_a_killed_or_stopped_runner_reattaches_to_its_running_harness_and_ends_it_once(
+    how: str, kernel: KernelSettings, model: tuple[ScriptedModel, str], bus: Bus, tmp_path: Path
 ) -> None:
     root = REPO / ".gyre" / "test-sandboxes" / f"reattach-{uuid.uuid4().hex[:8]}"
     _, url = model
@@ -121,7 +130,7 @@ async def test_a_killed_runner_reattaches_to_its_running_harness_and_ends_it_onc
                 request_id=f"start-{eid[:8]}",
                 execution=ids_pb2.ExecutionRef(task_id=str(uuid.uuid4()), execution_id=eid),
                 harness="gyre-agent",
-                prompt="Work for a while. [script: long]",
+                prompt=f"Work for a while. [script: {'long' if how == 'kill9' else 'longer'}]",
                 timeout_s=120.0,
                 family="terminal",
             )
@@ -129,9 +138,14 @@ async def test_a_killed_runner_reattaches_to_its_running_harness_and_ends_it_onc
         box = usable_root(root) / eid
         await wait_for(lambda: asyncio.to_thread((box / "work" / "before.txt").exists), "first file written")
         assert UID_BASE <= (box / "work").stat().st_uid < UID_BASE + 1000
-        first.kill9()  # mid-run: the harness is inside `sleep 3`
+        if how == "kill9":
+            first.kill9()  # mid-run: the harness is inside `sleep 3`
+        else:
+            first.stop()  # SIGTERM, mid-run: the harness is inside `sleep 8`
+            assert first.proc is not None and first.proc.returncode == 0, "the runner did not stop cleanly"
         keeper = read_keeper(box / "log" / KEEPER_FILE)
         assert keeper is not None and start_time(keeper[0]) == keeper[1], "the harness died with its runner"
+        assert not (box / "log" / "outcome.json").exists(), "the harness ended before its runner did"
 
         second.start()
         await second.wait_ready()

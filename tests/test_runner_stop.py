@@ -1,6 +1,7 @@
-"""A runner stopped while a harness runs leaves nothing behind: the harness is killed and its
-sandbox released (no keeper, no mount, no folder) by the runner's own shutdown, before anyone
-sweeps. Real NATS, Postgres and sandboxes; the model is scripted (an external boundary)."""
+"""A runner stopped gracefully while a harness runs leaves the harness alone, as a crash does: its
+keeper and sandbox outlive the runner for the next one to adopt (tests/test_runner_reattach.py),
+and `gyre down`'s sweep then leaves nothing behind (no keeper, no mount, no folder). Real NATS,
+Postgres and sandboxes; the model is scripted (an external boundary)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from bench.scripted_model import ScriptedModel
 from gyre.common.v1 import ids_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
+from gyre.sandbox.adopt import sweep_leftovers
 from gyre.sandbox.keeper import KEEPER_FILE, read_keeper, start_time
 from gyre.settings import KernelSettings
 from services.runner.config import RunnerSettings
@@ -29,7 +31,9 @@ def mounts_under(root: Path) -> list[str]:
     return [line.split()[1] for line in lines if line.split()[1].startswith(f"{root}/")]
 
 
-async def test_a_stopped_runner_kills_its_harness_and_releases_its_sandbox(kernel: KernelSettings) -> None:
+async def test_a_stopped_runner_leaves_its_harness_running_until_the_stack_is_swept(
+    kernel: KernelSettings,
+) -> None:
     model = ScriptedModel(script=SLEEPER)
     settings = RunnerSettings(
         sandbox_root=REPO / ".gyre" / "test-sandboxes" / f"stop-{uuid.uuid4().hex[:8]}",
@@ -64,9 +68,13 @@ async def test_a_stopped_runner_kills_its_harness_and_releases_its_sandbox(kerne
         if supervisor.host.isolation.tmpfs_quota:
             assert mounts_under(root) == [str(box)]
         await host.stop()
+        assert start_time(keeper[0]) == keeper[1], "the stop killed the harness's keeper"
+        assert (box / "work").is_dir(), "the stop deleted the workspace"
+        assert not (box / "log" / "outcome.json").exists(), "the harness ended with its runner"
+        assert sweep_leftovers(settings.sandbox_root, uid_base=settings.uid_base) == 1
         assert mounts_under(root) == []
         assert list(root.iterdir()) == []
-        assert start_time(keeper[0]) != keeper[1], "the keeper outlived the runner"
+        assert start_time(keeper[0]) != keeper[1], "the keeper outlived the sweep"
     finally:
         supervisor.host.sweep()
         root.rmdir()

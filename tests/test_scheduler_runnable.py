@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gyre.errors import InvalidArgument
+from services.evaluator.container_task import CONTAINER_FAMILIES
 from services.evaluator.taskset import FAMILIES
 from services.runner.harness import HARNESSES
 from services.scheduler.catalog import load_catalog
@@ -70,7 +71,7 @@ def test_an_http_template_is_refused() -> None:
 def test_the_default_catalog_is_what_the_runner_and_evaluator_have() -> None:
     catalog = load_catalog(SchedulerSettings())
     assert catalog.harnesses == HARNESSES
-    assert catalog.families == frozenset(FAMILIES)
+    assert catalog.families == frozenset(FAMILIES) | frozenset(CONTAINER_FAMILIES)
     assert catalog.task_families == {
         "csvsum": "terminal",
         "slugfix": "repo_repair",

@@ -48,6 +48,9 @@ def test_a_good_spec_passes() -> None:
         ({"labels": (("k", "v" * 257),)}, "tasks[1].labels['k']"),
         ({"max_infra_retries": -1}, "tasks[1].max_infra_retries"),
         ({"max_infra_retries": 65}, "tasks[1].max_infra_retries"),
+        ({"harness_env": (("1BAD", "v"),)}, "tasks[1].harness_env['1BAD']"),
+        ({"harness_env": (("K", "a\x00b"),)}, "tasks[1].harness_env['K']"),
+        ({"harness_env": tuple((f"K{i}", "v") for i in range(65))}, "tasks[1].harness_env"),
     ],
 )
 def test_each_bad_field_is_named(change: dict[str, object], field: str) -> None:

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 
 from gyre.devstack.processes import pid_running, wait_gone
+from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from gyre_app.stack import down, load_state, up, wait_serving
 from gyre_app.stack_restart import restart
 from gyre_app.supervise import supervisor_pid
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -80,3 +86,49 @@ def test_the_supervisor_restarts_a_dead_service_in_place_and_up_revives_only_the
     finally:
         down(own)
     assert supervisor_pid(own.state_dir.resolve()) is None
+
+
+@pytest.mark.e2e
+def test_a_restart_from_an_empty_environment_keeps_the_stack_settings(
+    own: KernelSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gyre restart` from another shell (here: nothing but PATH and the state folder) starts the
+    service with the settings `gyre up` gave it: the custom task folder and the bus prefix stay."""
+    tasks = tmp_path / "tasks"
+    (tasks / "own_task").mkdir(parents=True)
+    (tasks / "own_task" / "task.toml").write_text('family = "terminal"\n')
+    monkeypatch.setenv("GYRE_SCHEDULER_TASKS_DIR", str(tasks))
+    state = up(own, services=("scheduler",))
+    monkeypatch.delenv("GYRE_SCHEDULER_TASKS_DIR")
+    try:
+        assert submit_own_task(state.services[0].address) == 1  # the folder up was given
+        bare = {"PATH": os.environ["PATH"], "GYRE_STATE_DIR": str(own.state_dir)}
+        done = subprocess.run(
+            [sys.executable, "-m", "gyre_app.cli", "restart", "scheduler"],
+            cwd=REPO, env=bare, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        again = load_state(own.state_dir.resolve())
+        assert again is not None and again.services[0].pid != state.services[0].pid
+        assert submit_own_task(again.services[0].address) == 1, "the restart lost the task folder"
+        assert again.services[0].settings_env["GYRE_BUS_PREFIX"] == own.bus_prefix
+    finally:
+        down(own)
+
+
+def submit_own_task(address: str) -> int:
+    """Tasks the scheduler at `address` accepts of one `task:own_task` (refused: a folder without it)."""
+    with grpc.insecure_channel(address) as channel:
+        answer = scheduler_pb2_grpc.SchedulerServiceStub(channel).SubmitTasks(
+            scheduler_pb2.SubmitTasksRequest(
+                request_id=f"own-{uuid.uuid4().hex[:8]}",
+                tasks=[
+                    scheduler_pb2.TaskSpec(
+                        name="own", family="terminal", prompt="Do it.", group_size=1,
+                        timeout_s=60.0, harness="gyre-agent", workspace_template="task:own_task",
+                    )
+                ],
+            ),
+            timeout=30,
+        )  # fmt: skip
+    return len(answer.tasks)

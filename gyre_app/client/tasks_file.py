@@ -4,7 +4,8 @@ One task a line, the fields of `TaskSpec` (proto/gyre/scheduler/v1/scheduler.pro
 
     {"name": "fix-slug", "family": "repo_repair", "prompt": "...", "group_size": 4,
      "timeout_s": 600, "harness": "gyre-agent", "workspace_template": "task:slugfix",
-     "labels": {"split": "train"}, "max_infra_retries": 2}
+     "labels": {"split": "train"}, "max_infra_retries": 2,
+     "harness_env": {"GYRE_AGENT_MAX_TURNS": "20"}}
 
 `name`, `family`, `prompt` and `group_size` are required; `timeout_s` defaults to 600 s,
 `harness` to `gyre-agent` and `max_infra_retries` (replacements for infrastructure failures) to
@@ -28,8 +29,10 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_HARNESS = "gyre-agent"
 REQUIRED = ("name", "family", "prompt", "group_size")
 TEXT_FIELDS = ("name", "family", "prompt", "harness", "workspace_template")
-KNOWN = frozenset((*TEXT_FIELDS, "group_size", "timeout_s", "labels", "max_infra_retries"))
+KNOWN = frozenset((*TEXT_FIELDS, "group_size", "timeout_s", "labels", "max_infra_retries", "harness_env"))
 BATCH_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
+MAX_UINT32 = 2**32 - 1
+"""The widest `group_size` the contract can carry; the scheduler refuses what is over its own limit."""
 
 
 class TasksFileError(GyreError):
@@ -59,10 +62,14 @@ def _spec(raw: Mapping[str, object], source: str, line: int) -> scheduler_pb2.Ta
             value = raw[key]
             if not isinstance(value, str):
                 raise _fail(source, line, key, f"must be a string, got {value!r}")
+            if not _is_unicode(value):
+                raise _fail(source, line, key, f"must be Unicode text, got a lone surrogate in {value!r}")
             setattr(spec, key, value)
     size = raw["group_size"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise _fail(source, line, "group_size", f"must be an integer >= 1, got {size!r}")
+    if size > MAX_UINT32:
+        raise _fail(source, line, "group_size", f"must be at most {MAX_UINT32}, got {size}")
     spec.group_size = size
     if "timeout_s" in raw:
         timeout = raw["timeout_s"]
@@ -75,13 +82,40 @@ def _spec(raw: Mapping[str, object], source: str, line: int) -> scheduler_pb2.Ta
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise _fail(source, line, "max_infra_retries", f"must be an integer >= 0, got {retries!r}")
         spec.max_infra_retries = min(retries, 2**32 - 1)  # the scheduler refuses what is too many
-    labels = raw.get("labels", {})
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        raise _fail(source, line, "labels", f"must map strings to strings, got {labels!r}")
-    spec.labels.update(labels)
+    for key in ("labels", "harness_env"):
+        pairs = raw.get(key, {})
+        if not isinstance(pairs, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and _is_unicode(k + v) for k, v in pairs.items()
+        ):
+            raise _fail(source, line, key, f"must map Unicode strings to strings, got {pairs!r}")
+        getattr(spec, key).update(pairs)
     return spec
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` can be sent at all: JSON's `\\ud800` escapes decode to lone surrogates, which
+    no UTF-8 wire carries."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def decode_tasks_file(data: bytes, *, source: str) -> str:
+    """A tasks file's text: UTF-8 (a BOM is allowed), or an error naming the first bad line.
+
+    Example: decode_tasks_file(b'{"name": "caf\\xe9"}', source="t.jsonl")
+        -> TasksFileError("t.jsonl line 1: not UTF-8 text (byte 0xe9 at column 14)")
+    """
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise TasksFileError(
+            f"{source} line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column})"
+        ) from None
 
 
 def parse_tasks(text: str, *, source: str) -> list[NumberedTask]:

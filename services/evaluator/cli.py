@@ -1,7 +1,10 @@
-"""`gyre evaluate --task TASK --workspace DIR --json`: grade one workspace offline (shell).
+"""`gyre evaluate --task TASK (--workspace DIR | --patch FILE) --json`: grade offline (shell).
 
-Prints {"score", "assessable", "details"}; exit code 0 when a grade was produced (even
-`assessable: false`), 2 for bad input (unknown task, malformed task.toml, no such folder).
+`--workspace` grades a folder for Gyre's own families; `--patch` grades a diff against the base
+of a container task (`swebench`, `harbor`) in a fresh container of the task's image, exactly as
+the evaluator grades an agent's diff. Prints {"score", "assessable", "details"}; exit code 0
+when a grade was produced (even `assessable: false`), 2 for bad input (unknown task, malformed
+task.toml, no such folder or patch, the task's image not present, naming the field).
 """
 
 from __future__ import annotations
@@ -13,16 +16,41 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gyre.errors import GyreError
+from gyre.errors import GyreError, InvalidArgument
 from gyre.logs import configure_logging
 from gyre.sandbox.host import SandboxHost
+from gyre.sandbox.oci import OciBackend
 from gyre.settings import KernelSettings
 from services.evaluator.config import EvaluatorSettings
+from services.evaluator.container_task import (
+    CONTAINER_FAMILIES,
+    ContainerTask,
+    load_container_task,
+    read_family,
+)
 from services.evaluator.grading import Graded, Grader
 from services.evaluator.taskset import TaskDef, load_task
 
 
-def report(task: TaskDef, graded: Graded, *, partial: bool) -> dict[str, Any]:
+async def grade_patch(ref: str, patch: Path, *, settings: EvaluatorSettings, partial: bool) -> dict[str, Any]:
+    """Grade a diff for a container task; bad input (no such patch, image missing) raises."""
+    folder = Path(ref)
+    if read_family(folder) not in CONTAINER_FAMILIES:
+        raise InvalidArgument(
+            "task", f"--patch grades container tasks ({', '.join(CONTAINER_FAMILIES)}); {ref!r} is not one"
+        )
+    task = load_container_task(folder)
+    try:
+        diff = await asyncio.to_thread(patch.read_bytes)
+    except OSError as exc:
+        raise InvalidArgument("patch", f"{str(patch)!r} cannot be read: {exc}") from exc
+    backend = OciBackend()
+    await backend.require_image(task.image, at=f"{folder / 'task.toml'}: environment.image")
+    graded = await settings.container_grader(backend).grade(task, diff)
+    return report(task, graded, partial=partial)
+
+
+def report(task: TaskDef | ContainerTask, graded: Graded, *, partial: bool) -> dict[str, Any]:
     s = graded.scored
     return {
         "score": s.score,
@@ -43,6 +71,7 @@ def report(task: TaskDef, graded: Graded, *, partial: bool) -> dict[str, Any]:
                 }
                 for c in s.checks
             ],
+            "signals": list(graded.signals),
             "attempts": graded.attempts,
             "duration_s": round(graded.duration_s, 3),
         },
@@ -61,9 +90,9 @@ def run(argv: list[str]) -> int:
         prog="gyre evaluate", description="Grade one workspace offline, in a sandbox."
     )
     parser.add_argument("--task", required=True, help="bundled task name (e.g. wordfreq) or a task folder")
-    parser.add_argument(
-        "--workspace", required=True, help="the folder to grade (it is copied, never changed)"
-    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workspace", help="the folder to grade (it is copied, never changed)")
+    source.add_argument("--patch", help="container tasks: a diff against the task's base commit to grade")
     parser.add_argument(
         "--partial", action="store_true", help="the execution timed out: report partial credit"
     )
@@ -72,6 +101,8 @@ def run(argv: list[str]) -> int:
     settings = EvaluatorSettings()
 
     async def grade() -> dict[str, Any]:
+        if ns.patch is not None:
+            return await grade_patch(ns.task, Path(ns.patch), settings=settings, partial=ns.partial)
         task = load_task(ns.task, bundled=settings.tasks_dir)
         host = SandboxHost(
             settings.sandbox_root,

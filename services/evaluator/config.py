@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gyre.sandbox.limits import SandboxLimits
+from gyre.sandbox.oci import OciBackend
+from services.evaluator.container_grading import ContainerGrader
 from services.evaluator.taskset import BUNDLED
 
 
@@ -34,6 +36,23 @@ class EvaluatorSettings(BaseSettings):
     file_size_mb: int = 128
     disk_mb: int = 512
     cpus: float = 1.0
+
+    container_attempts: int = 2
+    """Grading containers started for one grade before it is reported not assessable."""
+    container_cpus: float = 1.0
+    """Multiplier on a container task's own `environment.cpus` (also memory, storage below)."""
+    container_memory: float = 1.0
+    container_storage: float = 1.0
+
+    def container_grader(self, backend: OciBackend) -> ContainerGrader:
+        return ContainerGrader(
+            backend,
+            attempts=self.container_attempts,
+            cpus=self.container_cpus,
+            memory=self.container_memory,
+            storage=self.container_storage,
+            owner=f"evaluator:{self.sandbox_root.resolve()}",
+        )
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits.of(self)

@@ -10,6 +10,7 @@ from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost, connect
 from gyre.sandbox.host import SandboxHost
+from gyre.sandbox.oci import OciBackend, find_engine
 from gyre.settings import KernelSettings
 from services.evaluator import metrics, repo
 from services.evaluator.config import EvaluatorSettings
@@ -29,6 +30,10 @@ async def build(settings: EvaluatorSettings, kernel: KernelSettings) -> ServiceH
     )
     sandboxes.sweep()  # a killed evaluator's grading sandboxes: its unacked grades come back anyway
     grader = Grader(sandboxes, settings.limits(), **settings.grader_bounds())
+    engine = find_engine()
+    grader.containers = settings.container_grader(OciBackend(engine)) if engine else None
+    if grader.containers is not None:  # a killed evaluator's grading containers: redelivered anyway
+        await grader.containers.backend.sweep(grader.containers.owner)
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox)
     metrics.register()

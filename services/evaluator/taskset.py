@@ -6,7 +6,7 @@
 A task folder holds `task.toml`, `workspace/` (what the harness starts from) and `hidden/`
 (grader files the harness never sees). A pytest check's tests *return* the value under test;
 `hidden/<tests>.expected.json` maps each test name to the value it must return, and stays on the
-host (see `integrity`). See README, section "Evaluator: task format".
+host (see `integrity`). See docs/tutorials/own-tasks.md, "The task format".
 """
 
 from __future__ import annotations
@@ -161,11 +161,19 @@ def _check(raw: Any, *, at: str) -> Check:
     return Check(name=name, tests=tests, weight=weight)
 
 
+def task_folder(ref: str, *, bundled: Path = BUNDLED) -> Path:
+    """A folder path as given, a bare name under the bundled tasks.
+
+    Example: task_folder("wordfreq") -> BUNDLED / "wordfreq"; task_folder("./t") -> Path("./t")
+    """
+    return Path(ref) if ("/" in ref or ref.startswith(".")) else bundled / ref
+
+
 def load_task(ref: str, *, bundled: Path = BUNDLED) -> TaskDef:
     """A task by bundled name (`wordfreq`) or folder path; a clear error when it is missing or malformed."""
     if not ref:
         raise InvalidArgument("task", "is required: a bundled task name or a task folder")
-    folder = Path(ref) if ("/" in ref or ref.startswith(".")) else bundled / ref
+    folder = task_folder(ref, bundled=bundled)
     toml_path = folder / "task.toml"
     if not toml_path.is_file():
         known = ", ".join(sorted(p.name for p in bundled.iterdir() if (p / "task.toml").is_file()))

@@ -6,7 +6,8 @@ from typing import Any
 
 from gyre.common.v1 import ids_pb2
 from gyre.runner.v1 import runner_pb2 as pb
-from services.runner.executions import Launch
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
+from services.runner.executions import Launch, grading_task
 
 STATE_VALUES = {
     "starting": pb.EXECUTION_STATE_STARTING,
@@ -40,6 +41,24 @@ def launch_from_request(request: pb.StartExecutionRequest, *, task: str) -> Laun
         family=request.family,
         task=task,
         harness_env=tuple(sorted(request.harness_env.items())),
+    )
+
+
+def launch_from_scheduled(event_id: str, p: scheduler_events.ExecutionScheduled) -> Launch:
+    """The launch of an execution the scheduler scheduled (its task's harness_env included)."""
+    return Launch(
+        request_id=f"scheduled:{event_id}",
+        task_id=p.execution.task_id,
+        execution_id=p.execution.execution_id,
+        index_in_group=p.execution.index_in_group,
+        harness=p.harness,
+        prompt=p.prompt,
+        workspace_template=p.workspace_template,
+        timeout_s=p.timeout_s,
+        family=p.family,
+        task=grading_task(workspace_template=p.workspace_template, labels=dict(p.labels)),
+        min_policy_version=p.admitted_version.steps,
+        harness_env=tuple(sorted(p.harness_env.items())),
     )
 
 

@@ -33,6 +33,9 @@ class RunnerSettings(BaseSettings):
     """First uid handed to sandbox users (one per sandbox, up to 1000)."""
     proxy_address: str = ""
     """The proxy's gRPC address for RegisterExecutionToken; empty: tokens are not registered."""
+    scheduler_address: str = ""
+    """The scheduler's gRPC address: the runner registers what it can run there every 30 s, and
+    the scheduler refuses at submission what it could not (empty: no registration)."""
     proxy_base_url: str = "http://127.0.0.1:8080"
     """The proxy's HTTP root (OpenAI at /v1, Anthropic at /v1/messages): the one place a sandbox may reach."""
     tasks_dir: Path = BUNDLED_TASKS
@@ -53,11 +56,15 @@ class RunnerSettings(BaseSettings):
     "Bash,Read,Edit,Write,Agent"}` (harness.py); an execution's own `harness_env` wins over these."""
     """Model name the harnesses ask for (the proxy routes it to the policy)."""
     max_running: int = 8
+    container_cpus: float = 1.0
+    """Multiplier on a container task's own `environment.cpus` (memory and storage below)."""
+    container_memory: float = 1.0
+    container_storage: float = 1.0
     keep_workspace_s: float = 6 * 3600.0
     """How long an ended execution's sandbox (its workspace) is kept at most when no grade comes:
     it is released as soon as its RewardAssigned arrives (a grader killed mid-grading is
-    redelivered and still finds it), all are released when the runner stops, and a restarted
-    runner keeps the ones still waiting."""
+    redelivered and still finds it); a stopping runner leaves them all, running or ended, and a
+    restarted runner keeps the ones still waiting (`gyre down` sweeps what a stopped stack left)."""
     token_grace_s: float = 600.0
     """How long after the deadline a token still works (calls in flight)."""
     revoke_retry_s: float = 300.0
@@ -77,6 +84,14 @@ class RunnerSettings(BaseSettings):
     cpus: float = 2.0
     max_connections: int = 64
     """Connections a harness may hold open at once through the forwarded proxy port."""
+
+    def container_multipliers(self) -> dict[str, float]:
+        """Keyword arguments of `ContainerLimits.scaled` from these settings."""
+        return {
+            "cpus": self.container_cpus,
+            "memory": self.container_memory,
+            "storage": self.container_storage,
+        }
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits.of(self)

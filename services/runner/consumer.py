@@ -20,8 +20,8 @@ from gyre.ids import require_uuid
 from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from services.runner import repo
-from services.runner.codec import execution_ref
-from services.runner.executions import Launch, grading_task, validate_launch
+from services.runner.codec import execution_ref, launch_from_scheduled
+from services.runner.executions import Launch, validate_launch
 from services.runner.harness import HARNESSES, RESERVED_ENV
 from services.runner.supervisor import PRODUCER, Supervisor
 
@@ -53,19 +53,7 @@ class ScheduledEvents:
         p: scheduler_events.ExecutionScheduled = event.payload
         require_uuid("execution.task_id", p.execution.task_id, what="a task")
         require_uuid("execution.execution_id", p.execution.execution_id, what="an execution")
-        launch = Launch(
-            request_id=f"scheduled:{event.event_id}",
-            task_id=p.execution.task_id,
-            execution_id=p.execution.execution_id,
-            index_in_group=p.execution.index_in_group,
-            harness=p.harness,
-            prompt=p.prompt,
-            workspace_template=p.workspace_template,
-            timeout_s=p.timeout_s,
-            family=p.family,
-            task=grading_task(workspace_template=p.workspace_template, labels=dict(p.labels)),
-            min_policy_version=p.admitted_version.steps,
-        )
+        launch = launch_from_scheduled(event.event_id, p)
         problem = ""
         try:
             validate_launch(launch, harnesses=HARNESSES, reserved_env=RESERVED_ENV)

@@ -12,7 +12,7 @@ import posixpath
 import shlex
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from gyre.sandbox.limits import SandboxLimits
@@ -142,15 +142,44 @@ class Harness:
     """The exit code by which the harness says its own budget (turns) ran out before it declared
     the work done: the runner ends the execution as timed out, as at the wall-clock deadline,
     and the evaluator grades the workspace for partial credit. None: every non-zero exit is a crash."""
+    binary: str = ""
+    """The program it runs, looked up on the sandbox's PATH; empty: the runner carries it."""
+    env_values: Mapping[str, str] = field(default_factory=dict)
+    """harness_env keys it reads -> the pattern a value must fully match: what a task may set for
+    it, told to the scheduler (`registration`), which refuses anything else at submission."""
 
+
+POSITIVE_INT = r"[1-9][0-9]{0,8}"
+COUNT = r"0|[1-9][0-9]{0,8}"
+DECIMAL = r"[0-9]{1,9}(\.[0-9]{1,6})?"
+TOOLS = r"[A-Za-z][A-Za-z0-9_]*(,[A-Za-z][A-Za-z0-9_]*)*"
+BOUNDS = {"GYRE_HARNESS_MAX_TURNS": POSITIVE_INT, "GYRE_HARNESS_MAX_OUTPUT_TOKENS": POSITIVE_INT}
+"""executions.BOUNDS_ENV, as the adapters of Claude Code and mini-swe-agent pass them on."""
 
 REGISTRY = {
     # services.runner.agent.__main__.OUT_OF_TURNS_EXIT (not imported: the agent runs in the sandbox).
-    "gyre-agent": Harness(plan=_gyre_agent, budget_exit_code=124),
+    # Its variables are the ones services/runner/agent/__main__.py reads (a bad one exits 2 there).
+    "gyre-agent": Harness(
+        plan=_gyre_agent,
+        budget_exit_code=124,
+        env_values={
+            "GYRE_AGENT_MAX_TOKENS": POSITIVE_INT,
+            "GYRE_AGENT_MAX_TURNS": POSITIVE_INT,
+            "GYRE_AGENT_CONTEXT_TOKENS": POSITIVE_INT,
+            "GYRE_AGENT_MAX_DEPTH": COUNT,
+            "GYRE_AGENT_TEMPERATURE": DECIMAL,
+            "GYRE_AGENT_RETRY_S": DECIMAL,
+        },
+    ),
     # Claude Code's runtime (Bun) reserves gigabytes of address space it never touches: under
     # 2 GiB it dies at start with SIGILL, 4 GiB runs; 8 GiB leaves room for its worker threads.
-    "claude-code": Harness(plan=_claude_code, min_address_space_mb=8192),
-    "mini-swe-agent": Harness(plan=_mini_swe_agent),
+    "claude-code": Harness(
+        plan=_claude_code,
+        min_address_space_mb=8192,
+        binary="claude",
+        env_values={**BOUNDS, "GYRE_CLAUDE_CODE_TOOLS": TOOLS},
+    ),
+    "mini-swe-agent": Harness(plan=_mini_swe_agent, binary="mini", env_values=BOUNDS),
 }
 HARNESSES = frozenset(REGISTRY)
 
@@ -212,20 +241,3 @@ def crash_reason(outcome: Outcome, log_tail: str) -> str:
     else:
         why = f"the harness exited with code {outcome.exit_code}"
     return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why
-
-
-def crash_end(outcome: Outcome, log_tail: str, *, failed_calls: int, last_failure: str) -> tuple[str, str]:
-    """Failure kind and reason of a started harness that did not end cleanly (pure). One that
-    exited on its own after the proxy failed some of its model calls (HTTP 5xx: no engine serving,
-    none with new enough weights, the engine lost) gave up on the model endpoint: an
-    infrastructure failure, not graded; any other end is its own crash, graded as it stands.
-
-    Example: crash_end(Outcome(exit_code=3), "", failed_calls=2, last_failure="no engine is serving")
-        -> ("model_unavailable", "the proxy failed 2 of the harness's model calls (last: no engine
-            is serving); the harness exited with code 3")
-    """
-    why = crash_reason(outcome, log_tail)
-    if outcome.killed or failed_calls == 0:
-        return "harness_crashed", why
-    failed = f"the proxy failed {failed_calls} of the harness's model calls (last: {last_failure[:1000]})"
-    return "model_unavailable", f"{failed}; {why}"

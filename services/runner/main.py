@@ -12,10 +12,14 @@ from gyre.rpc_telemetry import channel as traced_channel
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.runtime import ServiceHost, Worker, connect
 from gyre.sandbox.host import SandboxHost
+from gyre.sandbox.oci import OciBackend, find_engine
+from gyre.scheduler.v1 import scheduler_pb2_grpc
 from gyre.settings import KernelSettings
 from services.runner import metrics, repo
 from services.runner.config import AGENT_FILES, RunnerSettings
 from services.runner.consumer import GradedEvents, ScheduledEvents
+from services.runner.container_exec import owner_label
+from services.runner.registration import Registration
 from services.runner.service import RunnerServicer
 from services.runner.supervisor import Supervisor
 
@@ -48,6 +52,10 @@ async def build_with_supervisor(
     supervisor = Supervisor(
         sessions=conns.sessions, relay=relay, host=sandboxes, settings=settings, proxy=proxy
     )
+    engine = find_engine()
+    supervisor.containers = OciBackend(engine) if engine else None
+    if supervisor.containers is not None:  # a killed runner's containers: their executions end as lost
+        await supervisor.containers.sweep(owner_label(settings.sandbox_root))
     await supervisor.recover()
     metrics.register(supervisor)
     scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())
@@ -61,4 +69,7 @@ async def build_with_supervisor(
     )
     graded = Consumer(conns.bus, GradedEvents(supervisor).spec())
     workers: list[Worker] = [relay.run, scheduled.run, graded.run, supervisor.run]
+    if settings.scheduler_address:
+        scheduler = scheduler_pb2_grpc.SchedulerServiceStub(traced_channel(settings.scheduler_address))
+        workers.append(Registration(settings, scheduler).run)
     return ServiceHost(name=NAME, server=server, connections=conns, workers=workers), supervisor

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -33,15 +32,16 @@ from gyre.outages import is_outage
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.adopt import adopt
+from gyre.sandbox.blame import CANCELLED, HostFacts, blame
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
-from gyre.sandbox.limits import MIB
-from gyre.sandbox.trees import CopyBounds
+from gyre.sandbox.oci import OciBackend
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
+from services.runner.container_exec import CONTAINER_FAMILIES, PROMPT_FILE, ContainerSandbox
 from services.runner.executions import Launch, recovered_launch
-from services.runner.harness import HarnessInput, crash_end, limits_for, plan_launch, spent_own_budget
-from services.runner.workspace import WorkspaceError, fill
+from services.runner.harness import HarnessInput, crash_reason, plan_launch, spent_own_budget
+from services.runner.prepare import LaunchFailed, fill_sandbox, start_container
 
 log = structlog.get_logger(__name__)
 PRODUCER = "runner"
@@ -51,15 +51,9 @@ FILL_TIMEOUT_S = 300.0
 RECOVER_REVOKE_RETRY_S = 10.0
 COMMIT_RETRY_S = 600.0
 SHUTDOWN_WAIT_S = 8.0
-"""How long a stopping runner waits for its killed executions to record their end: within the
-host's grace for its workers (`ServiceHost.stop`: grace_s + 5 s), which then cancels them."""
-
-
-class LaunchFailed(Exception):
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason[:4096]
+"""How long a stopping runner waits for its launches to reach their harness and for its ended
+executions to record their end: within the host's grace for its workers (`ServiceHost.stop`:
+grace_s + 5 s), which then cancels them."""
 
 
 @dataclass(slots=True)
@@ -67,7 +61,7 @@ class Running:
     launch: Launch
     task: asyncio.Task[None]
     started: asyncio.Future[None]
-    box: Sandbox | None = None
+    box: Sandbox | ContainerSandbox | None = None
     cancel: tuple[str, str] | None = None
     """(reason, request_id) once CancelExecution asked."""
     registered: bool = False
@@ -78,6 +72,10 @@ class Running:
     """Calls the proxy failed (5xx) and the last one's message, once its token is revoked."""
     revoke_retry_s: float | None = None
     """How long to retry the revocation while the proxy is away (None: the settings')."""
+    in_slot: bool = False
+    """It holds one of the `max_running` slots (it is being launched, runs or ends)."""
+    waiting: bool = False
+    """Its harness runs and is recorded as running: a stopping runner can leave it to its keeper."""
 
 
 class Supervisor:
@@ -97,10 +95,12 @@ class Supervisor:
         self.proxy: Any = proxy  # grpc.aio stub: its calls are awaitable at run time
         self.forward = _forward(settings.proxy_base_url)
         self.running: dict[str, Running] = {}
-        self.ended: dict[str, tuple[Sandbox, float]] = {}
+        self.ended: dict[str, tuple[Sandbox | ContainerSandbox, float]] = {}
         self.slots = asyncio.Semaphore(settings.max_running)
         self.stopping = False
         """Set on shutdown: no harness is launched any more."""
+        self.containers: OciBackend | None = None
+        """Runs container tasks (`swebench`, `harbor`); None when this host has no engine (wiring sets it)."""
 
     def start(
         self, launch: Launch, *, reattach: Callable[[Running], Awaitable[None]] | None = None
@@ -118,6 +118,7 @@ class Supervisor:
         structlog.contextvars.bind_contextvars(execution_id=eid)
         try:
             async with self.slots:
+                run.in_slot = True
                 await body(run)
         except LaunchFailed as exc:
             await self._end_failed(run, exc.kind, exc.reason)
@@ -135,30 +136,21 @@ class Supervisor:
         launch = run.launch
         if self.stopping:
             raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
-        try:
-            limits = limits_for(launch.harness, self.settings.limits())
-            run.box = box = await self.host.create(launch.execution_id, limits)
-        except (OSError, subprocess.SubprocessError, GyreError) as exc:
-            raise LaunchFailed("sandbox", f"sandbox could not be created: {exc}") from exc
-        try:
-            bounds = CopyBounds(
-                max_bytes=self.settings.disk_mb * MIB, deadline=time.monotonic() + FILL_TIMEOUT_S
-            )
-            await asyncio.to_thread(
-                fill, launch.workspace_template, box.work, self.settings.template_sources(), bounds=bounds
-            )
-            prompt_file = box.home / "prompt.md"
-            prompt_file.write_text(launch.prompt)
-            await asyncio.to_thread(box.own_files)
-        except WorkspaceError as exc:
-            raise LaunchFailed("workspace", str(exc)) from exc
-        except OSError as exc:
-            raise LaunchFailed("workspace", f"workspace could not be filled: {exc}") from exc
+        box: Sandbox | ContainerSandbox
+        runtime: tuple[str, ...] = ()
+        keep = functools.partial(setattr, run, "box")  # set as soon as made: released if this fails
+        if launch.family in CONTAINER_FAMILIES:
+            box = await start_container(self.containers, self.settings, launch, self.forward, keep=keep)
+            prompt_file, python = PROMPT_FILE, "python3"
+        else:
+            box = await fill_sandbox(self.host, self.settings, launch, keep=keep)
+            prompt_file, python = str(box.home / "prompt.md"), sys.executable
+            runtime = tuple(self.settings.sandbox_runtime)
         if run.cancel is not None:
             await self._end(run, "cancelled", _cancelled(run, box))
             return
-        if self.stopping:  # its shutdown kill found no harness yet: none may start after it
-            raise LaunchFailed("runner_lost", "the runner stopped before the harness started")
+        # A stopping runner still launches a harness it has filled a workspace for: the stop hands
+        # running harnesses to their keepers (`_shut_down`), so this one carries on like the others.
         token = secrets.token_urlsafe(32)
         now = datetime.now(UTC)
         deadline = now + timedelta(seconds=launch.timeout_s)
@@ -171,11 +163,11 @@ class Supervisor:
             HarnessInput(
                 base_url=box.base_url(self.forward) + self.forward_path,
                 token=token,
-                prompt_file=str(prompt_file),
-                python=sys.executable,
+                prompt_file=prompt_file,
+                python=python,
                 model=self.settings.agent_model,
                 extra_env={**self.settings.harness_env, **dict(launch.harness_env)},
-                runtime=tuple(self.settings.sandbox_runtime),
+                runtime=runtime,
                 timeout_s=launch.timeout_s,
             ),
         )
@@ -202,13 +194,16 @@ class Supervisor:
             deadline=deadline,
         )
         run.started.set_result(None)
-        log.info("execution_started", harness=launch.harness, isolation=box.isolation.describe())
+        isolation = box.isolation.describe() if isinstance(box, Sandbox) else f"oci container {box.name}"
+        log.info("execution_started", harness=launch.harness, isolation=isolation)
         await self._wait_and_finish(run, box, timeout_s=launch.timeout_s)
 
     async def _wait_and_finish(
-        self, run: Running, box: Sandbox, *, timeout_s: float, ran_before_s: float = 0.0
+        self, run: Running, box: Sandbox | ContainerSandbox, *, timeout_s: float, ran_before_s: float = 0.0
     ) -> None:
+        run.waiting = True
         outcome = await box.wait(timeout_s=timeout_s)
+        run.waiting = False
         outcome = dataclasses.replace(outcome, duration_s=outcome.duration_s + ran_before_s)
         await self._revoke(run, cancel_in_flight=bool(outcome.killed))
         await self._finish(run, box, outcome)
@@ -217,19 +212,30 @@ class Supervisor:
     def forward_path(self) -> str:
         return urllib.parse.urlsplit(self.settings.proxy_base_url).path.rstrip("/")
 
-    async def _finish(self, run: Running, box: Sandbox, outcome: Outcome) -> None:
+    async def _finish(self, run: Running, box: Sandbox | ContainerSandbox, outcome: Outcome) -> None:
         launch = run.launch
         uri = box.work.as_uri()
-        setup = _tail(box.path / "log" / "sandbox.log")
-        if "gyre-sandbox: setup failed" in setup:
-            kind = "harness_launch" if "No such file" in setup or "Errno 2" in setup else "sandbox"
-            raise LaunchFailed(kind, setup)
-        if outcome.killed == "cancelled":
+        failed, last = run.failed_calls
+        blamed = blame(
+            HostFacts(
+                started=outcome.started,
+                setup_errno=outcome.setup_errno,
+                setup_error=outcome.setup_error,
+                killed=outcome.killed,
+                exit_code=outcome.exit_code,
+                proxy_failed_calls=failed,
+                last_proxy_failure=last,
+            )
+        )
+        if blamed.verdict == CANCELLED:
             await self._end(run, "cancelled", _cancelled(run, box))
-        elif outcome.killed == "keeper_lost":
-            raise LaunchFailed("runner_lost", "the sandbox's keeper ended without an outcome")
-        elif outcome.killed not in ("", "deadline", "disk_quota"):
-            raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
+        elif blamed.infrastructure:
+            if not outcome.started:  # set-up's own messages: for the operator, never the verdict
+                setup_log = await box.log_tail(1500, name="sandbox.log")
+                raise LaunchFailed(blamed.kind, f"{blamed.reason}\n{setup_log}".strip())
+            tail = (await box.log_tail(800)).strip()
+            reason = f"{blamed.reason}; last output: {tail}" if tail else blamed.reason
+            await self._end_failed(run, blamed.kind, reason, exit_code=outcome.exit_code)
         elif outcome.killed == "deadline" or (
             outcome.killed == "" and spent_own_budget(launch.harness, outcome.exit_code)
         ):
@@ -257,13 +263,9 @@ class Supervisor:
                 task=launch.task,
             )
             await self._end(run, "finished", event, exit_code=0)
-        else:  # a crash (non-zero exit, a signal we did not send, the disk quota), or a harness that
-            # gave up after the proxy failed its calls (the count is final: revoked above); workspace kept
-            failed, last = run.failed_calls
-            kind, reason = crash_end(
-                outcome, _tail(box.log_path, 1000), failed_calls=failed, last_failure=last
-            )
-            await self._end_failed(run, kind, reason, exit_code=outcome.exit_code)
+        else:  # its own crash (non-zero exit, a signal we did not send, the disk quota): graded
+            reason = crash_reason(outcome, await box.log_tail(1000))
+            await self._end_failed(run, "harness_crashed", reason, exit_code=outcome.exit_code)
 
     async def _end(self, run: Running, state: str, event: Any, **values: Any) -> None:
         await self._count_calls(run, event)
@@ -422,9 +424,8 @@ class Supervisor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Worker: release sandboxes once graded (`release`, from RewardAssigned) or at the latest
-        `keep_workspace_s` after their end; on shutdown kill what still runs (it ends as failed:
-        runner lost) and release every ended sandbox. A crash (kill -9) kills nothing: the next
-        runner re-attaches (`recover`)."""
+        `keep_workspace_s` after their end; on shutdown hand what runs to its keeper and keep every
+        sandbox (`_shut_down`), as a crash (kill -9) does: the next runner re-attaches (`recover`)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY_S)
@@ -435,23 +436,28 @@ class Supervisor:
         await self._shut_down()
 
     async def _shut_down(self) -> None:
-        """Kill what runs, then release every sandbox, ended or not: a stopped runner leaves no
-        process, mount or folder behind, even when the host cancels this worker mid-way (an end
-        slow to commit, a revocation retried while the proxy is away); an execution whose end was
-        not recorded by then ends as runner lost at the next start (no sandbox to `recover`)."""
+        """A graceful stop (`gyre restart runner`, a deploy) leaves executions alone, as a crash
+        does: running harnesses stay with their keepers and every sandbox stays, ended ones too
+        (their grades may still come); the next runner re-attaches to them (`recover`), and
+        `gyre down` sweeps what a stopped stack leaves. Killing here would fail executions an
+        operator never meant to touch and burn their groups' retries.
+
+        Launches under way get a few seconds to reach their harness and ends under way to
+        commit; one that cannot is cancelled with the process and ends as runner lost at the next
+        start, as after a crash. An execution still waiting for a slot is not started (a stopping
+        runner starts no new work): it ends as runner lost, now or at the next start."""
         self.stopping = True
-        try:
-            for run in list(self.running.values()):
-                if run.box is not None:
-                    await run.box.kill("runner stopped")
-            if self.running:
-                await asyncio.wait({r.task for r in self.running.values()}, timeout=SHUTDOWN_WAIT_S)
-        finally:
-            boxes = [box for box, _ in self.ended.values()]
-            boxes += [r.box for r in self.running.values() if r.box is not None]
-            self.ended.clear()
-            for box in boxes:
-                await box.release()
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        while time.monotonic() < deadline:
+            busy = {r.task for r in self.running.values() if r.in_slot and not r.waiting}
+            if not busy:
+                break
+            await asyncio.wait(busy, timeout=min(0.2, max(deadline - time.monotonic(), 0.0)))
+        handed = [r for r in self.running.values() if r.waiting]
+        for run in handed:
+            run.task.cancel()  # this process stops watching it (the keeper runs on); the next runner does
+        await asyncio.gather(*(r.task for r in handed), return_exceptions=True)
+        log.info("runner_stopped_leaving_executions", handed_over=len(handed), kept_ended=len(self.ended))
 
     async def release(self, execution_id: str) -> None:
         """Drop an ended execution's sandbox (its workspace too): after grading, or in tests."""
@@ -460,7 +466,7 @@ class Supervisor:
             await entry[0].release()
 
 
-def _cancelled(run: Running, box: Sandbox) -> events_pb2.ExecutionCancelled:
+def _cancelled(run: Running, box: Sandbox | ContainerSandbox) -> events_pb2.ExecutionCancelled:
     reason, request_id = run.cancel or ("", "")
     return events_pb2.ExecutionCancelled(
         execution=execution_ref(run.launch),
@@ -477,10 +483,3 @@ def _forward(base_url: str) -> Forward:
     if parts.scheme != "http" or not parts.hostname:
         raise GyreError(f"GYRE_RUNNER_PROXY_BASE_URL must be http://host:port[/path], got {base_url!r}")
     return Forward(host=parts.hostname, port=parts.port or 80)
-
-
-def _tail(path: Any, limit: int = 2000) -> str:
-    try:
-        return str(path.read_text(errors="replace"))[-limit:]
-    except OSError:
-        return ""

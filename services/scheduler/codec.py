@@ -9,6 +9,7 @@ from gyre.common.v1 import ids_pb2
 from gyre.scheduler.v1 import events_pb2
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from services.scheduler.cells import CellRecord, Registration
+from services.scheduler.runner_offers import HarnessOffer, RunnerOffer, offer_from_request
 from services.scheduler.tasks import (
     DEFAULT_INFRA_RETRIES,
     SCALAR_SPEC_FIELDS,
@@ -20,14 +21,18 @@ from services.scheduler.tasks import (
 
 def spec_from_proto(msg: pb.TaskSpec) -> TaskSpec:
     deadline = msg.deadline.ToDatetime(tzinfo=UTC) if msg.HasField("deadline") else None
-    spec = spec_from_record(msg, labels=msg.labels, deadline=deadline)
+    spec = spec_from_record(msg, labels=msg.labels, deadline=deadline, harness_env=msg.harness_env)
     if not msg.HasField("max_infra_retries"):  # unset is the default, not 0
         spec = dataclasses.replace(spec, max_infra_retries=DEFAULT_INFRA_RETRIES)
     return spec
 
 
 def spec_to_proto(spec: TaskSpec) -> pb.TaskSpec:
-    msg = pb.TaskSpec(**{name: getattr(spec, name) for name in SCALAR_SPEC_FIELDS}, labels=dict(spec.labels))
+    msg = pb.TaskSpec(
+        **{name: getattr(spec, name) for name in SCALAR_SPEC_FIELDS},
+        labels=dict(spec.labels),
+        harness_env=dict(spec.harness_env),
+    )
     if spec.deadline is not None:
         msg.deadline.FromDatetime(spec.deadline)
     return msg
@@ -66,6 +71,7 @@ def execution_scheduled(
         workspace_template=spec.workspace_template,
         timeout_s=spec.timeout_s if timeout_s is None else timeout_s,
         labels=dict(spec.labels),
+        harness_env=dict(spec.harness_env),
     )
 
 
@@ -112,4 +118,18 @@ def registration_from_proto(msg: pb.RegisterCellRequest) -> Registration:
         engine_id=msg.engine_id,
         engine_address=msg.engine_address,
         agent_address=msg.agent_address,
+    )
+
+
+def runner_offer_from_proto(msg: pb.RegisterRunnerRequest) -> RunnerOffer:
+    return offer_from_request(
+        msg.runner_id,
+        {
+            h.name: HarnessOffer(binary=h.binary, binary_found=h.binary_found, env_values=dict(h.env_values))
+            for h in msg.harnesses
+        },
+        task_sets=msg.task_sets,
+        task_set_tasks=msg.task_set_tasks,
+        template_url_prefixes=msg.template_url_prefixes,
+        reserved_env=msg.reserved_env,
     )

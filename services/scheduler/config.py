@@ -45,7 +45,10 @@ class SchedulerSettings(BaseSettings):
     """The driver decides on every change and at least this often."""
     harnesses: tuple[str, ...] = ("gyre-agent", "claude-code", "mini-swe-agent")
     """Harnesses the runners can start; a task naming another is refused at submission."""
-    families: tuple[str, ...] = ("repo_generation", "repo_repair", "terminal")
+    families: tuple[str, ...] = ("repo_generation", "repo_repair", "terminal", "swebench", "harbor")
     """Task families the evaluator grades; a task of another family is refused at submission."""
+    model_dir: Path | None = None
+    """The policy's checkpoint folder: a task whose prompt alone fills its context window is
+    refused at submission (`prompt_window.py`). Unset: not checked."""
     tasks_dir: Path = BUNDLED_TASKS
     """The task set (`task:<name>` templates): the same folder as the runner's and evaluator's."""

@@ -15,6 +15,7 @@ from services.scheduler.catalog import load_catalog
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.driver import LiveDriver
 from services.scheduler.lifecycle import LifecycleEvents
+from services.scheduler.prompt_window import PromptWindow
 from services.scheduler.service import SchedulerServicer
 from services.scheduler.switching import Switcher
 
@@ -45,6 +46,7 @@ async def build(settings: SchedulerSettings, kernel: KernelSettings) -> ServiceH
         admission=settings.admission,
         runner_address=settings.runner_address,
         catalog=load_catalog(settings),
+        prompt_window=PromptWindow(settings.model_dir),
     )
     driver = LiveDriver(conns.sessions, relay, servicer, settings)
     servicer.on_change = driver.poke

@@ -41,6 +41,7 @@ tasks = sa.Table(
     sa.Column("trained_version", sa.Integer, nullable=True),
     sa.Column("deadline", sa.DateTime(timezone=True), nullable=True),
     sa.Column("max_infra_retries", sa.Integer, nullable=False),
+    sa.Column("harness_env", JSONB, nullable=False),
 )
 
 executions = sa.Table(
@@ -71,6 +72,7 @@ async def insert_tasks(session: AsyncSession, planned: Sequence[PlannedTask], *,
                 "request_id": request_id,
                 **{name: getattr(t.spec, name) for name in SCALAR_SPEC_FIELDS},
                 "labels": dict(t.spec.labels),
+                "harness_env": dict(t.spec.harness_env),
                 "deadline": t.spec.deadline,
                 "state": "pending",
                 "submitted_at": t.submitted_at,
@@ -112,7 +114,7 @@ def planned_task(row: sa.Row[Any], group: Sequence[tuple[str, int]]) -> PlannedT
     """A tasks row and its (execution_id, index_in_group) pairs, in group order, as a PlannedTask."""
     return PlannedTask(
         task_id=str(row.task_id),
-        spec=spec_from_record(row, labels=row.labels, deadline=row.deadline),
+        spec=spec_from_record(row, labels=row.labels, deadline=row.deadline, harness_env=row.harness_env),
         executions=tuple(PlannedExecution(execution_id=e, index_in_group=i) for e, i in group),
         submitted_at=row.submitted_at,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -18,23 +20,53 @@ from gyre.rpc import Context
 from gyre.scheduler.v1 import events_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler import repo
 from services.scheduler.cell_control import CellControl
-from services.scheduler.codec import execution_scheduled, spec_from_proto, task_to_proto
+from services.scheduler.codec import (
+    execution_scheduled,
+    runner_offer_from_proto,
+    spec_from_proto,
+    task_to_proto,
+)
+from services.scheduler.prompt_window import PromptWindow
 from services.scheduler.runnable import Catalog, check_runnable
+from services.scheduler.runner_offers import RunnerOffer, check_offered
 from services.scheduler.task_control import cancel_task, list_executions
 from services.scheduler.task_list import list_tasks
 from services.scheduler.tasks import execution_limit_s, plan_tasks, validate_deadlines, validate_specs
 
 log = structlog.get_logger(__name__)
 PRODUCER = "scheduler"
+OFFER_TTL_S = 120.0
+"""A runner's registration counts this long (runners register every 30 s): one gone for good
+stops vouching for what it could run."""
 
 
 class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer):
     """Tasks here; cells and modes in `CellControl`."""
 
-    def __init__(self, *args: Any, catalog: Catalog, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, catalog: Catalog, prompt_window: PromptWindow | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.catalog = catalog
+        self.prompt_window = prompt_window or PromptWindow(None)
         """What runners and evaluators can run: SubmitTasks refuses anything else up front."""
+        self.offers: dict[str, tuple[RunnerOffer, float]] = {}
+        """What each registered runner can run, and when it said so (monotonic): kept in memory,
+        since runners register again every 30 s (a restarted scheduler hears from them soon)."""
+
+    async def RegisterRunner(
+        self, request: scheduler_pb2.RegisterRunnerRequest, context: Context
+    ) -> scheduler_pb2.RegisterRunnerResponse:
+        offer = runner_offer_from_proto(request)
+        known = offer.runner_id in self.offers
+        self.offers[offer.runner_id] = (offer, time.monotonic())
+        if not known:
+            log.info("runner_registered", runner_id=offer.runner_id, harnesses=sorted(offer.harnesses))
+        return scheduler_pb2.RegisterRunnerResponse()
+
+    def current_offers(self) -> list[RunnerOffer]:
+        cutoff = time.monotonic() - OFFER_TTL_S
+        return [offer for offer, at in self.offers.values() if at >= cutoff]
 
     async def SubmitTasks(
         self, request: scheduler_pb2.SubmitTasksRequest, context: Context
@@ -60,6 +92,8 @@ class SchedulerServicer(CellControl, scheduler_pb2_grpc.SchedulerServiceServicer
         validate_specs(specs)
         validate_deadlines(specs, now=datetime.now(UTC))
         check_runnable(specs, self.catalog)
+        check_offered(specs, self.current_offers())
+        await asyncio.to_thread(self.prompt_window.check, specs)
         planned = plan_tasks(
             specs,
             task_ids=[new_uuid7() for _ in specs],

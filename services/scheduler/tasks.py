@@ -23,6 +23,8 @@ MAX_TEMPLATE_CHARS = 4096
 MAX_LABELS = 32
 MAX_LABEL_VALUE_CHARS = 256
 MAX_INFRA_RETRIES = 64
+MAX_HARNESS_ENV = 64
+MAX_HARNESS_ENV_VALUE_CHARS = 4096
 DEFAULT_INFRA_RETRIES = 2
 """Replacements a task's group gets for infrastructure failures when its spec does not say: enough
 to ride out a sandbox or grader that crashes now and then, bounded so a grader that always
@@ -31,6 +33,7 @@ crashes costs at most two extra executions per group."""
 FAMILY_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 HARNESS_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 LABEL_KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 TEMPLATE_RE = re.compile(r"|task:[\w.-]+|taskset:[\w.-]+/[\w.-]+|(git\+)?(https|ssh)://\S+")
 """The template forms a runner can fill (it checks its own allow-lists too); never a host path."""
@@ -48,6 +51,8 @@ class TaskSpec:
     labels: tuple[tuple[str, str], ...] = ()
     deadline: datetime | None = None
     max_infra_retries: int = DEFAULT_INFRA_RETRIES
+    harness_env: tuple[tuple[str, str], ...] = ()
+    """Variables for the harness (sorted by key); what each harness takes is the runners' to say."""
 
 
 SCALAR_SPEC_FIELDS = (
@@ -63,11 +68,20 @@ SCALAR_SPEC_FIELDS = (
 
 
 def spec_from_record(
-    record: object, *, labels: Mapping[str, str], deadline: datetime | None = None
+    record: object,
+    *,
+    labels: Mapping[str, str],
+    deadline: datetime | None = None,
+    harness_env: Mapping[str, str] | None = None,
 ) -> TaskSpec:
     """Build a TaskSpec from anything with its field names (a protobuf message, a table row)."""
     fields = {name: getattr(record, name) for name in SCALAR_SPEC_FIELDS}
-    return TaskSpec(**fields, labels=tuple(sorted(labels.items())), deadline=deadline)
+    return TaskSpec(
+        **fields,
+        labels=tuple(sorted(labels.items())),
+        deadline=deadline,
+        harness_env=tuple(sorted((harness_env or {}).items())),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +170,18 @@ def _validate_spec(spec: TaskSpec, at: str) -> None:
             f"{at}.max_infra_retries",
             f"must be between 0 and {MAX_INFRA_RETRIES}, got {spec.max_infra_retries}",
         )
+    if len(spec.harness_env) > MAX_HARNESS_ENV:
+        raise InvalidArgument(
+            f"{at}.harness_env", f"at most {MAX_HARNESS_ENV} variables, got {len(spec.harness_env)}"
+        )
+    for key, value in spec.harness_env:
+        if not ENV_KEY_RE.fullmatch(key):
+            raise InvalidArgument(f"{at}.harness_env[{key!r}]", "keys must be [A-Za-z_][A-Za-z0-9_]*, 1..128")
+        if "\x00" in value or len(value) > MAX_HARNESS_ENV_VALUE_CHARS:
+            raise InvalidArgument(
+                f"{at}.harness_env[{key!r}]",
+                f"values must be at most {MAX_HARNESS_ENV_VALUE_CHARS} characters without NUL",
+            )
 
 
 def validate_deadlines(specs: Sequence[TaskSpec], *, now: datetime) -> None:

@@ -26,23 +26,23 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!gyre/evaluator/v1/evaluator.proto\x12\x11gyre.evaluator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"|\n\x0b\x43heckResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x07outcome\x18\x02 \x01(\x0e\x32\x1f.gyre.evaluator.v1.CheckOutcome\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\r\n\x05score\x18\x04 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\x95\x02\n\x05Grade\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\nassessable\x18\x04 \x01(\x08\x12\x1b\n\x13unassessable_reason\x18\x05 \x01(\t\x12.\n\x06\x63hecks\x18\x06 \x03(\x0b\x32\x1e.gyre.evaluator.v1.CheckResult\x12\x0f\n\x07partial\x18\x07 \x01(\x08\x12\x0e\n\x06grader\x18\x08 \x01(\t\x12-\n\tgraded_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nduration_s\x18\n \x01(\x01\x12\x11\n\tcancelled\x18\x0b \x01(\x08\"\xba\x01\n\x15GradeWorkspaceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\texecution\x18\x02 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x15\n\rworkspace_uri\x18\x04 \x01(\t\x12\x0f\n\x07partial\x18\x05 \x01(\x08\x12\x16\n\x0epublish_reward\x18\x06 \x01(\x08\x12\x0c\n\x04task\x18\x07 \x01(\t\"[\n\x16GradeWorkspaceResponse\x12\'\n\x05grade\x18\x01 \x01(\x0b\x32\x18.gyre.evaluator.v1.Grade\x12\x18\n\x10reward_published\x18\x02 \x01(\x08*\x97\x01\n\x0c\x43heckOutcome\x12\x1d\n\x19\x43HECK_OUTCOME_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43HECK_OUTCOME_PASSED\x10\x01\x12\x18\n\x14\x43HECK_OUTCOME_FAILED\x10\x02\x12\x19\n\x15\x43HECK_OUTCOME_ERRORED\x10\x03\x12\x19\n\x15\x43HECK_OUTCOME_SKIPPED\x10\x04\x32y\n\x10\x45valuatorService\x12\x65\n\x0eGradeWorkspace\x12(.gyre.evaluator.v1.GradeWorkspaceRequest\x1a).gyre.evaluator.v1.GradeWorkspaceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!gyre/evaluator/v1/evaluator.proto\x12\x11gyre.evaluator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18gyre/common/v1/ids.proto\"|\n\x0b\x43heckResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x07outcome\x18\x02 \x01(\x0e\x32\x1f.gyre.evaluator.v1.CheckOutcome\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\r\n\x05score\x18\x04 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\xa6\x02\n\x05Grade\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\nassessable\x18\x04 \x01(\x08\x12\x1b\n\x13unassessable_reason\x18\x05 \x01(\t\x12.\n\x06\x63hecks\x18\x06 \x03(\x0b\x32\x1e.gyre.evaluator.v1.CheckResult\x12\x0f\n\x07partial\x18\x07 \x01(\x08\x12\x0e\n\x06grader\x18\x08 \x01(\t\x12-\n\tgraded_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nduration_s\x18\n \x01(\x01\x12\x0f\n\x07signals\x18\x0b \x03(\t\x12\x11\n\tcancelled\x18\x0c \x01(\x08\"\xba\x01\n\x15GradeWorkspaceRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\texecution\x18\x02 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x15\n\rworkspace_uri\x18\x04 \x01(\t\x12\x0f\n\x07partial\x18\x05 \x01(\x08\x12\x16\n\x0epublish_reward\x18\x06 \x01(\x08\x12\x0c\n\x04task\x18\x07 \x01(\t\"[\n\x16GradeWorkspaceResponse\x12\'\n\x05grade\x18\x01 \x01(\x0b\x32\x18.gyre.evaluator.v1.Grade\x12\x18\n\x10reward_published\x18\x02 \x01(\x08*\x97\x01\n\x0c\x43heckOutcome\x12\x1d\n\x19\x43HECK_OUTCOME_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43HECK_OUTCOME_PASSED\x10\x01\x12\x18\n\x14\x43HECK_OUTCOME_FAILED\x10\x02\x12\x19\n\x15\x43HECK_OUTCOME_ERRORED\x10\x03\x12\x19\n\x15\x43HECK_OUTCOME_SKIPPED\x10\x04\x32y\n\x10\x45valuatorService\x12\x65\n\x0eGradeWorkspace\x12(.gyre.evaluator.v1.GradeWorkspaceRequest\x1a).gyre.evaluator.v1.GradeWorkspaceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gyre.evaluator.v1.evaluator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKOUTCOME']._serialized_start=804
-  _globals['_CHECKOUTCOME']._serialized_end=955
+  _globals['_CHECKOUTCOME']._serialized_start=821
+  _globals['_CHECKOUTCOME']._serialized_end=972
   _globals['_CHECKRESULT']._serialized_start=115
   _globals['_CHECKRESULT']._serialized_end=239
   _globals['_GRADE']._serialized_start=242
-  _globals['_GRADE']._serialized_end=519
-  _globals['_GRADEWORKSPACEREQUEST']._serialized_start=522
-  _globals['_GRADEWORKSPACEREQUEST']._serialized_end=708
-  _globals['_GRADEWORKSPACERESPONSE']._serialized_start=710
-  _globals['_GRADEWORKSPACERESPONSE']._serialized_end=801
-  _globals['_EVALUATORSERVICE']._serialized_start=957
-  _globals['_EVALUATORSERVICE']._serialized_end=1078
+  _globals['_GRADE']._serialized_end=536
+  _globals['_GRADEWORKSPACEREQUEST']._serialized_start=539
+  _globals['_GRADEWORKSPACEREQUEST']._serialized_end=725
+  _globals['_GRADEWORKSPACERESPONSE']._serialized_start=727
+  _globals['_GRADEWORKSPACERESPONSE']._serialized_end=818
+  _globals['_EVALUATORSERVICE']._serialized_start=974
+  _globals['_EVALUATORSERVICE']._serialized_end=1095
 # @@protoc_insertion_point(module_scope)

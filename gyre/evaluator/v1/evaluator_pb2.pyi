@@ -107,6 +107,7 @@ class Grade(_message.Message):
     GRADER_FIELD_NUMBER: _builtins.int
     GRADED_AT_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
+    SIGNALS_FIELD_NUMBER: _builtins.int
     CANCELLED_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     """The execution graded."""
@@ -136,6 +137,12 @@ class Grade(_message.Message):
     def graded_at(self) -> _timestamp_pb2.Timestamp:
         """When grading finished."""
 
+    @_builtins.property
+    def signals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What a reviewer should look at, for people; never scored (container tasks: the diff edited
+        test files, the agent ran git history commands).
+        """
+
     def __init__(
         self,
         *,
@@ -149,11 +156,12 @@ class Grade(_message.Message):
         grader: _builtins.str = ...,
         graded_at: _timestamp_pb2.Timestamp | None = ...,
         duration_s: _builtins.float = ...,
+        signals: _abc.Iterable[_builtins.str] | None = ...,
         cancelled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["graded_at", b"graded_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "cancelled", b"cancelled", "checks", b"checks", "duration_s", b"duration_s", "execution_id", b"execution_id", "graded_at", b"graded_at", "grader", b"grader", "partial", b"partial", "score", b"score", "task_id", b"task_id", "unassessable_reason", b"unassessable_reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assessable", b"assessable", "cancelled", b"cancelled", "checks", b"checks", "duration_s", b"duration_s", "execution_id", b"execution_id", "graded_at", b"graded_at", "grader", b"grader", "partial", b"partial", "score", b"score", "signals", b"signals", "task_id", b"task_id", "unassessable_reason", b"unassessable_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

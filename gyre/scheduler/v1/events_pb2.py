@@ -26,7 +26,7 @@ from gyre.common.v1 import ids_pb2 as gyre_dot_common_dot_v1_dot_ids__pb2
 from gyre.scheduler.v1 import scheduler_pb2 as gyre_dot_scheduler_dot_v1_dot_scheduler__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egyre/scheduler/v1/events.proto\x12\x11gyre.scheduler.v1\x1a\x18gyre/common/v1/ids.proto\x1a!gyre/scheduler/v1/scheduler.proto\"J\n\rTaskSubmitted\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Task\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xe3\x02\n\x12\x45xecutionScheduled\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x11\n\ttask_name\x18\x02 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x0f\n\x07harness\x18\x05 \x01(\t\x12\x1a\n\x12workspace_template\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x41\n\x06labels\x18\x08 \x03(\x0b\x32\x31.gyre.scheduler.v1.ExecutionScheduled.LabelsEntry\x12\x37\n\x10\x61\x64mitted_version\x18\t \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\x0e\x43\x65llRegistered\x12%\n\x04\x63\x65ll\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Cell\"O\n\x0f\x43\x65llRoleChanged\x12-\n\x06switch\x18\x01 \x01(\x0b\x32\x1d.gyre.scheduler.v1.CellSwitch\x12\r\n\x05\x63\x61use\x18\x02 \x01(\t\"]\n\x08\x43\x65llLost\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12.\n\tlast_role\x18\x02 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\x12\x10\n\x08silent_s\x18\x03 \x01(\x01\"\x8c\x01\n\x0bModeChanged\x12\x38\n\rprevious_mode\x18\x01 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\x12/\n\x04mode\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\x12\x12\n\nrequest_id\x18\x03 \x01(\t\".\n\x0cStepAssigned\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x10\n\x08task_ids\x18\x02 \x03(\t\"\xd9\x01\n\x1b\x45xecutionReplacementDecided\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x31\n\x0breplacement\x18\x02 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x18\n\x10num_replacements\x18\x04 \x01(\r\x12\x19\n\x11max_infra_retries\x18\x05 \x01(\r\x12\x11\n\tcancelled\x18\x06 \x01(\x08\"H\n\rTaskCancelled\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eprevious_state\x18\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egyre/scheduler/v1/events.proto\x12\x11gyre.scheduler.v1\x1a\x18gyre/common/v1/ids.proto\x1a!gyre/scheduler/v1/scheduler.proto\"J\n\rTaskSubmitted\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Task\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"\xe2\x03\n\x12\x45xecutionScheduled\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x11\n\ttask_name\x18\x02 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x0f\n\x07harness\x18\x05 \x01(\t\x12\x1a\n\x12workspace_template\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x41\n\x06labels\x18\x08 \x03(\x0b\x32\x31.gyre.scheduler.v1.ExecutionScheduled.LabelsEntry\x12\x37\n\x10\x61\x64mitted_version\x18\t \x01(\x0b\x32\x1d.gyre.common.v1.PolicyVersion\x12J\n\x0bharness_env\x18\n \x03(\x0b\x32\x35.gyre.scheduler.v1.ExecutionScheduled.HarnessEnvEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x31\n\x0fHarnessEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\x0e\x43\x65llRegistered\x12%\n\x04\x63\x65ll\x18\x01 \x01(\x0b\x32\x17.gyre.scheduler.v1.Cell\"O\n\x0f\x43\x65llRoleChanged\x12-\n\x06switch\x18\x01 \x01(\x0b\x32\x1d.gyre.scheduler.v1.CellSwitch\x12\r\n\x05\x63\x61use\x18\x02 \x01(\t\"]\n\x08\x43\x65llLost\x12\x0f\n\x07\x63\x65ll_id\x18\x01 \x01(\t\x12.\n\tlast_role\x18\x02 \x01(\x0e\x32\x1b.gyre.scheduler.v1.CellRole\x12\x10\n\x08silent_s\x18\x03 \x01(\x01\"\x8c\x01\n\x0bModeChanged\x12\x38\n\rprevious_mode\x18\x01 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\x12/\n\x04mode\x18\x02 \x01(\x0e\x32!.gyre.scheduler.v1.SchedulingMode\x12\x12\n\nrequest_id\x18\x03 \x01(\t\".\n\x0cStepAssigned\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x10\n\x08task_ids\x18\x02 \x03(\t\"\xd9\x01\n\x1b\x45xecutionReplacementDecided\x12/\n\texecution\x18\x01 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x31\n\x0breplacement\x18\x02 \x01(\x0b\x32\x1c.gyre.common.v1.ExecutionRef\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x18\n\x10num_replacements\x18\x04 \x01(\r\x12\x19\n\x11max_infra_retries\x18\x05 \x01(\r\x12\x11\n\tcancelled\x18\x06 \x01(\x08\"H\n\rTaskCancelled\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eprevious_state\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,24 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._loaded_options = None
   _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_EXECUTIONSCHEDULED_HARNESSENVENTRY']._loaded_options = None
+  _globals['_EXECUTIONSCHEDULED_HARNESSENVENTRY']._serialized_options = b'8\001'
   _globals['_TASKSUBMITTED']._serialized_start=114
   _globals['_TASKSUBMITTED']._serialized_end=188
   _globals['_EXECUTIONSCHEDULED']._serialized_start=191
-  _globals['_EXECUTIONSCHEDULED']._serialized_end=546
-  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_start=501
-  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_end=546
-  _globals['_CELLREGISTERED']._serialized_start=548
-  _globals['_CELLREGISTERED']._serialized_end=603
-  _globals['_CELLROLECHANGED']._serialized_start=605
-  _globals['_CELLROLECHANGED']._serialized_end=684
-  _globals['_CELLLOST']._serialized_start=686
-  _globals['_CELLLOST']._serialized_end=779
-  _globals['_MODECHANGED']._serialized_start=782
-  _globals['_MODECHANGED']._serialized_end=922
-  _globals['_STEPASSIGNED']._serialized_start=924
-  _globals['_STEPASSIGNED']._serialized_end=970
-  _globals['_EXECUTIONREPLACEMENTDECIDED']._serialized_start=973
-  _globals['_EXECUTIONREPLACEMENTDECIDED']._serialized_end=1190
-  _globals['_TASKCANCELLED']._serialized_start=1192
-  _globals['_TASKCANCELLED']._serialized_end=1264
+  _globals['_EXECUTIONSCHEDULED']._serialized_end=673
+  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_start=577
+  _globals['_EXECUTIONSCHEDULED_LABELSENTRY']._serialized_end=622
+  _globals['_EXECUTIONSCHEDULED_HARNESSENVENTRY']._serialized_start=624
+  _globals['_EXECUTIONSCHEDULED_HARNESSENVENTRY']._serialized_end=673
+  _globals['_CELLREGISTERED']._serialized_start=675
+  _globals['_CELLREGISTERED']._serialized_end=730
+  _globals['_CELLROLECHANGED']._serialized_start=732
+  _globals['_CELLROLECHANGED']._serialized_end=811
+  _globals['_CELLLOST']._serialized_start=813
+  _globals['_CELLLOST']._serialized_end=906
+  _globals['_MODECHANGED']._serialized_start=909
+  _globals['_MODECHANGED']._serialized_end=1049
+  _globals['_STEPASSIGNED']._serialized_start=1051
+  _globals['_STEPASSIGNED']._serialized_end=1097
+  _globals['_EXECUTIONREPLACEMENTDECIDED']._serialized_start=1100
+  _globals['_EXECUTIONREPLACEMENTDECIDED']._serialized_end=1317
+  _globals['_TASKCANCELLED']._serialized_start=1319
+  _globals['_TASKCANCELLED']._serialized_end=1391
 # @@protoc_insertion_point(module_scope)

@@ -80,6 +80,26 @@ class ExecutionScheduled(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class HarnessEnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     EXECUTION_FIELD_NUMBER: _builtins.int
     TASK_NAME_FIELD_NUMBER: _builtins.int
     FAMILY_FIELD_NUMBER: _builtins.int
@@ -89,6 +109,7 @@ class ExecutionScheduled(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     ADMITTED_VERSION_FIELD_NUMBER: _builtins.int
+    HARNESS_ENV_FIELD_NUMBER: _builtins.int
     task_name: _builtins.str
     """Task name, for people."""
     family: _builtins.str
@@ -116,6 +137,10 @@ class ExecutionScheduled(_message.Message):
         them), so its staleness when trained by step admitted_version + K is at most K.
         """
 
+    @_builtins.property
+    def harness_env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The task's harness_env, copied: the runner gives it to the harness."""
+
     def __init__(
         self,
         *,
@@ -128,10 +153,11 @@ class ExecutionScheduled(_message.Message):
         timeout_s: _builtins.float = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         admitted_version: _ids_pb2.PolicyVersion | None = ...,
+        harness_env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["admitted_version", b"admitted_version", "execution", b"execution"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_version", b"admitted_version", "execution", b"execution", "family", b"family", "harness", b"harness", "labels", b"labels", "prompt", b"prompt", "task_name", b"task_name", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_version", b"admitted_version", "execution", b"execution", "family", b"family", "harness", b"harness", "harness_env", b"harness_env", "labels", b"labels", "prompt", b"prompt", "task_name", b"task_name", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

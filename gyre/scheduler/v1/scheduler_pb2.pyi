@@ -202,6 +202,134 @@ loss; `failure_reason` says why and `replaced_by` names its replacement, if one 
 Global___ExecutionState: _TypeAlias = ExecutionState  # noqa: Y015
 
 @_typing.final
+class HarnessOffer(_message.Message):
+    """HarnessOffer is one harness a runner can start, as that runner found it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BINARY_FIELD_NUMBER: _builtins.int
+    BINARY_FOUND_FIELD_NUMBER: _builtins.int
+    ENV_VALUES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The harness adapter, e.g. `claude-code`."""
+    binary: _builtins.str
+    """The program it runs, e.g. `claude`; empty for one the runner carries itself (`gyre-agent`)."""
+    binary_found: _builtins.bool
+    """Whether the runner found `binary` on the PATH its sandboxes get (always true when empty)."""
+    @_builtins.property
+    def env_values(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """harness_env keys this harness reads with the pattern a value must fully match (Python `re`),
+        e.g. `GYRE_CLAUDE_CODE_TOOLS` -> tool names and commas. A key another harness reads and this
+        one does not is refused for this one; any other key is passed on as it is.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        binary: _builtins.str = ...,
+        binary_found: _builtins.bool = ...,
+        env_values: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "binary_found", b"binary_found", "env_values", b"env_values", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HarnessOffer: _TypeAlias = HarnessOffer  # noqa: Y015
+
+@_typing.final
+class RegisterRunnerRequest(_message.Message):
+    """RegisterRunnerRequest is what one runner can run; a repeat replaces what it said before."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNER_ID_FIELD_NUMBER: _builtins.int
+    HARNESSES_FIELD_NUMBER: _builtins.int
+    TASK_SETS_FIELD_NUMBER: _builtins.int
+    TEMPLATE_URL_PREFIXES_FIELD_NUMBER: _builtins.int
+    RESERVED_ENV_FIELD_NUMBER: _builtins.int
+    TASK_SET_TASKS_FIELD_NUMBER: _builtins.int
+    runner_id: _builtins.str
+    """Names the runner, e.g. its gRPC address."""
+    @_builtins.property
+    def harnesses(self) -> _containers.RepeatedCompositeFieldContainer[Global___HarnessOffer]:
+        """Every harness it has an adapter for."""
+
+    @_builtins.property
+    def task_sets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Its registered task sets (`taskset:<set>/<task>` templates)."""
+
+    @_builtins.property
+    def template_url_prefixes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """URL prefixes its git templates may come from; empty: no git template."""
+
+    @_builtins.property
+    def reserved_env(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """harness_env keys no task may set (the runner sets them: the model URL, the token, PATH)."""
+
+    @_builtins.property
+    def task_set_tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every task of those sets, as `<set>/<task>` (a folder holding a `workspace/`)."""
+
+    def __init__(
+        self,
+        *,
+        runner_id: _builtins.str = ...,
+        harnesses: _abc.Iterable[Global___HarnessOffer] | None = ...,
+        task_sets: _abc.Iterable[_builtins.str] | None = ...,
+        template_url_prefixes: _abc.Iterable[_builtins.str] | None = ...,
+        reserved_env: _abc.Iterable[_builtins.str] | None = ...,
+        task_set_tasks: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["harnesses", b"harnesses", "reserved_env", b"reserved_env", "runner_id", b"runner_id", "task_set_tasks", b"task_set_tasks", "task_sets", b"task_sets", "template_url_prefixes", b"template_url_prefixes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterRunnerRequest: _TypeAlias = RegisterRunnerRequest  # noqa: Y015
+
+@_typing.final
+class RegisterRunnerResponse(_message.Message):
+    """RegisterRunnerResponse acknowledges it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterRunnerResponse: _TypeAlias = RegisterRunnerResponse  # noqa: Y015
+
+@_typing.final
 class ListExecutionsRequest(_message.Message):
     """ListExecutionsRequest filters the executions."""
 
@@ -806,6 +934,26 @@ class TaskSpec(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class HarnessEnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     FAMILY_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
@@ -816,6 +964,7 @@ class TaskSpec(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     DEADLINE_FIELD_NUMBER: _builtins.int
     MAX_INFRA_RETRIES_FIELD_NUMBER: _builtins.int
+    HARNESS_ENV_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable label, 1..200 characters."""
     family: _builtins.str
@@ -853,6 +1002,13 @@ class TaskSpec(_message.Message):
         already in the past.
         """
 
+    @_builtins.property
+    def harness_env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Environment variables for the harness of each execution, e.g. Claude Code's tool list
+        `GYRE_CLAUDE_CODE_TOOLS=Bash,Read,Edit`: at most 64, keys [A-Za-z_][A-Za-z0-9_]*, values
+        without NUL. Checked at submission against what the registered runners say the harness takes.
+        """
+
     def __init__(
         self,
         *,
@@ -866,10 +1022,11 @@ class TaskSpec(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         deadline: _timestamp_pb2.Timestamp | None = ...,
         max_infra_retries: _builtins.int | None = ...,
+        harness_env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "deadline", b"deadline", "max_infra_retries", b"max_infra_retries"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "deadline", b"deadline", "family", b"family", "group_size", b"group_size", "harness", b"harness", "labels", b"labels", "max_infra_retries", b"max_infra_retries", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries", "deadline", b"deadline", "family", b"family", "group_size", b"group_size", "harness", b"harness", "harness_env", b"harness_env", "labels", b"labels", "max_infra_retries", b"max_infra_retries", "name", b"name", "prompt", b"prompt", "timeout_s", b"timeout_s", "workspace_template", b"workspace_template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_infra_retries: _TypeAlias = _typing.Literal["max_infra_retries"]  # noqa: Y015
     _WhichOneofArgType__max_infra_retries: _TypeAlias = _typing.Literal["_max_infra_retries", b"_max_infra_retries"]  # noqa: Y015

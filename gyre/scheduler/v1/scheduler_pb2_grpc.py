@@ -85,6 +85,11 @@ class SchedulerServiceStub:
                 request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.RegisterRunner = channel.unary_unary(
+                '/gyre.scheduler.v1.SchedulerService/RegisterRunner',
+                request_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterRunnerRequest.SerializeToString,
+                response_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterRunnerResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -168,6 +173,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterRunner(self, request, context):
+        """A runner says what it can run: its harnesses (and whether their programs are there), task
+        sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+        refuses a task no registered runner could run. Runners register again every 30 s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -220,6 +234,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.FromString,
                     response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'RegisterRunner': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterRunner,
+                    request_deserializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterRunnerRequest.FromString,
+                    response_serializer=gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterRunnerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -493,6 +512,33 @@ class SchedulerService:
             '/gyre.scheduler.v1.SchedulerService/CancelTask',
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskRequest.SerializeToString,
             gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterRunner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gyre.scheduler.v1.SchedulerService/RegisterRunner',
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterRunnerRequest.SerializeToString,
+            gyre_dot_scheduler_dot_v1_dot_scheduler__pb2.RegisterRunnerResponse.FromString,
             options,
             channel_credentials,
             insecure,

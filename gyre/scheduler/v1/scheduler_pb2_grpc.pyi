@@ -64,6 +64,11 @@ class SchedulerServiceStub:
     cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
     leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
     """
+    RegisterRunner: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterRunnerRequest, _scheduler_pb2.RegisterRunnerResponse]
+    """A runner says what it can run: its harnesses (and whether their programs are there), task
+    sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+    refuses a task no registered runner could run. Runners register again every 30 s.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -100,6 +105,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     are stopped through the runner (their workspaces are kept and graded as the runner's
     cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
     leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
+    """
+    RegisterRunner: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RegisterRunnerRequest, _scheduler_pb2.RegisterRunnerResponse]  # type: ignore[assignment]
+    """A runner says what it can run: its harnesses (and whether their programs are there), task
+    sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+    refuses a task no registered runner could run. Runners register again every 30 s.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -194,6 +204,17 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         are stopped through the runner (their workspaces are kept and graded as the runner's
         cancellation says); a group that ended its rollout is never trained (`TaskCancelled`) and
         leaves its step. A trained, set-aside or cancelled task is answered as it is, unchanged.
+        """
+
+    @_abc_1.abstractmethod
+    def RegisterRunner(
+        self,
+        request: _scheduler_pb2.RegisterRunnerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RegisterRunnerResponse, _abc.Awaitable[_scheduler_pb2.RegisterRunnerResponse]]:
+        """A runner says what it can run: its harnesses (and whether their programs are there), task
+        sets, git URL prefixes and the harness_env each harness takes. Once one has, SubmitTasks
+        refuses a task no registered runner could run. Runners register again every 30 s.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

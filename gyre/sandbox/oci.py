@@ -1,0 +1,318 @@
+"""Sandboxes from OCI images on the local container engine (shell: the podman or docker CLI).
+
+Rootful Podman with the `runc` runtime (this kernel's hybrid cgroups refuse `crun`), or Docker
+when its daemon answers. A container starts with no network at all (`--network none`), its
+task's cpus, memory and process limits, lowered open-file limits, no added capabilities and
+`no-new-privileges`. With a forward folder, its first process is `gyre.sandbox.init`'s Relay
+(the image's own `python3`): 127.0.0.1:<listen_port> inside reaches the host's forwarder socket
+in that folder, the one way out, exactly as in the bubblewrap root. Without one it sleeps and
+commands run beside it with `exec`.
+
+Storage: the engines here cannot cap a writable layer on overlay over ext4, so `exec` measures
+the layer after each command (`storage_exceeded`) and the caller scores an over-quota workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import structlog
+
+from gyre.errors import InvalidArgument, Unavailable
+from gyre.sandbox.backend import ContainerLimits, ExecResult
+
+log = structlog.get_logger(__name__)
+GYRE_DIR = "/run/gyre"
+"""Where the relay's code appears inside (read-only)."""
+FORWARD_DIR = "/run/gyre-forward"
+"""Where the forwarder's socket folder appears inside (read-only; apart from GYRE_DIR, since a
+mount point cannot be made inside a read-only mount)."""
+INIT = Path(__file__).resolve().parent / "init.py"
+CLI_TIMEOUT_S = 120.0
+RELAY = (
+    "import selectors, sys\n"
+    "sys.path.insert(0, '/run/gyre')\n"
+    "from init import Relay\n"
+    "relay = Relay(listen_port=int(sys.argv[1]), socket_path='/run/gyre-forward/proxy.sock')\n"
+    "sel = selectors.DefaultSelector()\n"
+    "relay.register(sel)\n"
+    "while True:\n"
+    "    for key, _ in sel.select():\n"
+    "        key.data(sel, key.fileobj)\n"
+)
+
+
+def find_engine() -> list[str] | None:
+    """The engine's command prefix: podman (with runc) first, docker when its daemon answers."""
+    podman = shutil.which("podman")
+    if podman:
+        return [podman, "--runtime", "runc"] if shutil.which("runc") else [podman]
+    docker = shutil.which("docker")
+    if docker and os.path.exists("/var/run/docker.sock"):
+        return [docker]
+    return None
+
+
+async def _run(
+    argv: Sequence[str], *, stdin: bytes | None = None, timeout_s: float = CLI_TIMEOUT_S
+) -> tuple[int, bytes, bytes]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise Unavailable(
+            f"container engine did not answer within {timeout_s:g} s: {' '.join(argv[:4])}"
+        ) from None
+    return proc.returncode or 0, out, err
+
+
+class OciBackend:
+    """Containers of one local engine; `engine` is the command prefix (`find_engine()`)."""
+
+    def __init__(self, engine: Sequence[str] | None = None):
+        found = list(engine) if engine is not None else find_engine()
+        if not found:
+            raise Unavailable("no container engine: install podman and runc (or run a docker daemon)")
+        self.engine = found
+
+    async def image_present(self, image: str) -> bool:
+        code, _, _ = await _run([*self.engine, "image", "inspect", "--format", "{{.Id}}", image])
+        return code == 0
+
+    async def require_image(self, image: str, *, at: str = "environment.image") -> None:
+        """InvalidArgument naming the field when the image is not in the local store."""
+        if not image:
+            raise InvalidArgument(at, "is required: the OCI image the task runs in")
+        if not await self.image_present(image):
+            raise InvalidArgument(at, f"image {image!r} is not present in the local container store")
+
+    async def create(
+        self,
+        *,
+        name: str,
+        image: str,
+        limits: ContainerLimits,
+        forward_folder: str = "",
+        listen_port: int = 18080,
+        owner: str = "",
+    ) -> Container:
+        """`owner` labels the container (`gyre.owner`) so its owner can sweep what a crash left."""
+        limits.validate()
+        argv = [
+            *self.engine,
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--cap-drop",
+            "NET_RAW",
+            "--security-opt",
+            "no-new-privileges",
+            "--cpus",
+            f"{limits.cpus:g}",
+            "--memory",
+            f"{limits.memory_mb}m",
+            "--memory-swap",
+            f"{limits.memory_mb}m",
+            "--pids-limit",
+            str(limits.max_procs),
+            "--ulimit",
+            f"nofile={limits.open_files}:{limits.open_files}",
+            "--ulimit",
+            f"nproc={limits.max_procs}:{limits.max_procs}",
+            "--label",
+            "gyre.sandbox=1",
+            "--label",
+            f"gyre.owner={owner}",
+        ]
+        staged = ""
+        if forward_folder:
+            # The relay's code and the forwarder's socket, read-only: the container can connect
+            # to the socket but cannot replace either.
+            staged = tempfile.mkdtemp(prefix="gyre-oci-")
+            shutil.copy(INIT, Path(staged) / "init.py")
+            argv += ["-v", f"{staged}:{GYRE_DIR}:ro", "-v", f"{forward_folder}:{FORWARD_DIR}:ro"]
+            argv += ["--entrypoint", "python3", image, "-I", "-S", "-c", RELAY, str(listen_port)]
+        else:
+            argv += ["--entrypoint", "sleep", image, "infinity"]
+        code, _, err = await _run(argv)
+        if code != 0:
+            if staged:
+                shutil.rmtree(staged, ignore_errors=True)
+            await _run([*self.engine, "rm", "-f", name])
+            raise Unavailable(
+                f"container {name} from {image!r} did not start: {err.decode(errors='replace')[-800:]}"
+            )
+        return Container(name=name, engine=self.engine, limits=limits, staged=staged)
+
+    async def sweep(self, owner: str) -> int:
+        """Remove every container labelled with `owner` (what a killed process left); how many."""
+        code, out, _ = await _run(
+            [*self.engine, "ps", "-a", "--filter", f"label=gyre.owner={owner}", "--format", "{{.Names}}"]
+        )
+        names = out.decode().split() if code == 0 else []
+        if names:
+            await _run([*self.engine, "rm", "-f", "-t", "0", *names])
+        return len(names)
+
+
+class Container:
+    """One running container; every method is safe to call after `close` (it does nothing)."""
+
+    def __init__(self, *, name: str, engine: list[str], limits: ContainerLimits, staged: str = ""):
+        self.name = name
+        self.engine = engine
+        self.limits = limits
+        self.staged = staged
+        self.closed = False
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        workdir: str = "",
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+        max_output: int = 8 << 20,
+    ) -> ExecResult:
+        """Run a command; past `timeout_s` the whole container is stopped (nothing outlives its
+        deadline) and the result says `timed_out`."""
+        cmd = [*self.engine, "exec", *(["-i"] if stdin is not None else [])]
+        if workdir:
+            cmd += ["-w", workdir]
+        for key, value in (env or {}).items():
+            cmd += ["-e", f"{key}={value}"]
+        cmd += [self.name, *argv]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        chunks: list[bytes] = []
+        size = 0
+
+        async def drain() -> None:
+            nonlocal size
+            assert proc.stdout is not None
+            if stdin is not None:
+                assert proc.stdin is not None
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    proc.stdin.write(stdin)
+                    await proc.stdin.drain()
+                proc.stdin.close()
+            while data := await proc.stdout.read(65536):
+                if size < max_output:
+                    chunks.append(data[: max_output - size])
+                size += len(data)
+            await proc.wait()
+
+        timed_out = False
+        try:
+            await asyncio.wait_for(drain(), timeout=max(0.1, timeout_s))
+        except TimeoutError:
+            timed_out = True
+            await _run([*self.engine, "kill", self.name])
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        over = await self.storage_used_mb() > self.limits.storage_mb if not timed_out else False
+        return ExecResult(
+            exit_code=None if timed_out else proc.returncode,
+            output=b"".join(chunks),
+            timed_out=timed_out,
+            truncated=size > max_output,
+            storage_exceeded=over,
+        )
+
+    async def spawn(
+        self, argv: Sequence[str], *, workdir: str, env_file: Path, output: BinaryIO
+    ) -> asyncio.subprocess.Process:
+        """Start a long command (a harness) inside, its output into `output`; the caller waits.
+        The environment comes from a file, so no secret of it shows on the host's command lines."""
+        cmd = [*self.engine, "exec", "-w", workdir, "--env-file", str(env_file), self.name, *argv]
+        return await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=asyncio.subprocess.STDOUT
+        )
+
+    async def storage_used_mb(self) -> float:
+        code, out, _ = await _run(
+            [*self.engine, "container", "inspect", "--size", "--format", "{{.SizeRw}}", self.name]
+        )
+        if code != 0:
+            return 0.0
+        try:
+            return int(out.strip() or 0) / (1 << 20)
+        except ValueError:
+            return 0.0
+
+    async def upload(self, source: str, dest: str) -> None:
+        code, _, err = await _run([*self.engine, "cp", source, f"{self.name}:{dest}"])
+        if code != 0:
+            raise Unavailable(
+                f"upload of {source} to {self.name}:{dest} failed: {err.decode(errors='replace')[-400:]}"
+            )
+
+    async def write_file(self, dest: str, data: bytes, *, mode: str = "644") -> None:
+        """Write bytes to `dest` inside (its folder created), as root."""
+        folder = os.path.dirname(dest) or "/"
+        script = f"mkdir -p {_q(folder)} && cat > {_q(dest)} && chmod {mode} {_q(dest)}"
+        result = await self.exec(["sh", "-c", script], timeout_s=CLI_TIMEOUT_S, stdin=data)
+        if result.exit_code != 0:
+            raise Unavailable(
+                f"writing {dest} in {self.name} failed: {result.output.decode(errors='replace')[-400:]}"
+            )
+
+    async def download(self, path: str, *, max_bytes: int = 64 << 20) -> bytes | None:
+        script = f"test -f {_q(path)} || exit 3; head -c {max_bytes} {_q(path)}"
+        result = await self.exec(["sh", "-c", script], timeout_s=CLI_TIMEOUT_S, max_output=max_bytes)
+        if result.exit_code == 3:
+            return None
+        if result.exit_code != 0:
+            raise Unavailable(
+                f"download of {path} from {self.name} failed: {result.output.decode(errors='replace')[-400:]}"
+            )
+        return result.output
+
+    async def alive(self) -> bool:
+        if self.closed:
+            return False
+        code, out, _ = await _run(
+            [*self.engine, "container", "inspect", "--format", "{{json .State.Running}}", self.name]
+        )
+        return code == 0 and json.loads(out.strip() or b"false") is True
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        code, _, err = await _run([*self.engine, "rm", "-f", "-t", "0", self.name])
+        if code != 0:
+            log.warning(
+                "container_remove_failed", container=self.name, error=err.decode(errors="replace")[-300:]
+            )
+        if self.staged:
+            shutil.rmtree(self.staged, ignore_errors=True)
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"

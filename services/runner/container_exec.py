@@ -1,0 +1,253 @@
+"""An execution in its task's own OCI image: the agent's container, its one way out, its diff (shell).
+
+For `swebench` and `harbor` tasks the runner starts a container from the task's image instead of
+a bubblewrap root (`gyre.sandbox.oci`): no network but the proxy forwarder (the same
+`gyre.sandbox.forward` socket, relayed to 127.0.0.1:<listen_port> inside), the task's cpus,
+memory and storage times the runner's multipliers. Before the harness starts, the repository is
+cut back to its base (`git_scrub`; a folder that is no repository becomes one, so a Harbor
+task's changes are a diff too), the built-in agent's files go to /opt/gyre-agent and the prompt
+to /tmp/gyre/prompt.md. The harness runs in the image's workdir. When it ends (or at its
+deadline, when every process but the container's first is killed) the runner exports the
+agent's binary diff against the base and the harness log to a host folder, the workspace the
+evaluator grades (`agent.diff`, `agent.log`), and the container is removed once graded.
+
+Not built: re-attaching to a container after a runner restart (such an execution ends as runner
+lost and its container is swept), and harnesses other than those whose command runs in the image
+as it is (the built-in agent needs the image's `python3` at 3.10 or newer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.errors import InvalidArgument
+from gyre.sandbox.backend import ContainerLimits
+from gyre.sandbox.forward import Forwarder
+from gyre.sandbox.host import Forward, Outcome
+from gyre.sandbox.keeper import read_tail
+from gyre.sandbox.oci import Container, OciBackend
+from services.runner.config import AGENT_FILES
+from services.runner.git_scrub import scrub_future_history
+
+CONTAINER_FAMILIES = ("swebench", "harbor")
+"""Families whose tasks bring their own image (the evaluator's container_task, same names)."""
+AGENT_DIFF, AGENT_LOG = "agent.diff", "agent.log"
+"""What the evaluator reads from the workspace folder (its container_task, same names)."""
+AGENT_HOME = "/opt/gyre-agent"
+PROMPT_FILE = "/tmp/gyre/prompt.md"
+GIT_LOG = "/tmp/gyre/git-commands.log"
+MAX_DIFF_BYTES = 64 << 20
+ENSURE_REPO = (
+    'cd "$1" && { git rev-parse --git-dir >/dev/null 2>&1 || { git init -q && git add -A && '
+    "git -c user.email=gyre@localhost -c user.name=gyre commit -q --allow-empty -m base; }; }"
+)
+EXPORT = 'cd "$1" && git add -A >/dev/null 2>&1; git diff --cached --binary "$2"'
+
+
+R2E_TESTS = ("/root/r2e_tests", "/r2e_tests")
+"""Where R2E-Gym images keep the tests that grade them; removed before the agent starts (the
+grading container is fresh from the image and has them)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerSpec:
+    image: str
+    workdir: str
+    base_commit: str
+    limits: ContainerLimits
+    hidden_paths: tuple[str, ...] = ()
+    """Paths of the image the agent must not see (the dataset's own tests)."""
+
+
+def read_spec(folder: Path) -> ContainerSpec:
+    """What the runner needs of a container task's task.toml: image, workdir, base, limits."""
+    path = folder / "task.toml"
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument("task", f"cannot read {path}: {exc}") from exc
+    env, source = raw.get("environment", {}), raw.get("source", {})
+    if not isinstance(env, dict) or not isinstance(env.get("image"), str) or not env["image"]:
+        raise InvalidArgument(f"{path}.environment.image", "is required: the OCI image the task runs in")
+    limits = ContainerLimits(
+        cpus=float(env.get("cpus", 1.0)),
+        memory_mb=int(env.get("memory_mb", 4096)),
+        storage_mb=int(env.get("storage_mb", 10240)),
+    )
+    limits.validate(f"{path}.environment")
+    source = source if isinstance(source, dict) else {}
+    return ContainerSpec(
+        image=env["image"],
+        workdir=str(env.get("workdir", "/testbed")),
+        base_commit=str(source.get("base_commit", "")),
+        limits=limits,
+        hidden_paths=R2E_TESTS if source.get("format") == "r2e" else (),
+    )
+
+
+class ContainerSandbox:
+    """The runner's handle on one execution's container; shaped like `gyre.sandbox.host.Sandbox`
+    where the supervisor uses it (`work`, `path`, `log_path`, `proc`, `kill`, `wait`, `release`)."""
+
+    def __init__(self, root: Path, execution_id: str):
+        self.path = root / f"c-{execution_id}"
+        self.work = self.path / "work"
+        self.log_path = self.path / "log" / "harness.log"
+        self.name = f"gyre-run-{execution_id}"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.box: Container | None = None
+        self.forwarder: Forwarder | None = None
+        self.spec: ContainerSpec | None = None
+        self.base = ""
+        self.killed = ""
+        self.started_at = 0.0
+        self.image_path = ""
+        """The image's own PATH, which the harness keeps (behind the git shim's folder)."""
+
+    async def start(
+        self, backend: OciBackend, spec: ContainerSpec, *, forward: Forward, max_connections: int, prompt: str
+    ) -> None:
+        self.spec = spec
+        for folder in (self.work, self.log_path.parent):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.forwarder = Forwarder(
+            folder=self.path / "forward",
+            host=forward.host,
+            port=forward.port,
+            max_connections=max_connections,
+            uid=None,
+        )
+        await self.forwarder.start()
+        self.box = await backend.create(
+            name=self.name,
+            image=spec.image,
+            limits=spec.limits,
+            forward_folder=str(self.forwarder.folder),
+            listen_port=forward.listen_port,
+            owner=owner_label(self.path.parent),
+        )
+        made = await self.box.exec(["sh", "-c", ENSURE_REPO, "repo", spec.workdir], timeout_s=120)
+        if made.exit_code != 0:
+            raise OSError(
+                f"{spec.workdir} is not a git repository and none could be made: {made.output[-300:]!r}"
+            )
+        await scrub_future_history(self.box, workdir=spec.workdir, base_commit=spec.base_commit)
+        if spec.hidden_paths:
+            hidden = await self.box.exec(["rm", "-rf", "--", *spec.hidden_paths], timeout_s=60)
+            if hidden.exit_code != 0:
+                raise OSError(f"the dataset's tests could not be hidden: {hidden.output[-300:]!r}")
+        head = await self.box.exec(["git", "rev-parse", "HEAD"], timeout_s=30, workdir=spec.workdir)
+        self.base = head.output.decode().strip()
+        with tempfile.TemporaryDirectory(prefix="gyre-agent-") as tmp:
+            staged = Path(tmp) / "gyre-agent"
+            checkout = Path(AGENT_FILES[0]).parent.parent  # services/__init__.py -> the checkout
+            for source in map(Path, AGENT_FILES):
+                dest = staged / source.relative_to(checkout)
+                if source.is_dir():
+                    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(source, dest)
+            await self.box.upload(str(staged), AGENT_HOME)
+        await self.box.write_file(PROMPT_FILE, prompt.encode())
+        # A reviewer's signal, not a wall: git commands the harness runs through PATH are noted
+        # (the agent can bypass it; the future it would look for is gone anyway).
+        found = await self.box.exec(["sh", "-c", 'command -v git; echo "$PATH"'], timeout_s=30)
+        real_git, _, self.image_path = found.output.decode().strip().partition("\n")
+        shim = f'#!/bin/sh\necho "git $*" >> {GIT_LOG}\nexec {real_git or "/usr/bin/git"} "$@"\n'
+        await self.box.write_file(f"{AGENT_HOME}/bin/git", shim.encode(), mode="755")
+
+    def base_url(self, forward: Forward) -> str:
+        """The proxy as the harness inside sees it: the relay on the container's loopback."""
+        return f"http://127.0.0.1:{forward.listen_port}"
+
+    async def launch(
+        self, argv: Sequence[str], *, env: Mapping[str, str], forward: Forward | None = None
+    ) -> None:
+        """Start the harness in the workdir (the forwarder already runs: `forward` is unused)."""
+        assert self.box is not None and self.spec is not None
+        # The image's own PATH (a conda env, say) stays: the runner's host PATH means nothing here.
+        env = {k: v for k, v in env.items() if k != "PATH"} | {
+            "PYTHONPATH": AGENT_HOME,
+            "PATH": f"{AGENT_HOME}/bin:{self.image_path or '/usr/local/bin:/usr/bin:/bin'}",
+        }
+        # Through a file only root reads, never the command line: the token is in it.
+        env_file = self.path / "harness.env"
+        env_file.touch(mode=0o600)
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        log = self.log_path.open("ab")
+        try:
+            self.proc = await self.box.spawn(
+                list(argv), workdir=self.spec.workdir, env_file=env_file, output=log
+            )
+        finally:
+            log.close()
+        self.started_at = time.monotonic()
+
+    async def wait(self, *, timeout_s: float) -> Outcome:
+        """The harness's end (or its deadline), then the diff exported; the container stays."""
+        assert self.proc is not None
+        try:
+            code: int | None = await asyncio.wait_for(self.proc.wait(), timeout=max(0.1, timeout_s))
+        except TimeoutError:
+            await self.kill("deadline")
+            code = None
+        if self.killed:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+            code = None
+        duration = time.monotonic() - self.started_at
+        (self.path / "harness.env").unlink(missing_ok=True)
+        await self.export()
+        # The harness command was started (`launch` returned), so what follows is its outcome.
+        return Outcome(exit_code=code, killed=self.killed, duration_s=duration, started=True)
+
+    async def log_tail(self, limit: int = 2000, *, name: str = "harness.log") -> str:
+        """The last `limit` bytes of the harness's log (the only log a container execution has)."""
+        return await asyncio.to_thread(read_tail, self.log_path.parent / name, limit)
+
+    async def kill(self, reason: str) -> None:
+        """Every process in the container but its first (the relay) ends; the files stay for the diff."""
+        self.killed = self.killed or reason
+        if self.box is not None:
+            await self.box.exec(["sh", "-c", "kill -9 -1"], timeout_s=30)
+
+    async def export(self) -> None:
+        assert self.box is not None and self.spec is not None
+        done = await self.box.exec(
+            ["sh", "-c", EXPORT, "export", self.spec.workdir, self.base],
+            timeout_s=300,
+            max_output=MAX_DIFF_BYTES,
+        )
+        await asyncio.to_thread(
+            (self.work / AGENT_DIFF).write_bytes, done.output if done.exit_code == 0 else b""
+        )
+        commands = await self.box.download(GIT_LOG, max_bytes=1 << 20) or b""
+        harness = self.log_path.read_bytes()[-(4 << 20) :] if self.log_path.exists() else b""
+        await asyncio.to_thread((self.work / AGENT_LOG).write_bytes, harness + b"\n" + commands)
+
+    async def release(self) -> None:
+        if self.box is not None:
+            await self.box.close()
+        if self.forwarder is not None:
+            await self.forwarder.close()
+        await asyncio.to_thread(shutil.rmtree, self.path, True)
+
+
+def owner_label(sandbox_root: Path) -> str:
+    """The label of this runner's containers: its sandbox folder, so a restarted runner sweeps its
+    own leftovers and never another runner's on the same host."""
+    return f"runner:{sandbox_root.resolve()}"
+
+
+def task_folder(ref: str, tasks_dir: Path) -> Path:
+    return Path(ref) if ("/" in ref or ref.startswith(".")) else tasks_dir / ref
