@@ -170,6 +170,6 @@ def test_a_mode_or_role_the_scheduler_does_not_know_is_one_line_naming_the_field
         [sys.executable, "-m", "gyre_app.cli", "mode", "fast"], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stderr.strip()) == (
-        1,
+        2,  # an input error's exit code
         "gyre mode: mode: must be one of colocate, async, gyre, burst, got 'fast'",
     )
