@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,7 +23,11 @@ class ProxySettings(BaseSettings):
     context_window_tokens: int = 0
     """Prompt + output limit; 0 takes `max_position_embeddings` from the folder's config.json."""
     max_body_bytes: int = 32 * 1024 * 1024
-    """Largest request body accepted (HTTP 413 above)."""
+    """Largest request body accepted (HTTP 413 above). The parts a request renders are bounded
+    tighter, by the context window (HTTP 400 naming the largest part: `request_size`)."""
+    renders_per_execution: int = Field(default=2, ge=1)
+    """Requests of one execution decoded, parsed or rendered at once (the others wait their turn):
+    one execution's many connections cannot take the workers every other execution needs."""
     token_cache_s: float = 5.0
     """How long a token lookup is trusted before Postgres is asked again."""
     weights_wait_s: float = 30.0
