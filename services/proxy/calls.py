@@ -195,7 +195,7 @@ class Calls:
         load_answers: Callable[[str], Awaitable[list[StoredAnswer]]] | None = None,
         load_model: Callable[[], ServedModel | None] | None = None,
         engine_stall_s: float = 0.0,
-        renders_per_execution: int = 2,
+        renders_per_execution: int = 1,
     ) -> None:
         self._model = model
         self._load_model = load_model

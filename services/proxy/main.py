@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class Proxy:
 
 
 async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
+    sys.setswitchinterval(settings.thread_switch_interval_s)
     model = _load_or_none(settings)
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox, poll_s=0.2)
