@@ -10,11 +10,15 @@ the proxy could still lose; `close` ends an execution and returns once every rec
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import structlog
 
@@ -45,6 +49,7 @@ from services.proxy.router import Router
 from services.proxy.toolcalls import parse_output, visible_prefix
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 FINISH_TO_RECORD: dict[int, proxy_pb2.CallFinishReason.ValueType] = {
     FR.FINISH_REASON_STOP: proxy_pb2.CALL_FINISH_REASON_STOP,
@@ -70,6 +75,21 @@ class ExecutionState:
     """Records of finished calls not yet committed."""
     answers: dict[str, StoredAnswer] = field(default_factory=dict)
     """Recorded calls' answers by call key, for the harness's retries (`call_keys`)."""
+
+
+RENDER_NICE_STEP = 10
+"""How much less CPU priority render workers have than the event loop's thread: when both want a
+core, the streams of every execution go first and a flood of heavy requests waits."""
+
+
+def _yield_cpu() -> None:
+    """Run in each render worker as it starts: lower this thread's priority (Linux sets nice per
+    thread; a process may always lower its own)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RENDER_NICE_STEP))
+    except OSError:  # not permitted here (a sandbox without setpriority): keep the priority
+        log.info("render_priority_unchanged")
 
 
 class CallRun:
@@ -208,6 +228,9 @@ class Calls:
         """A call's engine silent this long counts as failed (`Generation.stall_s`)."""
         self.renders_per_execution = renders_per_execution
         self._cpu_slots: dict[str, asyncio.Semaphore] = {}
+        self._workers = ThreadPoolExecutor(
+            max_workers=os.cpu_count() or 2, thread_name_prefix="proxy-render", initializer=_yield_cpu
+        )
         self.executions: dict[str, ExecutionState] = {}
         self.in_flight: dict[str, CallRun] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
@@ -233,14 +256,18 @@ class Calls:
             max_token_chars=self.model.max_token_chars,
         )
 
-    def cpu_slot(self, execution_id: str) -> asyncio.Semaphore:
-        """Held while a request of the execution is decoded, parsed or rendered (in a worker
-        thread): one execution's many connections cannot take every worker, nor the GIL's turns
-        every other execution's streams need."""
+    async def off_loop(self, execution_id: str, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a render worker, at most `renders_per_execution` of one execution at a
+        time: one execution's many connections cannot take every worker and core, and what they
+        do not take waits here, costing nothing."""
         slot = self._cpu_slots.get(execution_id)
         if slot is None:
             slot = self._cpu_slots[execution_id] = asyncio.Semaphore(self.renders_per_execution)
-        return slot
+        async with slot:
+            return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+
+    def shutdown(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def state(self, execution_id: str) -> ExecutionState:
         return self.executions.setdefault(execution_id, ExecutionState())
@@ -266,8 +293,7 @@ class Calls:
         model = self.model
         check_size(request, self.size_bound)
         memory = (await self.load_state(execution_id)).memory.snapshot()
-        async with self.cpu_slot(execution_id):
-            return await asyncio.to_thread(self._render, model, request, memory)
+        return await self.off_loop(execution_id, self._render, model, request, memory)
 
     @staticmethod
     def _render(model: ServedModel, request: ChatRequest, memory: OutputMemory) -> RenderedPrompt:

@@ -4,7 +4,7 @@ Each handler authenticates the execution token, parses the body into a `ChatRequ
 `CallRun` and writes it back in the dialect asked for, streamed (SSE) or whole. Every failure is
 answered in the dialect's own error shape; nothing a harness sends can stop the server. The body
 is decoded, parsed and size-checked in a worker thread, under the execution's CPU slot
-(`Calls.cpu_slot`), and anything that goes wrong there is the harness's input: a 4xx naming the
+(`Calls.off_loop`), and anything that goes wrong there is the harness's input: a 4xx naming the
 field, never a 5xx. A failure of the proxy's own (5xx: no engine, an engine lost, the database
 away, a bug past the input) is counted for the execution before the harness hears of it
 (`failed_calls`).
@@ -119,16 +119,14 @@ async def _authenticate(request: web.Request) -> Grant:
 async def _read_chat(
     request: web.Request, execution_id: str, parse: Callable[[Any], ChatRequest]
 ) -> ChatRequest:
-    """The body as a size-checked `ChatRequest`, read in a worker thread under the execution's
-    CPU slot."""
+    """The body as a size-checked `ChatRequest`, decoded and parsed in a render worker."""
     calls = request.app[CALLS_KEY]
     bound = calls.size_bound
     try:
         raw = await _read_raw(request, limit=body_limit(bound, ceiling=request.app[MAX_BODY_KEY]))
     except (OSError, aiohttp.ClientError) as exc:  # the harness hung up mid-body: its doing
         raise InvalidArgument("body", f"was cut short: {type(exc).__name__}") from exc
-    async with calls.cpu_slot(execution_id):
-        return await asyncio.to_thread(_parse_chat, raw, parse, bound)
+    return await calls.off_loop(execution_id, _parse_chat, raw, parse, bound)
 
 
 async def _read_raw(request: web.Request, *, limit: int) -> bytes:

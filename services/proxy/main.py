@@ -103,6 +103,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         await stop.wait()
         await runner.cleanup()
         await pool.close()
+        calls.shutdown()
 
     host = ServiceHost(
         name=NAME, server=server, connections=conns, workers=[relay.run, recorder.run, serve_http]
