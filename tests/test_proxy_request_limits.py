@@ -4,12 +4,15 @@ what no later step could encode (lone surrogates), naming where it is."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from gyre.errors import InvalidArgument
 from services.proxy import anthropic_api, openai_api
+from services.proxy.agents import Agent
+from services.proxy.call_keys import call_key
 from services.proxy.request_body import decode_body, unencodable_path
 from services.proxy.request_size import SizeBound, body_limit, check_size, parts
 
@@ -112,3 +115,16 @@ def test_out_of_range_integers_are_refused_by_name() -> None:
         with pytest.raises(InvalidArgument) as info:
             openai_api.parse_request({"model": "m", "messages": USER, **body})
         assert info.value.field == next(iter(body))
+
+
+def test_where_a_part_sat_in_the_body_does_not_change_the_call_key() -> None:
+    """Call keys recorded before parts carried their body path still match a retry."""
+    tool = {"type": "function", "function": {"name": "bash", "parameters": {}}}
+    parsed = openai_api.parse_request({"model": "m", "messages": USER, "tools": [tool]})
+    bare = dataclasses.replace(
+        parsed,
+        messages=tuple(dataclasses.replace(m, source="") for m in parsed.messages),
+        tools=tuple(dataclasses.replace(t, source="", schema_field="parameters") for t in parsed.tools),
+    )
+    main = Agent(role="main", agent_id="main")
+    assert call_key({}, parsed, main) == call_key({}, bare, main)
