@@ -251,9 +251,9 @@ class Calls:
 
     @property
     def size_bound(self) -> SizeBound:
+        model = self.model
         return SizeBound(
-            context_window_tokens=self.model.context_window_tokens,
-            max_token_chars=self.model.max_token_chars,
+            context_window_tokens=model.context_window_tokens, max_token_chars=model.max_token_chars
         )
 
     async def off_loop(self, execution_id: str, fn: Callable[..., T], *args: Any) -> T:
@@ -291,12 +291,15 @@ class Calls:
         execution at a time. A request whose parts (messages, system text, tools) need more
         tokens than the context window holds is refused before any rendering (`request_size`)."""
         model = self.model
-        check_size(request, self.size_bound)
         memory = (await self.load_state(execution_id)).memory.snapshot()
         return await self.off_loop(execution_id, self._render, model, request, memory)
 
     @staticmethod
     def _render(model: ServedModel, request: ChatRequest, memory: OutputMemory) -> RenderedPrompt:
+        bound = SizeBound(
+            context_window_tokens=model.context_window_tokens, max_token_chars=model.max_token_chars
+        )
+        check_size(request, bound)
         try:
             return render_prompt(
                 model.tokenizer, request, memory, context_window_tokens=model.context_window_tokens

@@ -3,11 +3,11 @@
 Each handler authenticates the execution token, parses the body into a `ChatRequest`, starts a
 `CallRun` and writes it back in the dialect asked for, streamed (SSE) or whole. Every failure is
 answered in the dialect's own error shape; nothing a harness sends can stop the server. The body
-is decoded, parsed and size-checked in a worker thread, under the execution's CPU slot
-(`Calls.off_loop`), and anything that goes wrong there is the harness's input: a 4xx naming the
-field, never a 5xx. A failure of the proxy's own (5xx: no engine, an engine lost, the database
-away, a bug past the input) is counted for the execution before the harness hears of it
-(`failed_calls`).
+is decoded, parsed and size-checked in a render worker (`Calls.off_loop`: at most
+`renders_per_execution` of one execution at a time), and anything that goes wrong there is the
+harness's input: a 4xx naming the field, never a 5xx. A failure of the proxy's own (5xx: no
+engine, an engine lost, the database away, a bug past the input) is counted for the execution
+before the harness hears of it (`failed_calls`).
 """
 
 from __future__ import annotations
