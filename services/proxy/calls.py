@@ -256,15 +256,18 @@ class Calls:
             context_window_tokens=model.context_window_tokens, max_token_chars=model.max_token_chars
         )
 
-    async def off_loop(self, execution_id: str, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` in a render worker, at most `renders_per_execution` of one execution at a
-        time: one execution's many connections cannot take every worker and core, and what they
-        do not take waits here, costing nothing."""
+    def cpu_slot(self, execution_id: str) -> asyncio.Semaphore:
+        """Held while a request of the execution is read, parsed or rendered: at most
+        `renders_per_execution` of one execution at a time, so its many connections cannot take
+        every worker, core or turn of the event loop; the others wait unread, costing nothing."""
         slot = self._cpu_slots.get(execution_id)
         if slot is None:
             slot = self._cpu_slots[execution_id] = asyncio.Semaphore(self.renders_per_execution)
-        async with slot:
-            return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+        return slot
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a render worker (lower CPU priority than the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     def shutdown(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
@@ -292,7 +295,8 @@ class Calls:
         tokens than the context window holds is refused before any rendering (`request_size`)."""
         model = self.model
         memory = (await self.load_state(execution_id)).memory.snapshot()
-        return await self.off_loop(execution_id, self._render, model, request, memory)
+        async with self.cpu_slot(execution_id):
+            return await self.off_loop(self._render, model, request, memory)
 
     @staticmethod
     def _render(model: ServedModel, request: ChatRequest, memory: OutputMemory) -> RenderedPrompt:

@@ -3,11 +3,11 @@
 Each handler authenticates the execution token, parses the body into a `ChatRequest`, starts a
 `CallRun` and writes it back in the dialect asked for, streamed (SSE) or whole. Every failure is
 answered in the dialect's own error shape; nothing a harness sends can stop the server. The body
-is decoded, parsed and size-checked in a render worker (`Calls.off_loop`: at most
-`renders_per_execution` of one execution at a time), and anything that goes wrong there is the
-harness's input: a 4xx naming the field, never a 5xx. A failure of the proxy's own (5xx: no
-engine, an engine lost, the database away, a bug past the input) is counted for the execution
-before the harness hears of it (`failed_calls`).
+is read, decoded, parsed and size-checked at most `renders_per_execution` of one execution at a
+time (`Calls.cpu_slot`), the CPU work in a render worker (`Calls.off_loop`); anything that goes
+wrong there is the harness's input: a 4xx naming the field, never a 5xx. A failure of the
+proxy's own (5xx: no engine, an engine lost, the database away, a bug past the input) is
+counted for the execution before the harness hears of it (`failed_calls`).
 """
 
 from __future__ import annotations
@@ -119,14 +119,16 @@ async def _authenticate(request: web.Request) -> Grant:
 async def _read_chat(
     request: web.Request, execution_id: str, parse: Callable[[Any], ChatRequest]
 ) -> ChatRequest:
-    """The body as a size-checked `ChatRequest`, decoded and parsed in a render worker."""
+    """The body as a size-checked `ChatRequest`, decoded and parsed in a render worker. The body
+    is read under the execution's CPU slot too: its other connections wait unread."""
     calls = request.app[CALLS_KEY]
     bound = calls.size_bound
-    try:
-        raw = await _read_raw(request, limit=body_limit(bound, ceiling=request.app[MAX_BODY_KEY]))
-    except (OSError, aiohttp.ClientError) as exc:  # the harness hung up mid-body: its doing
-        raise InvalidArgument("body", f"was cut short: {type(exc).__name__}") from exc
-    return await calls.off_loop(execution_id, _parse_chat, raw, parse, bound)
+    async with calls.cpu_slot(execution_id):
+        try:
+            raw = await _read_raw(request, limit=body_limit(bound, ceiling=request.app[MAX_BODY_KEY]))
+        except (OSError, aiohttp.ClientError) as exc:  # the harness hung up mid-body: its doing
+            raise InvalidArgument("body", f"was cut short: {type(exc).__name__}") from exc
+        return await calls.off_loop(_parse_chat, raw, parse, bound)
 
 
 async def _read_raw(request: web.Request, *, limit: int) -> bytes:
