@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.proxy_fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=300, help="hypothesis examples (2 bodies each)")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of alone, heavy flood, alone, cheap flood"
+        "--rounds", type=int, default=5, help="rounds of alone, heavy flood, alone, cheap flood"
     )
     parser.add_argument("--calls-per-round", type=int, default=50, help="A's calls in each phase of a round")
     parser.add_argument("--flood-connections", type=int, default=32, help="B's requests open at once")
