@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gyre.errors import InvalidArgument
 from gyre.proxy.v1 import proxy_pb2
 from services.proxy import anthropic_api, openai_api
-from services.proxy.http_app import json_depth
+from services.proxy.request_body import json_depth
 from services.scheduler.runnable import Catalog, check_runnable
 from services.scheduler.tasks import TaskSpec, validate_specs
 from services.trajectory.messages import record_from_proto

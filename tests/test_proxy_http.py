@@ -344,7 +344,7 @@ def nested(depth: int) -> object:
         ),
         (
             "/v1/chat/completions",
-            {"model": "m", "messages": [{"role": "user", "content": "x" * (4 * 1024 * 1024)}]},
+            {"model": "m", "messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]},
             400,
             "over the context window",
         ),

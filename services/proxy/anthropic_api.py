@@ -33,7 +33,7 @@ def parse_request(body: Any) -> ChatRequest:
     if system is not None:
         text = _text_blocks(system, "system")
         if text:
-            messages.append(ChatMessage(role="system", content=text))
+            messages.append(ChatMessage(role="system", content=text, source="system"))
     raw_messages = f.arr(body.get("messages"), "messages", min_len=1)
     for i, raw in enumerate(raw_messages):
         messages.extend(_turn(raw, f"messages[{i}]"))
@@ -79,9 +79,9 @@ def _turn(raw: Any, path: str) -> list[ChatMessage]:
     if content is None:
         raise InvalidArgument(f"{path}.content", "is required")
     if isinstance(content, str):
-        return [ChatMessage(role=role, content=content)]  # type: ignore[arg-type]
+        return [ChatMessage(role=role, content=content, source=path)]  # type: ignore[arg-type]
     if role == "system":
-        return [ChatMessage(role="system", content=_text_blocks(content, f"{path}.content"))]
+        return [ChatMessage(role="system", content=_text_blocks(content, f"{path}.content"), source=path)]
     out: list[ChatMessage] = []
     texts: list[str] = []
     calls: list[ToolCall] = []
@@ -107,14 +107,21 @@ def _turn(raw: Any, path: str) -> list[ChatMessage]:
             if block.get("is_error") is True:
                 text = f"Error: {text}"
             out.append(
-                ChatMessage(role="tool", content=text, tool_call_id=f.string(block, "tool_use_id", bpath))
+                ChatMessage(
+                    role="tool",
+                    content=text,
+                    tool_call_id=f.string(block, "tool_use_id", f"{bpath}.tool_use_id"),
+                    source=bpath,
+                )
             )
         else:
             raise InvalidArgument(f"{bpath}.type", f"a {role} turn cannot hold a {kind!r} block here")
     if role == "assistant":
-        out.append(ChatMessage(role="assistant", content="".join(texts), tool_calls=tuple(calls)))
+        out.append(
+            ChatMessage(role="assistant", content="".join(texts), tool_calls=tuple(calls), source=path)
+        )
     elif texts or not out:
-        out.append(ChatMessage(role="user", content="".join(texts)))
+        out.append(ChatMessage(role="user", content="".join(texts), source=path))
     return out
 
 
@@ -138,6 +145,8 @@ def _tool(raw: Any, path: str) -> ToolSpec | None:
         name=f.string(t, "name", f"{path}.name"),
         description=f.string(t, "description", f"{path}.description", default=""),
         parameters=f.obj(t.get("input_schema", {"type": "object"}), f"{path}.input_schema"),
+        source=path,
+        schema_field="input_schema",
     )
 
 

@@ -60,6 +60,9 @@ def call_key(headers: Mapping[str, str], chat: ChatRequest, agent: Agent) -> Cal
         return CallKey(f"k:{explicit}", explicit=True)
     what = dataclasses.asdict(chat)
     what.pop("stream")  # the same call whether or not it is streamed
+    for part in (*what["messages"], *what["tools"]):  # where a part sat in the body is not the call
+        part.pop("source", None)
+        part.pop("schema_field", None)
     what["agent"] = [agent.role, agent.agent_id]
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
     return CallKey(f"d:{digest}", explicit=False)

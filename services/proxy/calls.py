@@ -10,33 +10,46 @@ the proxy could still lose; `close` ends an execution and returns once every rec
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import structlog
 
 from gyre.engine.v1 import engine_pb2
-from gyre.errors import InvalidArgument, Unavailable
+from gyre.errors import GyreError, InvalidArgument, Unavailable
 from gyre.ids import new_uuid7
 from gyre.proxy.v1 import proxy_pb2
 from services.proxy.agents import Agent, detect
 from services.proxy.auth import Unauthenticated
 from services.proxy.call_keys import CallKey, ReplayedRun, StoredAnswer, answer_to_json, call_key, replayable
-from services.proxy.chat import ChatMessage, ChatRequest, request_chars
+from services.proxy.chat import ChatMessage, ChatRequest
 from services.proxy.delta import CallHistory
 from services.proxy.detok import IncrementalText
 from services.proxy.generation import FR, Generation
 from services.proxy.model import ServedModel
 from services.proxy.outcome import CallOutcome, Finish, Usage
 from services.proxy.recorder import Recorder
-from services.proxy.render import OutputMemory, RenderedPrompt, ReusableOutput, render_prompt, reusable_output
+from services.proxy.render import (
+    OutputMemory,
+    RenderedPrompt,
+    ReusableOutput,
+    quoted,
+    render_prompt,
+    reusable_output,
+)
+from services.proxy.request_size import SizeBound, check_size
 from services.proxy.router import Router
 from services.proxy.toolcalls import parse_output, visible_prefix
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 FINISH_TO_RECORD: dict[int, proxy_pb2.CallFinishReason.ValueType] = {
     FR.FINISH_REASON_STOP: proxy_pb2.CALL_FINISH_REASON_STOP,
@@ -62,6 +75,21 @@ class ExecutionState:
     """Records of finished calls not yet committed."""
     answers: dict[str, StoredAnswer] = field(default_factory=dict)
     """Recorded calls' answers by call key, for the harness's retries (`call_keys`)."""
+
+
+RENDER_NICE_STEP = 10
+"""How much less CPU priority render workers have than the event loop's thread: when both want a
+core, the streams of every execution go first and a flood of heavy requests waits."""
+
+
+def _yield_cpu() -> None:
+    """Run in each render worker as it starts: lower this thread's priority (Linux sets nice per
+    thread; a process may always lower its own)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RENDER_NICE_STEP))
+    except OSError:  # not permitted here (a sandbox without setpriority): keep the priority
+        log.info("render_priority_unchanged")
 
 
 class CallRun:
@@ -187,6 +215,7 @@ class Calls:
         load_answers: Callable[[str], Awaitable[list[StoredAnswer]]] | None = None,
         load_model: Callable[[], ServedModel | None] | None = None,
         engine_stall_s: float = 0.0,
+        renders_per_execution: int = 1,
     ) -> None:
         self._model = model
         self._load_model = load_model
@@ -197,6 +226,11 @@ class Calls:
         self.recorder = recorder
         self.engine_stall_s = engine_stall_s
         """A call's engine silent this long counts as failed (`Generation.stall_s`)."""
+        self.renders_per_execution = renders_per_execution
+        self._cpu_slots: dict[str, asyncio.Semaphore] = {}
+        self._workers = ThreadPoolExecutor(
+            max_workers=os.cpu_count() or 2, thread_name_prefix="proxy-render", initializer=_yield_cpu
+        )
         self.executions: dict[str, ExecutionState] = {}
         self.in_flight: dict[str, CallRun] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
@@ -214,6 +248,29 @@ class Calls:
                 "the proxy has no model: its model folder holds no tokenizer (gyre model init DIR)"
             )
         return self._model
+
+    @property
+    def size_bound(self) -> SizeBound:
+        model = self.model
+        return SizeBound(
+            context_window_tokens=model.context_window_tokens, max_token_chars=model.max_token_chars
+        )
+
+    def cpu_slot(self, execution_id: str) -> asyncio.Semaphore:
+        """Held while a request of the execution is read, parsed or rendered: at most
+        `renders_per_execution` of one execution at a time, so its many connections cannot take
+        every worker, core or turn of the event loop; the others wait unread, costing nothing."""
+        slot = self._cpu_slots.get(execution_id)
+        if slot is None:
+            slot = self._cpu_slots[execution_id] = asyncio.Semaphore(self.renders_per_execution)
+        return slot
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a render worker (lower CPU priority than the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+
+    def shutdown(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def state(self, execution_id: str) -> ExecutionState:
         return self.executions.setdefault(execution_id, ExecutionState())
@@ -233,20 +290,31 @@ class Calls:
 
     async def render(self, execution_id: str, request: ChatRequest) -> RenderedPrompt:
         """The prompt's ids, tokenised off the event loop (a long prompt takes seconds, and every
-        other harness's stream would stall meanwhile). A prompt whose text alone needs more tokens
-        than the context window can hold is refused before any tokenising."""
+        other harness's stream would stall meanwhile), at most `renders_per_execution` of one
+        execution at a time. A request whose parts (messages, system text, tools) need more
+        tokens than the context window holds is refused before any rendering (`request_size`)."""
         model = self.model
-        num_chars = request_chars(request)
-        if model.max_token_chars and num_chars > model.context_window_tokens * model.max_token_chars:
-            raise InvalidArgument(
-                "messages",
-                f"the prompt is over the context window of {model.context_window_tokens} tokens "
-                f"({num_chars} characters; a token covers at most {model.max_token_chars})",
-            )
         memory = (await self.load_state(execution_id)).memory.snapshot()
-        return await asyncio.to_thread(
-            render_prompt, model.tokenizer, request, memory, context_window_tokens=model.context_window_tokens
+        async with self.cpu_slot(execution_id):
+            return await self.off_loop(self._render, model, request, memory)
+
+    @staticmethod
+    def _render(model: ServedModel, request: ChatRequest, memory: OutputMemory) -> RenderedPrompt:
+        bound = SizeBound(
+            context_window_tokens=model.context_window_tokens, max_token_chars=model.max_token_chars
         )
+        check_size(request, bound)
+        try:
+            return render_prompt(
+                model.tokenizer, request, memory, context_window_tokens=model.context_window_tokens
+            )
+        except GyreError:
+            raise
+        except Exception as exc:  # the harness's text: its failure is a refusal, not the proxy's
+            log.warning("render_refused", error=type(exc).__name__, exc_info=True)
+            raise InvalidArgument(
+                "messages", f"could not be rendered into tokens: {type(exc).__name__}: {quoted(exc)}"
+            ) from exc
 
     async def start(
         self,
@@ -423,6 +491,7 @@ class Calls:
         while len(self.closed) > CLOSED_KEPT:
             self.closed.popitem(last=False)
         state = self.executions.pop(execution_id, None)
+        self._cpu_slots.pop(execution_id, None)
         self.router.forget(execution_id)
         if state is None:
             return 0

@@ -44,6 +44,8 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     name: str = ""
+    source: str = ""
+    """Where in the request body the turn came from (`messages[3]`, `system`), for refusals."""
 
     def as_template_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -63,6 +65,10 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+    source: str = ""
+    """Where in the request body the tool came from (`tools[2].function`), for refusals."""
+    schema_field: str = "parameters"
+    """The dialect's name of the schema field (Anthropic: `input_schema`), for refusals."""
 
     def as_template_dict(self) -> dict[str, Any]:
         return {
@@ -102,11 +108,3 @@ class ChatRequest:
     @property
     def last_user_text(self) -> str:
         return next((m.content for m in reversed(self.messages) if m.role == "user"), "")
-
-
-def request_chars(request: ChatRequest) -> int:
-    """Characters of message text and tool-call arguments: a lower bound on the rendered prompt's.
-
-    Example: messages "hi" (user) and "ok" (assistant) -> 4
-    """
-    return sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)

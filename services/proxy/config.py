@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,7 +23,11 @@ class ProxySettings(BaseSettings):
     context_window_tokens: int = 0
     """Prompt + output limit; 0 takes `max_position_embeddings` from the folder's config.json."""
     max_body_bytes: int = 32 * 1024 * 1024
-    """Largest request body accepted (HTTP 413 above)."""
+    """Largest request body accepted (HTTP 413 above). The parts a request renders are bounded
+    tighter, by the context window (HTTP 400 naming the largest part: `request_size`)."""
+    renders_per_execution: int = Field(default=1, ge=1)
+    """Requests of one execution decoded, parsed or rendered at once (the others wait their turn):
+    one execution's many connections cannot take the workers every other execution needs."""
     token_cache_s: float = 5.0
     """How long a token lookup is trusted before Postgres is asked again."""
     weights_wait_s: float = 30.0
@@ -32,3 +37,7 @@ class ProxySettings(BaseSettings):
     """An engine stream with no token for this long is treated as a failed engine: the call moves
     to another engine (recomputing its prefix) and the engine rests. Long enough for a long
     prompt's prefill on a loaded CPU cell; 0 turns the check off."""
+    thread_switch_interval_s: float = Field(default=0.0005, gt=0)
+    """How long a worker thread rendering a prompt (the chat template is Python) may hold the GIL
+    while the event loop waits for it (Python's default is 5 ms). Every streamed chunk of every
+    call waits up to this long for the loop's turn while renders run."""

@@ -50,13 +50,17 @@ def number(body: dict[str, Any], key: str, path: str, *, lo: float, hi: float, d
     return float(value)
 
 
-def integer(body: dict[str, Any], key: str, path: str, *, lo: int, hi: int | None = None) -> int | None:
+INT64_MAX = 2**63 - 1
+"""The default upper bound of an integer field: what every downstream field (protobuf int64 and
+uint64, Postgres bigint) holds, so no harness number overflows one as the proxy's own error."""
+
+
+def integer(body: dict[str, Any], key: str, path: str, *, lo: int, hi: int = INT64_MAX) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        bound = f"an integer >= {lo}" if hi is None else f"an integer between {lo} and {hi}"
-        raise InvalidArgument(path, f"must be {bound}, got {_show(value)}")
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(path, f"must be an integer between {lo} and {hi}, got {_show(value)}")
     return value
 
 

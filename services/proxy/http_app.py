@@ -2,9 +2,12 @@
 
 Each handler authenticates the execution token, parses the body into a `ChatRequest`, starts a
 `CallRun` and writes it back in the dialect asked for, streamed (SSE) or whole. Every failure is
-answered in the dialect's own error shape; nothing a harness sends can stop the server. A failure
-of the proxy's own (5xx, or an error ending a stream) is counted for the execution before the
-harness hears of it (`failed_calls`).
+answered in the dialect's own error shape; nothing a harness sends can stop the server. The body
+is read, decoded, parsed and size-checked at most `renders_per_execution` of one execution at a
+time (`Calls.cpu_slot`), the CPU work in a render worker (`Calls.off_loop`); anything that goes
+wrong there is the harness's input: a 4xx naming the field, never a 5xx. A failure of the
+proxy's own (5xx: no engine, an engine lost, the database away, a bug past the input) is
+counted for the execution before the harness hears of it (`failed_calls`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import structlog
 from aiohttp import web
 from opentelemetry.trace import SpanKind
@@ -27,17 +31,18 @@ from services.proxy.call_keys import ReplayedRun
 from services.proxy.calls import CallRun, Calls
 from services.proxy.chat import ChatRequest
 from services.proxy.failed_calls import FailedCalls
+from services.proxy.render import quoted
+from services.proxy.request_body import decode_body
+from services.proxy.request_size import SizeBound, body_limit, check_size
 
 log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CALLS_KEY = web.AppKey("calls", Calls)
 TOKENS_KEY = web.AppKey("tokens", TokenBook)
 FAILED_CALLS_KEY = web.AppKey("failed_calls", FailedCalls)
+MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 EXECUTION_KEY = web.RequestKey("execution_id", str)
 """The execution a request authenticated as: its failures (5xx) are counted for it."""
-MAX_JSON_DEPTH = 64
-"""Deeper request bodies are refused: nothing either API sends nests this far, and templates and
-serialisers downstream would recurse through it."""
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 
 
@@ -111,34 +116,53 @@ async def _authenticate(request: web.Request) -> Grant:
     return grant
 
 
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+async def _read_chat(
+    request: web.Request, execution_id: str, parse: Callable[[Any], ChatRequest]
+) -> ChatRequest:
+    """The body as a size-checked `ChatRequest`, decoded and parsed in a render worker. The body
+    is read under the execution's CPU slot too: its other connections wait unread."""
+    calls = request.app[CALLS_KEY]
+    bound = calls.size_bound
+    async with calls.cpu_slot(execution_id):
+        try:
+            raw = await _read_raw(request, limit=body_limit(bound, ceiling=request.app[MAX_BODY_KEY]))
+        except (OSError, aiohttp.ClientError) as exc:  # the harness hung up mid-body: its doing
+            raise InvalidArgument("body", f"was cut short: {type(exc).__name__}") from exc
+        return await calls.off_loop(_parse_chat, raw, parse, bound)
+
+
+async def _read_raw(request: web.Request, *, limit: int) -> bytes:
+    """The body's bytes, refused as soon as they are known to be over `limit`."""
+
+    def too_large(size: str) -> TooLarge:
+        return TooLarge(
+            f"request body is over the limit: {size} bytes, and the most this model's context window "
+            f"can need is {limit} (the proxy's own ceiling is {request.app[MAX_BODY_KEY]})"
+        )
+
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(str(request.content_length))
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {size}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_chat(raw: bytes, parse: Callable[[Any], ChatRequest], bound: SizeBound) -> ChatRequest:
     try:
-        body = json.loads(raw)
-    except RecursionError as exc:
-        raise InvalidArgument("body", f"is nested deeper than {MAX_JSON_DEPTH} levels") from exc
-    except ValueError as exc:
-        raise InvalidArgument("body", f"is not valid JSON: {exc}") from exc
-    if json_depth(body, limit=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise InvalidArgument("body", f"is nested deeper than {MAX_JSON_DEPTH} levels")
-    return body
-
-
-def json_depth(value: Any, *, limit: int) -> int:
-    """Nesting depth of parsed JSON, without recursion; stops counting past `limit`.
-
-    Example: json_depth({"a": [1, {"b": 2}]}, limit=64) -> 3
-    """
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if not isinstance(item, (dict, list)):
-            continue
-        deepest = max(deepest, depth)
-        if depth > limit:
-            return depth
-        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+        chat = parse(decode_body(raw))
+        check_size(chat, bound)
+    except GyreError:
+        raise
+    except Exception as exc:  # whatever the parser missed is still the harness's input, never a 5xx
+        log.warning("request_unreadable", error=type(exc).__name__, exc_info=True)
+        raise InvalidArgument(
+            "body", f"could not be read as a request: {type(exc).__name__}: {quoted(exc)}"
+        ) from exc
+    return chat
 
 
 async def _start(
@@ -146,7 +170,7 @@ async def _start(
 ) -> tuple[ChatRequest, CallRun | ReplayedRun]:
     grant = await _authenticate(request)
     execution_id = grant.execution_id
-    chat = parse(await _json_body(request))
+    chat = await _read_chat(request, execution_id, parse)
     run = await request.app[CALLS_KEY].start(
         execution_id=execution_id,
         request=chat,
@@ -327,8 +351,11 @@ async def _stream(
 
 async def count_tokens(request: web.Request) -> web.Response:
     execution_id = (await _authenticate(request)).execution_id
-    body = await _json_body(request)
-    chat = anthropic_api.parse_request({"max_tokens": 1, **body} if isinstance(body, dict) else body)
+
+    def parse(body: Any) -> ChatRequest:
+        return anthropic_api.parse_request({"max_tokens": 1, **body} if isinstance(body, dict) else body)
+
+    chat = await _read_chat(request, execution_id, parse)
     prompt = await request.app[CALLS_KEY].render(execution_id, chat)
     return web.json_response({"input_tokens": len(prompt.ids)})
 
@@ -356,6 +383,7 @@ def build_app(
     app[CALLS_KEY] = calls
     app[TOKENS_KEY] = tokens
     app[FAILED_CALLS_KEY] = failed_calls
+    app[MAX_BODY_KEY] = max_body_bytes
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class Proxy:
 
 
 async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
+    sys.setswitchinterval(settings.thread_switch_interval_s)
     model = _load_or_none(settings)
     conns = await connect(kernel, service=NAME, migrations=MIGRATIONS)
     relay = OutboxRelay(conns.engine, conns.bus, repo.outbox, poll_s=0.2)
@@ -69,6 +71,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         load_answers=load_answers,
         load_model=lambda: _load_or_none(settings),
         engine_stall_s=settings.engine_stall_s,
+        renders_per_execution=settings.renders_per_execution,
     )
     recorder.on_lost = calls.forget_lost
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
@@ -100,6 +103,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         await stop.wait()
         await runner.cleanup()
         await pool.close()
+        calls.shutdown()
 
     host = ServiceHost(
         name=NAME, server=server, connections=conns, workers=[relay.run, recorder.run, serve_http]

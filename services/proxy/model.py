@@ -58,7 +58,11 @@ class _BackendTokenizer:
         return self.hf.apply_chat_template(conversation, **kwargs)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: the backend's encode holds the GIL throughout (a prompt of 65k
+        # characters: ~25 ms in which the event loop, run on another thread, cannot), while its
+        # encode_batch releases it. Same ids.
+        encoded = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        ids: list[int] = encoded[0].ids
         return ids
 
     def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:

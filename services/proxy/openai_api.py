@@ -86,7 +86,7 @@ def _message(raw: Any, path: str) -> ChatMessage:
     content = _text(m.get("content"), f"{path}.content")
     if role == "tool":
         call_id = f.string(m, "tool_call_id", f"{path}.tool_call_id")
-        return ChatMessage(role="tool", content=content, tool_call_id=call_id)
+        return ChatMessage(role="tool", content=content, tool_call_id=call_id, source=path)
     calls: list[ToolCall] = []
     if role == "assistant":
         for j, raw_call in enumerate(f.arr(m.get("tool_calls") or [], f"{path}.tool_calls")):
@@ -108,7 +108,7 @@ def _message(raw: Any, path: str) -> ChatMessage:
                     ),
                 )
             )
-    return ChatMessage(role=role, content=content, tool_calls=tuple(calls))
+    return ChatMessage(role=role, content=content, tool_calls=tuple(calls), source=path)
 
 
 def _check_tool_results(messages: tuple[ChatMessage, ...]) -> None:
@@ -131,7 +131,10 @@ def _tool(raw: Any, path: str) -> ToolSpec:
     return ToolSpec(
         name=f.string(fn, "name", f"{path}.function.name"),
         description=f.string(fn, "description", f"{path}.function.description", default=""),
-        parameters=f.obj(fn.get("parameters", {"type": "object", "properties": {}}), f"{path}.parameters"),
+        parameters=f.obj(
+            fn.get("parameters", {"type": "object", "properties": {}}), f"{path}.function.parameters"
+        ),
+        source=f"{path}.function",
     )
 
 

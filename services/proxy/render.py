@@ -94,9 +94,30 @@ def template_text(
     try:
         text = tokenizer.apply_chat_template([m.as_template_dict() for m in messages], **kwargs)
     except Exception as exc:  # jinja raises TemplateError (and friends) for shapes it refuses
-        raise InvalidArgument("messages", f"the model's chat template refused them: {exc}") from exc
-    assert isinstance(text, str)
+        # Name the tools when the messages alone render: a schema the template cannot walk.
+        culprit = "tools" if request.tools and _renders_without_tools(tokenizer, messages) else "messages"
+        raise InvalidArgument(culprit, f"the model's chat template refused them: {quoted(exc)}") from exc
+    if not isinstance(text, str):
+        raise InvalidArgument("messages", "the model's chat template did not render them as text")
     return text
+
+
+def _renders_without_tools(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> bool:
+    try:
+        tokenizer.apply_chat_template([m.as_template_dict() for m in messages], tokenize=False)
+    except Exception:  # the messages are at fault as well
+        return False
+    return True
+
+
+def quoted(exc: BaseException, *, max_chars: int = 300) -> str:
+    """An exception's text fit to put in an answer: cut short, and encodable whatever it quotes.
+
+    Example: quoted(ValueError("bad \\ud800" + "x" * 1000), max_chars=8) -> "bad ?xxx..."
+    """
+    text = str(exc)
+    text = text if len(text) <= max_chars else text[:max_chars] + "..."
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def render_prompt(

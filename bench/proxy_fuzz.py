@@ -1,0 +1,268 @@
+"""Benchmark of the proxy against hostile harness input: does any body get a 5xx, and how much does
+one execution sending the heaviest requests the proxy accepts slow another execution's calls (shell).
+
+    python -m bench.proxy_fuzz --json
+
+The proxy runs as `python -m services.proxy` in its own process with a scripted engine behind it
+(fixed reply, no model compute: the figures are the proxy's own cost), on the tiny tokenizer
+with a 4096-token window, so the early size bound is 4096 x 16 = 65,536 characters.
+
+Fuzz: `--examples` hypothesis-generated OpenAI and Anthropic bodies (`bench.proxy_bodies`: valid,
+near-valid and hostile), each sent to its endpoint; `responses_5xx` counts answers >= 500
+(target 0).
+
+Neighbour: execution A makes small streaming calls one after another; execution B meanwhile
+keeps `--flood-connections` requests open, each the largest body the early bound lets through (a
+tool description of nearly 65,536 characters: rendered and tokenised whole, then refused for
+its token count, the most work one request can make the proxy do). The control floods the same
+way with bodies just over the bound (refused before rendering): what the same request rate costs
+A with no rendering at all. Rounds alternate A alone, beside the heavy flood, alone, beside the
+control, so drift on a shared machine hits every phase; `neighbour_slowdown_p99` is A's p99
+latency beside the heavy flood over its p99 alone (target <= 1.5),
+`neighbour_slowdown_p99_cheap_flood` the same beside the control. Uses GYRE_NATS_URL /
+GYRE_DATABASE_URL when set, else the embedded servers; runs in a fresh database and bus prefix.
+Prints one JSON object last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from hypothesis import HealthCheck, given, settings
+
+from bench.proxy import _register, _spawn, _stop, _wait_http, scratch_servers
+from bench.proxy_bodies import bodies, largest_accepted
+from bench.slice import pct
+from gyre.devstack.embedded import free_port
+from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
+
+WINDOW_TOKENS = 4096
+MAX_TOKEN_CHARS = 16
+MAX_CHARS = WINDOW_TOKENS * MAX_TOKEN_CHARS
+PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+SMALL = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Fix the failing test and run the test suite again."}],
+    "stream": True,
+    "max_tokens": 16,
+    "temperature": 0,
+}
+
+
+def fuzz(url: str, token: str, *, examples: int) -> tuple[int, int, dict[str, int]]:
+    """(requests, responses >= 500, answers by 'kind status')."""
+    host, port = url.removeprefix("http://").split(":")
+    statuses: Counter[str] = Counter()
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(openai=bodies("openai", max_chars=MAX_CHARS), anthropic=bodies("anthropic", max_chars=MAX_CHARS))
+    def send(openai: tuple[str, bytes], anthropic: tuple[str, bytes]) -> None:
+        for dialect, (kind, body) in (("openai", openai), ("anthropic", anthropic)):
+            conn = http.client.HTTPConnection(host, int(port), timeout=120)
+            try:
+                headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+                conn.request("POST", PATHS[dialect], body=body, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                statuses[f"{kind} {resp.status}"] += 1
+            finally:
+                conn.close()
+
+    send()
+    requests = sum(statuses.values())
+    failures = sum(n for key, n in statuses.items() if int(key.rsplit(" ", 1)[1]) >= 500)
+    return requests, failures, dict(sorted(statuses.items()))
+
+
+async def _small_call(http: aiohttp.ClientSession, url: str, token: str) -> float:
+    """One well-behaved streaming call to its end; its latency in seconds."""
+    started = time.perf_counter()
+    async with http.post(
+        f"{url}{PATHS['openai']}", json=SMALL, headers={"Authorization": f"Bearer {token}"}
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for _ in resp.content:
+            pass
+    return time.perf_counter() - started
+
+
+def _flood(
+    url: str, token: str, heavy: bool, connections: int, stop: Any, flowing: Any, answers: Any
+) -> None:
+    """Execution B, in its own process (so A's client loop is not the one kept busy): keep
+    `connections` requests in flight until `stop` is set, each the largest body the early bound
+    lets through (`heavy`), or for the control one just over it (refused before any rendering).
+    `flowing` is set once every connection has had an answer."""
+    max_chars = MAX_CHARS if heavy else MAX_CHARS + 400
+    payloads = {d: largest_accepted(d, max_chars=max_chars) for d in ("openai", "anthropic")}  # type: ignore[arg-type]
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    answered: set[int] = set()
+
+    async def one(i: int, http: aiohttp.ClientSession) -> None:
+        dialect = "openai" if i % 2 == 0 else "anthropic"
+        while not stop.is_set():
+            async with http.post(f"{url}{PATHS[dialect]}", data=payloads[dialect], headers=headers) as r:
+                await r.read()
+                with answers.get_lock():
+                    answers[0 if r.status < 500 else 1] += 1
+                answered.add(i)
+                if len(answered) == connections:
+                    flowing.set()
+
+    async def run() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            await asyncio.gather(*(one(i, http) for i in range(connections)))
+
+    asyncio.run(run())
+
+
+async def neighbour(
+    url: str, calm: str, noisy: str, *, rounds: int, calls_per_round: int, connections: int
+) -> dict[str, Any]:
+    """A's latencies alone, beside B's heavy flood, and beside B's cheap flood (the control),
+    alternating in rounds."""
+    latencies: dict[str, list[float]] = {"alone": [], "heavy": [], "cheap": []}
+    spawn = multiprocessing.get_context("spawn")
+    answers = spawn.Array("q", 2)  # B's answers: [below 500, 500 and up]
+    requests = {"heavy": 0, "cheap": 0}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        for _ in range(5):
+            await _small_call(http, url, calm)
+        for _ in range(rounds):
+            for phase in ("alone", "heavy", "alone", "cheap"):
+                flooder, stop = None, spawn.Event()
+                if phase != "alone":
+                    flowing, before = spawn.Event(), answers[0] + answers[1]
+                    args = (url, noisy, phase == "heavy", connections, stop, flowing, answers)
+                    flooder = spawn.Process(target=_flood, args=args)
+                    flooder.start()
+                    await asyncio.to_thread(flowing.wait, 120)
+                for _ in range(calls_per_round):
+                    latencies[phase].append(await _small_call(http, url, calm))
+                if flooder is not None:
+                    stop.set()
+                    await asyncio.to_thread(flooder.join, 60)
+                    requests[phase] += answers[0] + answers[1] - before
+    p99 = {phase: pct(values, 0.99) for phase, values in latencies.items()}
+    p50 = {phase: pct(values, 0.5) for phase, values in latencies.items()}
+    return {
+        "neighbour_slowdown_p99": round(p99["heavy"] / p99["alone"], 3),
+        "neighbour_slowdown_p99_cheap_flood": round(p99["cheap"] / p99["alone"], 3),
+        "neighbour_p99_ms": {k: round(v * 1000, 1) for k, v in p99.items()},
+        "neighbour_p50_ms": {k: round(v * 1000, 1) for k, v in p50.items()},
+        "neighbour_calls": sum(len(v) for v in latencies.values()),
+        "flood_requests": requests,
+        "flood_responses_5xx": answers[1],
+    }
+
+
+async def measure(nats_url: str, database_url: str, *, prefix: str, ns: argparse.Namespace) -> dict[str, Any]:
+    from services.engine.model_init import IM_END, build_tokenizer
+
+    model_dir = Path(tempfile.mkdtemp(prefix="gyre-bench-proxy-fuzz-"))
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(model_dir)  # type: ignore[attr-defined]
+    stop_id = tokenizer.convert_tokens_to_ids(IM_END)  # type: ignore[attr-defined]
+    engine_port, spare_port, grpc_port, http_port = free_port(), free_port(), free_port(), free_port()
+    env = {
+        **os.environ,
+        "GYRE_NATS_URL": nats_url,
+        "GYRE_DATABASE_URL": database_url,
+        "GYRE_BUS_PREFIX": prefix,
+        "GYRE_PROXY_MODEL_DIR": str(model_dir),
+        "GYRE_PROXY_MODEL_NAME": "tiny",
+        "GYRE_PROXY_HTTP_PORT": str(http_port),
+        "GYRE_PROXY_CONTEXT_WINDOW_TOKENS": str(WINDOW_TOKENS),
+        "GYRE_LOG_LEVEL": "warning",
+    }
+    if ns.renders_per_execution:
+        env["GYRE_PROXY_RENDERS_PER_EXECUTION"] = str(ns.renders_per_execution)
+    procs = _spawn(
+        env,
+        engine_port=engine_port,
+        paced_port=spare_port,
+        grpc_port=grpc_port,
+        output_tokens=16,
+        stop_id=stop_id,
+        token_interval_s=0.0,
+    )
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        await _wait_http(url)
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+        proxy = proxy_pb2_grpc.ProxyServiceStub(channel)
+        await proxy.RegisterEngine(  # type: ignore[misc]
+            proxy_pb2.RegisterEngineRequest(
+                request_id=f"fuzz-engine-{prefix}",
+                cell_id="cell-1",
+                engine_id="fuzz-engine",
+                address=f"127.0.0.1:{engine_port}",
+            )
+        )
+        (fuzzer, _), (calm, _), (noisy, _) = await _register(proxy, 3)
+        requests, failures, statuses = await asyncio.to_thread(fuzz, url, fuzzer, examples=ns.examples)
+        result: dict[str, Any] = {"requests": requests, "responses_5xx": failures}
+        result.update(
+            await neighbour(
+                url,
+                calm,
+                noisy,
+                rounds=ns.rounds,
+                calls_per_round=ns.calls_per_round,
+                connections=ns.flood_connections,
+            )
+        )
+        result["fuzz_answers"] = statuses
+        await channel.close(None)
+    finally:
+        _stop(procs)
+    return result
+
+
+async def main_async(ns: argparse.Namespace) -> dict[str, Any]:
+    async with scratch_servers("proxyfuzz") as (nats_url, database_url, prefix):
+        return await measure(nats_url, database_url, prefix=prefix, ns=ns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.proxy_fuzz", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=300, help="hypothesis examples (2 bodies each)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds of alone, heavy flood, alone, cheap flood"
+    )
+    parser.add_argument("--calls-per-round", type=int, default=50, help="A's calls in each phase of a round")
+    parser.add_argument("--flood-connections", type=int, default=32, help="B's requests open at once")
+    parser.add_argument(
+        "--renders-per-execution", type=int, default=0, help="the proxy's setting (0: its default)"
+    )
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    ns = parser.parse_args(argv)
+    result = asyncio.run(main_async(ns))
+    if not ns.json:
+        for key, value in result.items():
+            print(f"{key:>26}: {value}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
