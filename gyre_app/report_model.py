@@ -110,6 +110,58 @@ class Report:
         }
 
 
+def headline(report: Report) -> tuple[tuple[str, str], ...]:
+    """The page's opening lines, (label, sentence), for a person rather than a program.
+
+    Example: run r1, rewards 0.25, 0.75 over 2 steps, held-out 0.5 at v0 and 0.75 at v2 ->
+        ("What ran", "run r1: 2 training steps (policy v1 -> v2), 8 graded executions"),
+        ("Reward", "0.250 at v1 -> 0.750 at v2 (+0.500); mean of the first and last 3 steps with
+                    a reward: 0.500 -> 0.500 (+0.000)"),
+        ("Control (held-out)", "0.500 at v0 -> 0.750 at v2 (+0.250), tasks never trained on"),
+        ("Failures", "none: ..."),
+    """
+    s = report.summary()
+    versions = [row.version for row in report.steps]
+    span = f"policy v{versions[0]} -> v{versions[-1]}" if versions else "no policy version"
+    ran = (
+        f"{'run ' + report.run if report.run else 'every trained step'}: "
+        f"{_count(len(report.steps), 'training step')} ({span}), "
+        f"{_count(report.num_grades, 'graded execution')}"
+    )
+    rewarded = [(row.version, row.reward_mean) for row in report.steps if row.reward_mean is not None]
+    first, last = s["reward_first"], s["reward_last"]
+    if rewarded and isinstance(first, float) and isinstance(last, float):
+        (v0, r0), (v1, r1) = rewarded[0], rewarded[-1]
+        reward = (
+            f"{r0:.3f} at v{v0} -> {r1:.3f} at v{v1} ({r1 - r0:+.3f}); "
+            f"mean of the first and last 3 steps with a reward: "
+            f"{first:.3f} -> {last:.3f} ({last - first:+.3f})"
+        )
+    else:
+        reward = "no step trained an assessable execution: no reward to show"
+    held = sorted(report.heldout)
+    if not held:
+        control = "none: the run has no held-out tasks, so nothing untrained to compare the reward with"
+    elif len(held) == 1:
+        control = f"{report.heldout[held[0]]:.3f} at v{held[0]}, scored once: no later score to compare"
+    else:
+        a, b = report.heldout[held[0]], report.heldout[held[-1]]
+        control = f"{a:.3f} at v{held[0]} -> {b:.3f} at v{held[-1]} ({b - a:+.3f}), tasks never trained on"
+    failed = [
+        (report.num_unassessable, "unassessable (infrastructure, no reward)"),
+        (report.num_partial, "partial (timed out or crashed, graded for what the workspace held)"),
+        (report.num_replacements, "replaced infrastructure failures"),
+    ]
+    failures = (
+        ", ".join(f"{n} {what}" for n, what in failed if n) or "none: every execution finished and was graded"
+    )
+    return (("What ran", ran), ("Reward", reward), ("Control (held-out)", control), ("Failures", failures))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def window_mean(values: Sequence[float], *, first: bool, size: int = 3) -> float | None:
     """Mean of the first (or last) `size` values; None for none. Example: (1, 2, 3, 4), last -> 3.0."""
     part = values[:size] if first else values[-size:]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from gyre_app.report_model import Report
+from gyre_app.report_model import Report, headline
 
 ROLE_COLOURS = {"main": "tab:blue", "sub": "tab:orange", "summary": "tab:green"}
 CELL_COLOURS = {"rollout": "tab:blue", "training": "tab:red", "switching": "tab:gray"}
@@ -127,7 +126,9 @@ def render(report: Report) -> str:
     )
     body = [
         f"<h1>Gyre run report{': ' + html.escape(report.run) if report.run else ''}</h1>",
-        f"<pre>{html.escape(json.dumps(report.summary(), indent=2))}</pre>",
+        "<dl class='summary'>",
+        *(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in headline(report)),
+        "</dl>",
     ]
     for title, png, why in parts:
         body.append(f"<h2>{html.escape(title)}</h2>")
@@ -141,6 +142,8 @@ def render(report: Report) -> str:
     )
     style = (
         "body{font-family:sans-serif;max-width:60em;margin:auto} td,th{padding:0 .6em} .missing{color:#a00}"
+        " .summary{display:grid;grid-template-columns:max-content auto;gap:.3em 1em;font-size:1.1em}"
+        " .summary dt{font-weight:bold} .summary dd{margin:0}"
     )
     head = f"<meta charset='utf-8'><title>Gyre report</title><style>{style}</style>"
     return f"<!doctype html><html><head>{head}</head><body>{''.join(body)}</body></html>\n"

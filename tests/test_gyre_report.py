@@ -4,7 +4,8 @@ model) in-process on real NATS and Postgres, the command run as users run it (a 
 The test publishes each execution's model call and grade as the proxy and the evaluator would
 (those services and the engine are not started here): two training tasks of run `r1` whose
 reward rises from 0.25 to 0.75, graded by two weighted checks, and one held-out task scored at
-version 0."""
+version 0. The page is then opened in headless Chromium (Debian's `chromium`), which must show
+every picture and log no error."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
+from headless_page import CHROMIUM, open_page
 from test_gyre_command import closed_port
 from trainer_stack import connect_bus, eventually, fresh_kernel, start_trainer, submit_group
 
@@ -164,3 +166,51 @@ async def test_a_run_that_does_not_exist_is_one_line_and_writes_nothing(run: Run
         "gyre report: no run 'nope': no task submitted under this bus prefix is labelled run=nope"
     )
     assert list(folder.iterdir()) == []
+
+
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's `chromium` package (apt-get install -y chromium)"
+)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def page(run: Run) -> Path:
+    """`gyre report`'s page of run r1, written once for the browser tests."""
+    out = run.tmp / "browser" / "report.html"
+    rc, _, err = await gyre(run, "report", "--run", "r1", "--out", str(out))
+    assert rc == 0, err
+    return out
+
+
+@needs_chromium
+async def test_the_page_opens_in_a_browser_with_every_picture_and_a_summary_first(page: Path) -> None:
+    seen = await asyncio.to_thread(open_page, page)
+    page.with_suffix(".png").write_bytes(seen.screenshot_png)  # kept in pytest's tmp, to look at
+    assert seen.errors == []
+    assert seen.broken_images == []
+    assert seen.num_images == 5
+    opening = seen.text.split("Reward per step")[0]  # what a person reads before the first picture
+    assert "{" not in opening  # a summary in words, not a JSON dump
+    assert "run r1: 3 training steps (policy v1 -> v3), 6 graded executions" in opening
+    assert "0.250 at v1 -> 0.750 at v3 (+0.500)" in opening  # step 2 trained held-out tasks only
+    assert "0.500 at v0, scored once" in opening  # the held-out control
+    assert "none: every execution finished and was graded" in opening
+
+
+def broken_copy(page: Path) -> Path:
+    """`page` with its staleness picture's PNG cut to garbage and a script that logs an error."""
+    head, tail = page.read_text().split("alt='Staleness' src='data:image/png;base64,", 1)
+    broken = head + "alt='Staleness' src='data:image/png;base64,AAAA" + tail[tail.index("'") :]
+    broken = broken.replace("</body>", "<script>console.error('the chart failed')</script></body>")
+    bad = page.with_name("broken.html")
+    bad.write_text(broken)
+    return bad
+
+
+@needs_chromium
+async def test_the_browser_check_catches_a_broken_picture_and_a_console_error(page: Path) -> None:
+    """The same page broken on purpose: the check above must see both faults."""
+    bad = await asyncio.to_thread(broken_copy, page)
+    seen = await asyncio.to_thread(open_page, bad)
+    assert seen.broken_images == ["Staleness"]
+    assert seen.errors == ["console.error: the chart failed"]

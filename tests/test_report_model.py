@@ -11,8 +11,10 @@ from gyre_app import report_render
 from gyre_app.report_model import (
     CellSegment,
     Report,
+    StepRow,
     cell_segments,
     check_shares,
+    headline,
     heldout_scores,
     window_mean,
 )
@@ -34,6 +36,38 @@ def report(**parts: object) -> Report:
         "cells": (),
     }
     return Report(**{**base, **parts})  # type: ignore[arg-type]
+
+
+def step(version: int, reward: float | None) -> StepRow:
+    return StepRow(
+        version=version, reward_mean=reward, num_rewards=2, num_unassessable=0, loss=0.0,
+        staleness_mean=0.0, staleness_max=0,
+    )  # fmt: skip
+
+
+def test_the_headline_says_what_ran_the_reward_its_control_and_the_failures() -> None:
+    r = report(
+        steps=(step(1, 0.2), step(2, None), step(3, 0.4), step(4, 0.6), step(5, 0.8)),
+        heldout={0: 0.5, 5: 0.75},
+        num_grades=12,
+        num_unassessable=1,
+        num_partial=2,
+    )
+    assert dict(headline(r)) == {
+        "What ran": "run r: 5 training steps (policy v1 -> v5), 12 graded executions",
+        "Reward": "0.200 at v1 -> 0.800 at v5 (+0.600); "
+        "mean of the first and last 3 steps with a reward: 0.400 -> 0.600 (+0.200)",
+        "Control (held-out)": "0.500 at v0 -> 0.750 at v5 (+0.250), tasks never trained on",
+        "Failures": "1 unassessable (infrastructure, no reward), "
+        "2 partial (timed out or crashed, graded for what the workspace held)",
+    }
+
+
+def test_the_headline_says_when_there_is_no_control_and_no_reward() -> None:
+    lines = dict(headline(report(steps=(step(1, None),), num_grades=1)))
+    assert lines["Reward"] == "no step trained an assessable execution: no reward to show"
+    assert lines["Control (held-out)"].startswith("none: the run has no held-out tasks")
+    assert lines["Failures"] == "none: every execution finished and was graded"
 
 
 def test_reward_first_and_last_are_means_of_three_steps() -> None:
@@ -87,17 +121,6 @@ def test_a_report_that_fails_to_render_leaves_nothing(
         raise RuntimeError("drawing failed")
 
     monkeypatch.setattr(report_render, "_reward", broken)
-    from gyre_app.report_model import StepRow
-
-    step = StepRow(
-        version=1,
-        reward_mean=0.5,
-        num_rewards=2,
-        num_unassessable=0,
-        loss=0.0,
-        staleness_mean=0,
-        staleness_max=0,
-    )
     with pytest.raises(RuntimeError):
-        report_render.write_report(report(steps=(step,)), tmp_path / "r.html")
+        report_render.write_report(report(steps=(step(1, 0.5),)), tmp_path / "r.html")
     assert list(tmp_path.iterdir()) == []
