@@ -117,7 +117,7 @@ def headline(report: Report) -> tuple[tuple[str, str], ...]:
         ("What ran", "run r1: 2 training steps (policy v1 -> v2), 8 graded executions"),
         ("Reward", "0.250 at v1 -> 0.750 at v2 (+0.500); mean of the first and last 3 steps with
                     a reward: 0.500 -> 0.500 (+0.000)"),
-        ("Control (held-out)", "0.500 at v0 -> 0.750 at v2 (+0.250), tasks never trained on"),
+        ("Held-out", "0.500 at v0 -> 0.750 at v2 (+0.250), tasks never trained on"),
         ("Failures", "none: ..."),
     """
     s = report.summary()
@@ -141,12 +141,12 @@ def headline(report: Report) -> tuple[tuple[str, str], ...]:
         reward = "no step trained an assessable execution: no reward to show"
     held = sorted(report.heldout)
     if not held:
-        control = "none: the run has no held-out tasks, so nothing untrained to compare the reward with"
+        heldout = "none: the run has no held-out tasks (and no learning-rate-0 control arm is run here)"
     elif len(held) == 1:
-        control = f"{report.heldout[held[0]]:.3f} at v{held[0]}, scored once: no later score to compare"
+        heldout = f"{report.heldout[held[0]]:.3f} at v{held[0]}, scored once: no later score to compare"
     else:
         a, b = report.heldout[held[0]], report.heldout[held[-1]]
-        control = f"{a:.3f} at v{held[0]} -> {b:.3f} at v{held[-1]} ({b - a:+.3f}), tasks never trained on"
+        heldout = f"{a:.3f} at v{held[0]} -> {b:.3f} at v{held[-1]} ({b - a:+.3f}), tasks never trained on"
     failed = [
         (report.num_unassessable, "unassessable (infrastructure, no reward)"),
         (report.num_partial, "partial (timed out or crashed, graded for what the workspace held)"),
@@ -155,7 +155,7 @@ def headline(report: Report) -> tuple[tuple[str, str], ...]:
     failures = (
         ", ".join(f"{n} {what}" for n, what in failed if n) or "none: every execution finished and was graded"
     )
-    return (("What ran", ran), ("Reward", reward), ("Control (held-out)", control), ("Failures", failures))
+    return (("What ran", ran), ("Reward", reward), ("Held-out", heldout), ("Failures", failures))
 
 
 def _count(n: int, noun: str) -> str:

@@ -193,7 +193,7 @@ async def test_the_page_opens_in_a_browser_with_every_picture_and_a_summary_firs
     assert "{" not in opening  # a summary in words, not a JSON dump
     assert "run r1: 3 training steps (policy v1 -> v3), 6 graded executions" in opening
     assert "0.250 at v1 -> 0.750 at v3 (+0.500)" in opening  # step 2 trained held-out tasks only
-    assert "0.500 at v0, scored once" in opening  # the held-out control
+    assert "0.500 at v0, scored once" in opening  # the held-out score
     assert "none: every execution finished and was graded" in opening
 
 

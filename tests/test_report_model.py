@@ -57,7 +57,7 @@ def test_the_headline_says_what_ran_the_reward_its_control_and_the_failures() ->
         "What ran": "run r: 5 training steps (policy v1 -> v5), 12 graded executions",
         "Reward": "0.200 at v1 -> 0.800 at v5 (+0.600); "
         "mean of the first and last 3 steps with a reward: 0.400 -> 0.600 (+0.200)",
-        "Control (held-out)": "0.500 at v0 -> 0.750 at v5 (+0.250), tasks never trained on",
+        "Held-out": "0.500 at v0 -> 0.750 at v5 (+0.250), tasks never trained on",
         "Failures": "1 unassessable (infrastructure, no reward), "
         "2 partial (timed out or crashed, graded for what the workspace held)",
     }
@@ -66,7 +66,7 @@ def test_the_headline_says_what_ran_the_reward_its_control_and_the_failures() ->
 def test_the_headline_says_when_there_is_no_control_and_no_reward() -> None:
     lines = dict(headline(report(steps=(step(1, None),), num_grades=1)))
     assert lines["Reward"] == "no step trained an assessable execution: no reward to show"
-    assert lines["Control (held-out)"].startswith("none: the run has no held-out tasks")
+    assert lines["Held-out"].startswith("none: the run has no held-out tasks")
     assert lines["Failures"] == "none: every execution finished and was graded"
 
 
