@@ -13,7 +13,9 @@ trained once (`duplicate_trained_groups`), and none is left untrained or short o
 Scenarios: `baseline` (no fault), `kill_proxy` and `kill_trajectory` (kill -9 mid-run, restart
 on the same ports), `kill_trainer` (kill -9 while the groups become ready), `duplicated_events`
 (every call, reward and task event sent again under new event ids), `reordered_events` (an
-execution's calls published children first, rewards before the task). Not built yet (issue
+execution's calls published children first, rewards before the task); with `--full`, Postgres
+away 20, 60 and 180 s and NATS away 60 s on the whole stack (`bench.fault_outages`), after each
+of which fresh tasks must train (`wedged` counts those after which they did not). Not built yet (issue
 18): kill -9 of the scheduler, runner, evaluator, an engine or a trainer replica, a NATS or
 Postgres restart (shared servers on development machines), a cut proxy-engine link, a step's
 batch rebuilt from the log. Uses GYRE_NATS_URL / GYRE_DATABASE_URL when set, else the embedded
@@ -217,7 +219,7 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
     on embedded servers of its own (it restarts them)."""
     nats_url, admin_url = urls or servers()
     outcomes: list[Outcome] = []
-    steps = mismatches = 0
+    steps = mismatches = wedged = 0
     with tempfile.TemporaryDirectory(prefix="gyre-faults-") as work:
         async with scratch_kernel(nats_url, admin_url, label="faults") as kernel:
             stack = Stack(kernel, Path(work))
@@ -250,12 +252,17 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
             outcomes += [Outcome(**o) for o in live]
             steps += live_steps
             mismatches += live_mismatches
+            from bench.fault_outages import run_outages
+
+            away, wedged = await run_outages(Path(work) / "outages")
+            outcomes += [Outcome(**{k: v for k, v in o.items() if k != "wedged"}) for o in away]
     return {
         "scenarios": len(outcomes),
         "lost_calls": sum(o.lost_calls for o in outcomes),
         "duplicate_calls": sum(o.duplicate_calls for o in outcomes),
         "duplicate_trained_groups": sum(o.duplicate_trained_groups for o in outcomes),
         "unrecovered": sum(o.unrecovered for o in outcomes),
+        "wedged": wedged,
         "recovery_s_max": max(o.recovery_s for o in outcomes),
         "steps_replayed": steps,
         "replay_mismatches": mismatches,
