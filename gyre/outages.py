@@ -40,17 +40,33 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+DEPENDENCY_AWAY = "a dependency of the service (database or bus) is unavailable; retry later"
+"""What a service answers (UNAVAILABLE) while its Postgres or NATS is away: clients tell it apart
+from the service itself being unreachable."""
+
+
 class InternalError(GyreError):
     """A bug: the caller gets this message and an id; the traceback is in the service's log."""
 
 
 def is_outage(exc: BaseException) -> bool:
-    """Whether `exc` says a dependency is away rather than that the request or the code is wrong."""
-    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
-        return is_outage(exc.orig)
-    return isinstance(exc, _CONNECTION_ERRORS)
+    """Whether `exc` says a dependency is away rather than that the request or the code is wrong.
+
+    The driver's own error may sit a few causes down: SQLAlchemy's asyncpg adapter raises its
+    generic `Error` from asyncpg's `CannotConnectNowError` ("the database system is shutting
+    down") and wraps that in a `DBAPIError`, so the chain of causes is followed.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # bounded: a chain is a few links long
+        if seen is None:
+            return False
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated:
+            return True
+        if isinstance(seen, _CONNECTION_ERRORS):
+            return True
+        orig = seen.orig if isinstance(seen, sqlalchemy.exc.DBAPIError) else None
+        seen = orig if isinstance(orig, BaseException) else seen.__cause__
+    return False
 
 
 def failure_fate(exc: BaseException) -> Fate:
@@ -76,7 +92,7 @@ def translate(exc: Exception, *, where: str) -> GyreError:
     """The GyreError to answer for an unexpected exception (logged here, with its traceback)."""
     if is_outage(exc):
         log.warning("dependency_unavailable", where=where, error=type(exc).__name__)
-        return Unavailable("a dependency of the service (database or bus) is unavailable; retry later")
+        return Unavailable(DEPENDENCY_AWAY)
     error_id = new_uuid7()
     log.error("internal_error", where=where, error_id=error_id, exc_info=exc)
     return InternalError(f"internal error (error id {error_id}; details are in the service log)")

@@ -20,7 +20,7 @@ from typer.exceptions import TyperException
 from gyre.errors import GyreError
 from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
-from gyre_app import cli_replay, cli_report, cli_tasks, cli_trace
+from gyre_app import cli_dead_letters, cli_replay, cli_report, cli_status, cli_tasks, cli_trace
 
 app = typer.Typer(
     name="gyre",
@@ -203,6 +203,8 @@ def demo(
 
 
 cli_tasks.register(app)
+cli_status.register(app)
+cli_dead_letters.register(app)
 cli_replay.register(app)
 cli_trace.register(app)
 cli_report.register(app)

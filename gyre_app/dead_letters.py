@@ -26,12 +26,14 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from gyre.bus import DEAD_LETTER_SERVICE
 from gyre.common.v1 import envelope_pb2
 from gyre.events import stream_name
 
+NO_MESSAGE_FOUND = 10057
+"""JetStream's error code for deleting a message that is not (or no longer) in the stream."""
 MAX_LISTED = 10_000
 """Most dead letters read in one listing (oldest first)."""
 
@@ -126,6 +128,10 @@ async def redrive(js: JetStreamContext, prefix: str, rows: list[DeadLetterRow]) 
         ack = await js.publish(row.subject, row.record.data, headers={"Nats-Msg-Id": msg_id})
         # Deleted only once the copy is stored: a crash between the two leaves it listed, and a
         # second redrive is then a duplicate the stream drops.
-        await js.delete_msg(stream, row.sequence)
+        try:
+            await js.delete_msg(stream, row.sequence)
+        except APIError as exc:
+            if exc.err_code != NO_MESSAGE_FOUND:  # else: deleted by an earlier redrive (a stale listing)
+                raise
         out.append({**row.as_dict(), "published": not ack.duplicate, "new_sequence": ack.seq})
     return out

@@ -55,3 +55,13 @@ def test_connection_errors_read_as_unavailable_and_others_as_failed() -> None:
         failure_fate(asyncpg.CannotConnectNowError("the database system is starting up")) is Fate.UNAVAILABLE
     )
     assert failure_fate(KeyError("task")) is Fate.FAILED
+
+
+def test_a_connection_error_a_few_causes_down_reads_as_an_outage() -> None:
+    # As SQLAlchemy's asyncpg adapter raises it while Postgres shuts down (a trainer died of it).
+    adapter = RuntimeError("the database system is shutting down")
+    adapter.__cause__ = asyncpg.CannotConnectNowError("the database system is shutting down")
+    wrapped = sqlalchemy.exc.DBAPIError("SELECT 1", {}, adapter)  # type: ignore[arg-type]
+    wrapped.__cause__ = adapter
+    assert failure_fate(wrapped) is Fate.UNAVAILABLE
+    assert failure_fate(sqlalchemy.exc.DBAPIError("SELECT 1", {}, RuntimeError("syntax"))) is Fate.FAILED  # type: ignore[arg-type]
