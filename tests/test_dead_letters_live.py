@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -22,7 +25,6 @@ from gyre.errors import InvalidArgument
 from gyre.events import DecodedEvent
 from gyre.scheduler.v1 import events_pb2
 from gyre.settings import KernelSettings
-from gyre_app.cli import main as gyre
 from gyre_app.dead_letters import list_dead_letters, redrive
 from tests.test_bus import task_submitted
 
@@ -52,23 +54,29 @@ async def until(predicate: object, what: str, *, within_s: float = 30.0) -> None
     raise AssertionError(f"never: {what}")
 
 
-async def run_gyre(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str) -> object:
-    """`gyre <argv> --json` in this process (in a thread: the command runs its own event loop)."""
-    capsys.readouterr()
-    assert await asyncio.to_thread(gyre, [*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+async def run_gyre(env: dict[str, str], *argv: str) -> Any:
+    """`gyre <argv> --json` as a user runs it (its own process: the command configures logging and
+    runs its own event loop)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gyre_app.cli", *argv, "--json",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out.decode().strip().splitlines()[-1])
 
 
 async def test_a_redriven_dead_letter_is_handled_once(
     own_bus: Bus,
     engine: AsyncEngine,
     kernel: KernelSettings,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("GYRE_BUS_PREFIX", own_bus.prefix)
-    monkeypatch.setenv("GYRE_NATS_URL", str(kernel.nats_url))
-    monkeypatch.setenv("GYRE_DATABASE_URL", str(kernel.database_url))
+    env = {
+        **os.environ,
+        "GYRE_BUS_PREFIX": own_bus.prefix,
+        "GYRE_NATS_URL": str(kernel.nats_url),
+        "GYRE_DATABASE_URL": str(kernel.database_url),
+    }
     applied: dict[str, list[str]] = {"refuser": [], "bystander": []}
     refuse = [True]
 
@@ -104,22 +112,22 @@ async def test_a_redriven_dead_letter_is_handled_once(
         await until(lambda: consumers["refuser"].dead_lettered == 1, "the refuser gave up")
         await until(lambda: applied["bystander"] == [envelope.event_id], "the bystander applied it")
 
-        listed = await run_gyre(monkeypatch, capsys, "dead-letters", "list")
-        [row] = listed["dead_letters"]  # type: ignore[index]
+        listed = await run_gyre(env, "dead-letters", "list")
+        [row] = listed["dead_letters"]
         assert (row["consumer"], row["event_id"]) == ("dl-refuser", envelope.event_id)
         assert row["event_type"] == "gyre.scheduler.v1.TaskSubmitted"
         assert "refused once, on purpose" in row["reason"] and row["dead_lettered_at"]
         rows = await list_dead_letters(own_bus.js, own_bus.prefix)
 
         refuse[0] = False
-        redriven = await run_gyre(monkeypatch, capsys, "dead-letters", "redrive", "--all")
-        assert [r["published"] for r in redriven["redriven"]] == [True]  # type: ignore[index]
+        redriven = await run_gyre(env, "dead-letters", "redrive", "--all")
+        assert [r["published"] for r in redriven["redriven"]] == [True]
         await until(lambda: applied["refuser"] == [envelope.event_id], "the redriven event handled")
         # The bystander receives the copy too: its exactly-once record makes it a no-op.
         await until(lambda: consumers["bystander"].processed == 2, "the bystander acked the copy")
         assert applied["bystander"] == [envelope.event_id]
 
-        assert (await run_gyre(monkeypatch, capsys, "dead-letters", "list")) == {"dead_letters": []}
+        assert (await run_gyre(env, "dead-letters", "list")) == {"dead_letters": []}
         [again] = await redrive(own_bus.js, own_bus.prefix, rows)  # a stale listing, redriven twice
         assert again["published"] is False
         await asyncio.sleep(1.0)  # a copy would be handled by now

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import sys
+from pathlib import Path
 
 import grpc
 import pytest
 
 from gyre.outages import DEPENDENCY_AWAY
-from gyre_app.cli import main as gyre
 from gyre_app.client.api import _translate
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+SERVICES = ("scheduler", "runner", "trajectory", "trainer", "evaluator")
 
 
 def closed_port() -> int:
@@ -23,19 +25,22 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_status_names_what_is_away_and_still_answers(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: object
-) -> None:
-    monkeypatch.setenv("GYRE_NATS_URL", f"nats://127.0.0.1:{closed_port()}")
-    monkeypatch.setenv(
-        "GYRE_DATABASE_URL", f"postgresql+asyncpg://postgres@127.0.0.1:{closed_port()}/postgres"
-    )
-    monkeypatch.setenv("GYRE_STATE_DIR", str(tmp_path))
-    for service in ("scheduler", "runner", "trajectory", "trainer", "evaluator"):
-        monkeypatch.setenv(f"GYRE_{service.upper()}_ADDRESS", f"127.0.0.1:{closed_port()}")
-    capsys.readouterr()
-    assert await asyncio.to_thread(gyre, ["status", "--json"]) == 0
-    status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+@pytest.mark.asyncio(loop_scope="session")
+async def test_status_names_what_is_away_and_still_answers(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "GYRE_NATS_URL": f"nats://127.0.0.1:{closed_port()}",
+        "GYRE_DATABASE_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{closed_port()}/postgres",
+        "GYRE_STATE_DIR": str(tmp_path),
+        **{f"GYRE_{s.upper()}_ADDRESS": f"127.0.0.1:{closed_port()}" for s in SERVICES},
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gyre_app.cli", "status", "--json",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()
+    status = json.loads(out.decode().strip().splitlines()[-1])
     deps = status["dependencies"]
     assert deps["nats"].startswith("away: NATS at nats://127.0.0.1:")
     assert deps["postgres"].startswith("away: Postgres at")
