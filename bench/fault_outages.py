@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", default=[], help="scenario names (default: all)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--keep", type=Path, help="run in this folder and keep it (the stack's logs)")
     ns = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gyre-outages-") as work:
-        outcomes, wedged = asyncio.run(run_outages(Path(work), tuple(ns.only)))
+    with tempfile.TemporaryDirectory(prefix="gyre-outages-") as scratch:
+        work = ns.keep or Path(scratch)
+        outcomes, wedged = asyncio.run(run_outages(work, tuple(ns.only)))
     if not ns.json:
         for o in outcomes:
             print(o)

@@ -180,9 +180,10 @@ class Consumer:
                 CONSUMER_PENDING.labels(consumer=self.spec.durable).set(0)  # nothing was waiting
                 continue
             except Exception as exc:
-                if not (is_outage(exc) or isinstance(exc, nats.errors.Error)):
+                if not is_outage(exc):  # a deleted stream or consumer, say: the worker's guard decides
                     raise
-                await self._wait_out(await self.dependencies_away() or ["nats"], [])
+                if not await self._wait_out(await self.dependencies_away() or ["nats"], []):
+                    break
                 continue
             if self.spec.inbox is not None:
                 await self.handle_batch(msgs)

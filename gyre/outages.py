@@ -13,6 +13,7 @@ import asyncio
 
 import asyncpg
 import nats.errors
+import nats.js.errors
 import sqlalchemy as sa
 import sqlalchemy.exc
 import structlog
@@ -37,6 +38,13 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.ConnectionClosedError,
     nats.errors.NoServersError,
     nats.errors.TimeoutError,
+    # A NATS server stopping or starting: the connection drops mid-request, or JetStream answers
+    # 503 / nobody answers before it is up (a consumer's fetch crashed a scheduler on these).
+    nats.errors.UnexpectedEOF,
+    nats.errors.StaleConnectionError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
 )
 
 

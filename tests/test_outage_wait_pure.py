@@ -5,6 +5,8 @@ that reaches `settle` (the consumer stopping mid-wait) is retried, never dead-le
 from __future__ import annotations
 
 import asyncpg
+import nats.errors
+import nats.js.errors
 import pytest
 import sqlalchemy.exc
 
@@ -65,3 +67,10 @@ def test_a_connection_error_a_few_causes_down_reads_as_an_outage() -> None:
     wrapped.__cause__ = adapter
     assert failure_fate(wrapped) is Fate.UNAVAILABLE
     assert failure_fate(sqlalchemy.exc.DBAPIError("SELECT 1", {}, RuntimeError("syntax"))) is Fate.FAILED  # type: ignore[arg-type]
+
+
+def test_a_nats_server_going_away_mid_request_reads_as_an_outage() -> None:
+    assert failure_fate(nats.js.errors.ServiceUnavailableError()) is Fate.UNAVAILABLE
+    assert failure_fate(nats.errors.NoRespondersError()) is Fate.UNAVAILABLE
+    assert failure_fate(nats.errors.UnexpectedEOF()) is Fate.UNAVAILABLE
+    assert failure_fate(nats.js.errors.NotFoundError()) is Fate.FAILED  # a stream deleted is no outage
