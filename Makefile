@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck proto up down clean
+.PHONY: demo test lint typecheck docs reference proto up down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gyre demo --learn
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -24,6 +24,15 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy gyre gyre_app services
+
+# The site, built strictly so a broken link fails; the generated reference pages must be current.
+docs: $(STAMP)
+	$(BIN)/python -m gyre_app.docs_reference --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# Regenerate docs/reference/ (CLI, settings, events, RPCs) after changing any of them.
+reference: $(STAMP)
+	$(BIN)/python -m gyre_app.docs_reference
 
 proto: $(STAMP)
 	$(BIN)/python -m gyre.codegen
@@ -36,4 +45,4 @@ down: $(STAMP)
 
 clean:
 	-$(BIN)/gyre down --all
-	rm -rf $(VENV) .gyre .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .gyre .pytest_cache .mypy_cache .ruff_cache site

@@ -5,10 +5,12 @@ code would: as the harness of a runner sandbox (launched the way the runner laun
 with the proxy forwarded), as workspace code imported by the evaluator's grader, as forged
 workspaces that try to write their own grade (`bench.forgery`), as workspaces that try to avoid a
 grade (too deep, too many files, hanging the grader), and through the real runner service
-(`bench.escape_service`). Containment is judged from the host side. A well-behaved execution
-runs beside the attacks and must finish normally. Limits are small on purpose, so a failure to
-contain cannot hurt this machine much. Prints one line per attack and, last, the JSON with
-`attempts`, `contained`, `escapes`, `forged_grades` and `ungraded_workspaces` (targets: 0, 0, 0).
+(`bench.escape_service`), and the attacks that try to make a failure look like the
+infrastructure's (`bench.unassessable`). Containment is judged from the host side. A
+well-behaved execution runs beside the attacks and must finish normally. Limits are small on
+purpose, so a failure to contain cannot hurt this machine much. Prints one line per attack and,
+last, the JSON with `attempts`, `contained`, `escapes`, `forged_grades`, `ungraded_workspaces`
+and `unassessable_by_agent` (targets: 0, 0, 0, 0).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bench.escape_paths import UNGRADED, benign, forgery, through_evaluator, thr
 from bench.escape_service import through_runner_service
 from bench.forgery import FORGERIES
 from bench.scripted_model import ScriptedModel
+from bench.unassessable import unassessable_attacks
 from gyre.sandbox.host import Forward, SandboxHost
 from services.evaluator.grading import Grader
 from services.runner.config import AGENT_FILES
@@ -102,6 +105,7 @@ async def main_async() -> dict[str, Any]:
             results.append(await forgery(grader, name, root))
         for name in UNGRADED:
             results.append(await ungraded_case(Grader(eval_host, LIMITS, attempts=1), name, root))
+        results.extend(await unassessable_attacks(runner_host, eval_host, root))
         for p in outside:
             p.unlink(missing_ok=True)
         service_results, service_benign_ok = await through_runner_service(t, listener, model, url, root)
@@ -122,12 +126,14 @@ async def main_async() -> dict[str, Any]:
     contained = sum(r["contained"] for r in results)
     forged = sum(not r["contained"] for r in results if r["attack"].startswith("forge:"))
     ungraded = sum(not r["contained"] for r in results if r["attack"].startswith("ungraded:"))
+    unassessable = sum(not r["contained"] for r in results if r["attack"].startswith("unassessable:"))
     return {
         "attempts": len(results),
         "contained": contained,
-        "escapes": len(results) - contained - forged - ungraded,
+        "escapes": len(results) - contained - forged - ungraded - unassessable,
         "forged_grades": forged,
         "ungraded_workspaces": ungraded,
+        "unassessable_by_agent": unassessable,
         "other_executions_unaffected": bool(benign_ok and canary_alive),
         "isolation": runner_host.isolation.describe(),
         "fallbacks": list(runner_host.isolation.fallbacks),

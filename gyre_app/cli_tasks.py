@@ -12,6 +12,7 @@ import typer
 from gyre.errors import InvalidArgument, NotFound
 from gyre.runner.v1 import runner_pb2
 from gyre.scheduler.v1 import scheduler_pb2
+from gyre_app.cli_import import tasks_import
 from gyre_app.client import GyreClient, ServiceAddresses, Task, TaskProgress
 from gyre_app.client.tasks_file import NumberedTask, TasksFileError, bundled_spec, line_of, parse_tasks
 from gyre_app.output import JSON_HELP, console, message_dict, pairs, print_json, table
@@ -152,6 +153,9 @@ def tasks_generate(ctx: typer.Context) -> None:
     code = generate(["generate", *ctx.args])
     if code:
         raise typer.Exit(code)
+
+
+tasks_app.command("import")(tasks_import)
 
 
 @tasks_app.command("list")

@@ -1,4 +1,4 @@
-"""Pieces of `gyre demo --learn` that run without the stack (the run itself is measured, see README)."""
+"""Pieces of `gyre demo --learn` that run without the stack (docs/tutorials/learning-demo.md: the run)."""
 
 from __future__ import annotations
 

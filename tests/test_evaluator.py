@@ -23,6 +23,7 @@ from gyre.evaluator.v1 import evaluator_pb2, evaluator_pb2_grpc, events_pb2
 from gyre.events import new_event, stream_name
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.runner.v1 import runner_pb2
+from gyre.sandbox import launcher
 from gyre.settings import KernelSettings
 from services.evaluator.cli import run as evaluate
 from services.evaluator.config import EvaluatorSettings
@@ -99,7 +100,7 @@ def make_task(tmp_path: Path, script: str, *, timeout_s: float = 1.0) -> Path:
     return folder
 
 
-def test_a_workspace_that_hangs_the_grader_scores_0_once_and_a_crashing_grader_is_retried_then_reported(
+def test_a_workspace_that_hangs_the_grader_scores_0_once_and_a_check_that_fails_is_not_retried(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GYRE_EVALUATOR_ATTEMPTS", "2")
@@ -108,15 +109,31 @@ def test_a_workspace_that_hangs_the_grader_scores_0_once_and_a_crashing_grader_i
     assert hung["assessable"] is True and hung["score"] == 0.0  # hanging pays no better than failing
     assert "deadline of 1 s" in hung["details"]["reason"]
     assert hung["details"]["attempts"] == 1
-    _, crashed = run_cli(
-        capsys,
-        "--task",
-        str(make_task(tmp_path, "echo boom >&2; exit 3\n", timeout_s=10)),
-        "--workspace",
-        str(ws),
+    # Issue 27: the check started (the host saw it), so how it ended is the graded code's doing
+    # (a program it ran can make it exit 3): an assessable 0, never a retry or `not assessable`.
+    task = make_task(tmp_path, "echo boom >&2; exit 3\n", timeout_s=10)
+    _, crashed = run_cli(capsys, "--task", str(task), "--workspace", str(ws))
+    assert crashed["assessable"] is True and crashed["score"] == 0.0
+    assert crashed["details"]["attempts"] == 1 and "exit 3" in crashed["details"]["reason"]
+
+
+def test_a_grading_sandbox_whose_set_up_never_reports_is_retried_then_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set-up fails before the check exists (an init that exits before it reports): the one
+    infrastructure failure of grading, proved by the host's status pipe, not by a log line."""
+    monkeypatch.setenv("GYRE_EVALUATOR_ATTEMPTS", "2")
+    broken = tmp_path / "init.py"
+    broken.write_text("import sys\nprint('bwrap: cannot mount', file=sys.stderr)\nsys.exit(125)\n")
+    monkeypatch.setattr(launcher, "INIT_SCRIPT", broken)
+    ws = workspace(tmp_path, {"out.txt": "1"})
+    task = make_task(tmp_path, "echo 'PASS out'\n", timeout_s=10)
+    _, failed = run_cli(capsys, "--task", str(task), "--workspace", str(ws))
+    assert failed["assessable"] is False and "crashed 2 times" in failed["details"]["reason"]
+    assert (
+        "set-up failed" in failed["details"]["reason"]
+        and "bwrap: cannot mount" in failed["details"]["reason"]
     )
-    assert crashed["assessable"] is False and "crashed 2 times" in crashed["details"]["reason"]
-    assert "boom" in crashed["details"]["reason"]
 
 
 @pytest.mark.parametrize(

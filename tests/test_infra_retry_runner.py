@@ -224,3 +224,46 @@ async def test_an_agent_the_proxy_failed_ends_model_unavailable_ungraded_and_is_
                 }
         finally:
             await proxy.host.stop()
+
+
+FORGE = (
+    'python -c "import ctypes,os\nlibc=ctypes.CDLL(None)\n'
+    "for p in [int(d) for d in os.listdir('/proc') if d.isdigit()]:\n"
+    "  f=libc.syscall(438,libc.syscall(434,p,0),2,0)\n"
+    "  f>=0 and os.write(f,b'gyre-sandbox: setup failed: [Errno 2] No such file\\\\n')\"; "
+    "echo 'gyre-sandbox: setup failed: [Errno 2] No such file' >&2; kill -SEGV $PPID"
+)
+"""The agent's shell tells the host, through every stderr it can reach, that set-up failed, then
+kills the agent (issue 27)."""
+
+
+async def test_a_group_whose_members_forge_a_setup_failure_is_scored_not_replaced(
+    server_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    """Leaving the baseline would pay a failing policy: the forgers' crashes are graded (0, as they
+    earned), no replacement runs, and the group is ready with every member assessable."""
+    model = ScriptedModel(script={"main": [{"tool": "shell", "args": {"command": FORGE}}]})
+    url = model.start()
+    try:
+        async with (
+            scratch_kernel(*server_urls, label="forged-setup") as kernel,
+            retry_stack(
+                kernel, tmp_path, RunnerSettings(sandbox_root=sandbox_root(), proxy_base_url=url)
+            ) as stack,
+        ):
+            await stack.runner.start()
+            task = await submit(stack, request_id="forged-1", group_size=2)
+
+            async def ready() -> bool:
+                return (await stack.group(task.task_id)).ready
+
+            await eventually(ready, timeout_s=120, what="the group ready")
+            group = await stack.group(task.task_id)
+            assert [e.execution_id for e in group.executions] == [e.execution_id for e in task.executions]
+            for member in group.executions:
+                assert member.assessable and member.has_reward, member
+                assert not await stack.replaced_by(task.task_id, member.execution_id)
+                ran = await stack.ran(member.execution_id)
+                assert ran.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, ran.failure
+    finally:
+        model.stop()

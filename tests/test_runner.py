@@ -64,6 +64,14 @@ SCRIPTS = {
     "quick": {"main": [{"final": "nothing to do"}]},
     # More tool calls than the agent's turn budget allows: it stops without a final answer.
     "wander": {"main": [{"tool": "shell", "args": {"command": f"echo {i} >> tries.txt"}} for i in range(4)]},
+    # Issue 27: the agent's shell tells the host, through every stderr it can reach (on main the
+    # sandbox's first process's: the host's set-up log), that set-up failed, then kills the agent.
+    "forge": {"main": [{"tool": "shell", "args": {"command": (
+        "python -c \"import ctypes,os\nlibc=ctypes.CDLL(None)\n"
+        "for p in [int(d) for d in os.listdir('/proc') if d.isdigit()]:\n"
+        "  f=libc.syscall(438,libc.syscall(434,p,0),2,0)\n"
+        "  f>=0 and os.write(f,b'gyre-sandbox: setup failed: [Errno 2] No such file\\n')\"; "
+        "echo 'gyre-sandbox: setup failed: [Errno 2] No such file' >&2; kill -SEGV $PPID")}}]},
     # A harness looking for the hidden tests of the bundled tasks finds an empty folder.
     "peek": {"main": [{"tool": "shell", "args": {"command": f"ls -R {BUNDLED} > peek.txt 2>&1"}}]},
     # Issue 16, cases 1 and 3: the host's Postgres socket and the checkout's git history.
@@ -283,6 +291,17 @@ async def test_exit_0_finishes_and_any_other_end_is_a_crash_with_the_workspace_k
     failed = runner_events_pb2.ExecutionFailed()
     events["ExecutionFailed"].payload.Unpack(failed)
     assert failed.exit_code == 139 and failed.workspace_uri == crashed.workspace_uri
+
+
+async def test_a_harness_that_forges_a_setup_failure_ends_as_its_own_crash(runner: Runner) -> None:
+    """Set-up failure is the keeper's record, made before the harness ran: no line the harness
+    writes anywhere turns its crash into an ungraded infrastructure failure."""
+    forge = start_request(prompt="[script: forge]")
+    await runner.stub.StartExecution(forge)
+    ended = await wait_ended(runner, forge.execution.execution_id)
+    assert ended.state == runner_pb2.EXECUTION_STATE_FAILED
+    assert ended.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, ended.failure.reason
+    assert ended.exit_code == 128 + 11
 
 
 async def test_an_agent_out_of_turns_times_out_with_its_workspace_graded_as_it_stands(runner: Runner) -> None:

@@ -7,14 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from gyre.sandbox.host import Outcome
 from gyre.sandbox.limits import SandboxLimits
 from services.runner.agent.__main__ import OUT_OF_TURNS_EXIT
 from services.runner.harness import (
     DEFAULT_PATH,
     HARNESSES,
     HarnessInput,
-    crash_end,
     limits_for,
     plan_launch,
     spent_own_budget,
@@ -98,18 +96,3 @@ def test_only_the_built_in_agents_own_out_of_turns_exit_is_a_timeout() -> None:
     # other harnesses declare no budget exit: a 124 from them is a crash like any other code
     assert not spent_own_budget("claude-code", OUT_OF_TURNS_EXIT)
     assert not spent_own_budget("mini-swe-agent", OUT_OF_TURNS_EXIT)
-
-
-def test_a_harness_that_gave_up_after_the_proxy_failed_its_calls_is_not_the_policys_crash() -> None:
-    kind, reason = crash_end(
-        Outcome(exit_code=3), "gyre-agent: chat completion failed", failed_calls=2, last_failure="no engine"
-    )
-    assert kind == "model_unavailable"
-    assert reason.startswith("the proxy failed 2 of the harness's model calls (last: no engine);")
-    assert "exited with code 3" in reason and "chat completion failed" in reason
-
-
-def test_a_crash_with_no_call_failed_by_the_proxy_or_a_quota_kill_stays_the_harnesss() -> None:
-    assert crash_end(Outcome(exit_code=1), "", failed_calls=0, last_failure="")[0] == "harness_crashed"
-    quota = Outcome(exit_code=None, killed="disk_quota")
-    assert crash_end(quota, "", failed_calls=1, last_failure="no engine")[0] == "harness_crashed"

@@ -200,7 +200,7 @@ async def test_sysv_shared_memory_dies_with_the_sandbox(probed: Probed) -> None:
 
 async def test_own_pid_and_uts_namespaces(probed: Probed) -> None:
     assert probed.report["hostname"] == "gyre-sandbox" != socket.gethostname()
-    assert len(probed.report["pids"]) <= 6, probed.report["pids"]  # bwrap's pid 1, init, python, kids
+    assert len(probed.report["pids"]) <= 6, probed.report["pids"]  # init (pid 1), python, kids
 
 
 async def test_no_new_privs_seccomp_and_no_capabilities(probed: Probed) -> None:

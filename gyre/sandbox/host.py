@@ -8,7 +8,9 @@ Layout of one sandbox (a size-limited tmpfs when the kernel allows it, so the qu
         tmp/              the sandbox's /tmp, /var/tmp and /dev/shm
         etc/              root: the passwd and group files the sandbox sees
         forward/          root 0711: the forwarder's Unix socket (the one way out)
-        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (set-up's own)
+        log/              root 0700: harness.log (its stdout+stderr), sandbox.log (set-up's own),
+                          started.json (set-up's report), outcome.json (the end): all written by
+                          the keeper from pipes it alone reads, each bounded
 
 With namespaces, a process inside sees only the minimal root of `gyre.sandbox.rootfs`, started
 by bubblewrap as the sandbox user; without them (not root, or no bwrap) it runs on the host
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -37,8 +40,17 @@ import structlog
 
 from gyre.errors import InvalidArgument
 from gyre.sandbox import launcher
-from gyre.sandbox.keeper import KEEPER_FILE, OUTCOME_FILE, ForwardStats, kill_keeper, start_time
-from gyre.sandbox.limits import MIB, Isolation, SandboxLimits, disk_over_quota, plan_isolation
+from gyre.sandbox.cgroups import cgroup_pids, make_cgroups, remove_cgroup
+from gyre.sandbox.keeper import (
+    KEEPER_FILE,
+    OUTCOME_FILE,
+    STARTED_FILE,
+    ForwardStats,
+    kill_keeper,
+    read_tail,
+    start_time,
+)
+from gyre.sandbox.limits import Isolation, SandboxLimits, disk_over_quota, plan_isolation
 from gyre.sandbox.probe import probe
 from gyre.sandbox.rootfs import FORWARD_DIR
 from gyre.sandbox.roots import usable_root
@@ -59,6 +71,12 @@ class Outcome:
     killed: str = ""
     """Why the host killed it: `deadline`, `disk_quota`, `cancelled`; empty when it exited."""
     duration_s: float = 0.0
+    started: bool = False
+    """The keeper's record that set-up finished and the process began (init's report on a pipe
+    only the host reads, made before the process ran): the one fact `gyre.sandbox.blame` trusts."""
+    setup_errno: int = 0
+    setup_error: str = ""
+    """Why set-up failed, as reported on that pipe (or that it ended without reporting)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +150,7 @@ class SandboxHost:
                 remove_tree(path)
             for base in (self.caps.cgroup_memory, self.caps.cgroup_pids, self.caps.cgroup_cpu):
                 if base:
-                    _remove_cgroup(Path(base) / f"gyre-{path.name}")
+                    remove_cgroup(Path(base) / f"gyre-{path.name}")
             if self.uid_base <= owner < self.uid_base + self.uid_count:
                 with contextlib.suppress(KeyError):
                     self._free_user(owner, pwd.getpwuid(owner).pw_name)
@@ -243,24 +261,7 @@ class Sandbox:
             if sub != "log" and self.uid is not None:
                 os.chown(d, self.uid, self.gid if self.gid is not None else self.uid)
         if self.isolation.cgroups:
-            self._make_cgroups()
-
-    def _make_cgroups(self) -> None:
-        caps = self.host.caps
-        mem, pids = (Path(base) / f"gyre-{self.name}" for base in (caps.cgroup_memory, caps.cgroup_pids))
-        cpu = Path(caps.cgroup_cpu) / f"gyre-{self.name}" if caps.cgroup_cpu else None
-        for d in (mem, pids, cpu):
-            if d is not None:
-                d.mkdir(exist_ok=True)
-                self.cgroups.append(d)
-        (mem / "memory.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
-        with contextlib.suppress(OSError):  # without swap accounting the file is missing
-            (mem / "memory.memsw.limit_in_bytes").write_text(str(self.limits.memory_mb * MIB))
-        (pids / "pids.max").write_text(str(self.limits.max_procs + 8))  # +8: set-up and its helpers
-        if cpu is not None:
-            period_us, quota_us = self.limits.cfs_quota()
-            (cpu / "cpu.cfs_period_us").write_text(str(period_us))
-            (cpu / "cpu.cfs_quota_us").write_text(str(quota_us))
+            make_cgroups(self.host.caps, f"gyre-{self.name}", self.limits, made=self.cgroups)
 
     def own_files(self) -> None:
         """Give everything in work/ and home/ to the sandbox user, folders 0700 at the top (after
@@ -281,13 +282,14 @@ class Sandbox:
         cwd: Path | None = None,
         pass_fds: Sequence[int] = (),
         read_only: Sequence[Path] = (),
+        stdout_fd: int | None = None,
     ) -> None:
         """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
-        the host holds) are inherited at the same numbers; `read_only`: host-written folders of
-        this sandbox (the grader's files) the process may read but not change."""
+        the host holds) are inherited at the same numbers; `stdout_fd`: such a pipe as its stdout
+        instead of the log (its stderr still goes to the log); `read_only`: host-written folders
+        of this sandbox (the grader's files) the process may read but not change."""
         if self.keeper is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
-        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         spec: dict[str, object] = {
             "argv": list(argv),
             "env": {"HOME": str(self.home), "TMPDIR": "/tmp", "PATH": os.defpath, **env},
@@ -296,10 +298,11 @@ class Sandbox:
             "gid": self.gid,
             "rlimits": self.limits.rlimits(),
             "namespaces": self.isolation.namespaces,
-            "log_fd": log_fd,
             "pass_fds": list(pass_fds),
+            "stdout_fd": stdout_fd,
         }
-        own_fds = [log_fd]  # closed here once the keeper holds them (or on failure)
+        own_fds: list[int] = []  # closed here once the keeper holds them (or on failure)
+        caller_fds = [*pass_fds, *([stdout_fd] if stdout_fd is not None else [])]
         keeper: dict[str, object] = {"log_dir": str(self.path / "log"), "forward": None}
         try:
             if self.isolation.namespaces:
@@ -328,7 +331,7 @@ class Sandbox:
             keeper.update(
                 cmd=cmd,
                 init=spec,
-                pass_fds=[*own_fds, *pass_fds],
+                pass_fds=[*own_fds, *caller_fds],
                 env={
                     "PATH": os.environ.get("PATH", os.defpath),
                     "GYRE_CGROUP_PROCS": " ".join(str(d / "cgroup.procs") for d in self.cgroups),
@@ -344,7 +347,7 @@ class Sandbox:
                     stdout=setup_log,
                     stderr=setup_log,
                     start_new_session=True,  # not in the runner's group: a signal to it misses the keeper
-                    pass_fds=(*own_fds, *pass_fds),
+                    pass_fds=(*own_fds, *caller_fds),
                 )
         finally:
             for fd in own_fds:
@@ -382,17 +385,25 @@ class Sandbox:
                 await self.kill("disk_quota")
                 break
         duration = time.monotonic() - started
+        setup = self._read_json(STARTED_FILE) or {}
+        base = Outcome(
+            exit_code=None,
+            duration_s=duration,
+            started=setup.get("started") is True,
+            setup_errno=int(setup.get("setup_errno") or 0),
+            setup_error=str(setup.get("setup_error") or ""),
+        )
         if self._kill_reason:
-            return Outcome(exit_code=None, killed=self._kill_reason, duration_s=duration)
-        ended = self._read_outcome()
+            return dataclasses.replace(base, killed=self._kill_reason)
+        ended = self._read_json(OUTCOME_FILE)
         if ended is not None:
             forward = ended.get("forward") or {}
             if self.forwarder is not None and forward:
                 self.forwarder = ForwardStats(folder=self.forwarder.folder, **forward)
-            return Outcome(exit_code=ended["exit_code"], duration_s=duration)
+            return dataclasses.replace(base, exit_code=ended["exit_code"])
         if self.proc is not None and self.proc.returncode not in (None, 0):
-            return Outcome(exit_code=self.proc.returncode, duration_s=duration)  # the keeper died
-        return Outcome(exit_code=None, killed="keeper_lost", duration_s=duration)
+            return dataclasses.replace(base, exit_code=self.proc.returncode)  # the keeper died
+        return dataclasses.replace(base, killed="keeper_lost")
 
     async def _ended(self, *, within_s: float) -> bool:
         if self.proc is not None:
@@ -414,12 +425,17 @@ class Sandbox:
         pid, started = self.keeper
         return pid > 0 and started is not None and start_time(pid) == started
 
-    def _read_outcome(self) -> dict[str, Any] | None:
+    def _read_json(self, name: str) -> dict[str, Any] | None:
+        """A record the keeper wrote in log/ (root-only: nothing in the sandbox reaches it)."""
         try:
-            data: dict[str, Any] = json.loads((self.path / "log" / OUTCOME_FILE).read_text())
+            data: dict[str, Any] = json.loads((self.path / "log" / name).read_text())
         except (OSError, ValueError):
             return None
-        return data
+        return data if isinstance(data, dict) else None
+
+    async def log_tail(self, limit: int = 2000, *, name: str = "harness.log") -> str:
+        """The last `limit` bytes of a log of this sandbox, read off the event loop."""
+        return await asyncio.to_thread(read_tail, self.path / "log" / name, limit)
 
     async def kill(self, reason: str) -> None:
         """Kill every process of the sandbox: pid namespace, cgroups, and everything of its uid."""
@@ -438,13 +454,13 @@ class Sandbox:
             else:
                 await asyncio.sleep(0.05)
         for _ in range(int(KILL_WAIT_S / 0.05)):  # bounded: SIGKILLed processes exit in moments
-            if not any(_cgroup_pids(d) for d in self.cgroups):
+            if not any(cgroup_pids(d) for d in self.cgroups):
                 break
             await asyncio.sleep(0.05)
 
     def _kill_leftovers(self) -> None:
         for d in self.cgroups:
-            for pid in _cgroup_pids(d):
+            for pid in cgroup_pids(d):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if self.uid is not None:  # kill(-1) as the sandbox uid reaches exactly its processes
@@ -467,31 +483,6 @@ class Sandbox:
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("sandbox_not_removed", path=str(self.path), error=str(exc))
         for d in self.cgroups:
-            _remove_cgroup(d)
+            remove_cgroup(d)
         self.cgroups = []
         self.host._free_user(self.uid, self.user)
-
-
-def _cgroup_pids(cgroup: Path) -> list[int]:
-    try:
-        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _remove_cgroup(cgroup: Path) -> None:
-    """rmdir a sandbox's cgroup. Its last processes may still be exiting (bwrap's pid 1 takes the
-    namespace down as it goes), and rmdir fails while any is in it: kill and retry, bounded."""
-    for _ in range(100):
-        pids = _cgroup_pids(cgroup)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            cgroup.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-    log.warning("sandbox_cgroup_left", cgroup=str(cgroup))

@@ -3,9 +3,18 @@ the host's forwarder socket (shell).
 
 Run as a plain script (`python -I -S init.py`, standard library only), reading its spec (JSON)
 from stdin. Inside bubblewrap (`gyre.sandbox.rootfs`) it already runs as the sandbox user in
-the sandbox's namespaces: it sets the rlimits, relays the one forwarded port (the host side,
+the sandbox's namespaces, as the namespace's pid 1 (`--as-pid-1`: no bwrap process of the
+sandbox user sits inside): it sets the rlimits, relays the one forwarded port (the host side,
 `gyre.sandbox.forward`, holds the only way out), starts the harness and reaps everything until
-the harness exits. bwrap's own pid 1 takes every process left in the pid namespace down with it.
+the harness exits, then kills what is left.
+
+It makes itself non-dumpable first: a process of the same uid can then neither read nor write
+its memory (`/proc/<pid>/mem`), open its descriptors (`/proc/<pid>/fd`, `pidfd_getfd`) nor read
+its environment. Once the harness runs, it tells the keeper so on the status pipe (`status_fd`,
+whose read end only the host holds) and closes it: `started`, or `failed <errno> <message>`
+when set-up failed before. That line, not any log text, is the host's proof of whether set-up
+finished (`gyre.sandbox.blame`). The harness's output goes to `log_fd`, a pipe the keeper
+drains with a bound.
 
 Without namespaces (the fallback, see `limits.plan_isolation`) it runs on the host as root: it
 joins the cgroups, starts the harness as the sandbox user, and forwards nothing.
@@ -28,6 +37,7 @@ from typing import Any
 
 POLL_S = 0.2
 CHUNK = 65536
+PR_SET_DUMPABLE = 4
 
 
 class Relay:
@@ -104,15 +114,16 @@ def run(spec: dict[str, Any]) -> int:
     if namespaces and spec.get("forward"):
         fwd = spec["forward"]
         relay = Relay(listen_port=fwd["listen_port"], socket_path=fwd["socket_path"])
-    log = os.fdopen(spec["log_fd"], "ab", buffering=0)  # the host's harness.log
+    log = os.fdopen(spec["log_fd"], "ab", buffering=0)  # a pipe the keeper drains
+    stdout_fd = spec.get("stdout_fd")  # a pipe the caller alone reads (a check's verdicts)
     uid = None if namespaces else spec.get("uid")
     child = subprocess.Popen(
         spec["argv"],
         cwd=spec["cwd"],
         env=spec["env"],
         stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        stdout=log if stdout_fd is None else stdout_fd,
+        stderr=log if stdout_fd is not None else subprocess.STDOUT,
         user=uid,
         group=spec.get("gid") if uid is not None else None,
         extra_groups=[] if uid is not None else None,
@@ -121,8 +132,10 @@ def run(spec: dict[str, Any]) -> int:
         close_fds=True,
         pass_fds=tuple(spec.get("pass_fds", ())),
     )
+    _report(spec, b"started\n")  # from here on, whatever happens is the harness's doing
     log.close()
-    for fd in spec.get("pass_fds", ()):  # only the harness keeps the write end: EOF when it is gone
+    for fd in [*spec.get("pass_fds", ()), *([stdout_fd] if stdout_fd is not None else [])]:
+        # only the harness keeps the write ends: EOF when it is gone
         with contextlib.suppress(OSError):
             os.close(fd)
     sel = selectors.DefaultSelector()
@@ -152,14 +165,37 @@ def _reap(main_pid: int) -> int | None:
             return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
+def _report(spec: dict[str, Any], line: bytes) -> None:
+    """Tell the keeper how set-up ended, once, and close the pipe: nothing else can write to it."""
+    fd = spec.pop("status_fd", None)
+    if fd is None:
+        return
+    try:
+        os.write(fd, line[:4096])
+    finally:
+        os.close(fd)
+
+
+def not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of the same uid lose ptrace-mode access to this one."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(err)}")
+
+
 def main() -> int:
     faulthandler.enable()
     spec = json.loads(sys.stdin.read())
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     try:
+        not_dumpable()
         return run(spec)
     except OSError as exc:
         print(f"gyre-sandbox: setup failed: {exc}", file=sys.stderr)
+        _report(spec, f"failed {exc.errno or 0} {exc}\n".encode(errors="replace"))
         return 125 if exc.errno != errno.ENOENT else 127
 
 

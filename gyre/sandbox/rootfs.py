@@ -69,6 +69,7 @@ def bwrap_argv(plan: RootPlan, command: Sequence[str]) -> list[str]:
         "--die-with-parent",  # the host killing bwrap takes the whole sandbox down
         "--new-session",  # no TIOCSTI into a terminal outside
         "--unshare-all",
+        "--as-pid-1",  # init is pid 1: no bwrap process of the sandbox user, dumpable, sits inside
         "--unshare-user",
         "--disable-userns",
         "--assert-userns-disabled",

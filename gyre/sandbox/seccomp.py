@@ -5,10 +5,13 @@ set no_new_privs; every process inside inherits it and none can lift it. The fil
 (EPERM) what a coding agent never needs and what widens the kernel's attack surface or leaves
 the sandbox's namespaces: mounting, new namespaces (`unshare`, `setns`, namespace flags on
 `clone`), kernel keyrings, module loading, bpf, perf, ptrace, userfaultfd, io_uring, file
-handles, clock and host settings. `clone3` answers ENOSYS so the C library falls back to
-`clone`, whose flags the filter can read. A foreign architecture (x32 numbers, or a 32-bit
-binary) is killed outright. Only x86_64 and aarch64 have tables; `program_for` says so for
-others.
+handles, clock and host settings, and descriptors of other processes (`pidfd_open`,
+`pidfd_getfd`: the sandbox's first process is not dumpable either, this closes the way twice).
+`clone3` answers ENOSYS so the C library falls back to `clone`, whose flags the filter can read.
+`socket` and `socketpair` are allowed for AF_UNIX, AF_INET and AF_INET6 only; any other family
+(vsock, which the network namespace does not cover, packet, netlink, ...) answers EAFNOSUPPORT,
+as on a kernel built without it. A foreign architecture (x32 numbers, or a 32-bit binary) is
+killed outright. Only x86_64 and aarch64 have tables; `program_for` says so for others.
 
 Example:
     program_for("x86_64") -> bytes, 8 bytes per instruction (struct sock_filter), ready for bwrap
@@ -32,6 +35,8 @@ X32_SYSCALL_BIT = 0x40000000
 NAMESPACE_FLAGS = 0x7E020000
 """CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET."""
 OFFSET_NR, OFFSET_ARCH, OFFSET_ARG0_LOW = 0, 4, 16
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+ALLOWED_FAMILIES = (AF_UNIX, AF_INET, AF_INET6)
 
 DENIED = (
     "mount", "umount2", "pivot_root", "swapon", "swapoff", "reboot", "sethostname",
@@ -42,6 +47,7 @@ DENIED = (
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "io_uring_setup",
     "io_uring_enter", "io_uring_register", "fsopen", "fsconfig", "fsmount", "fspick",
     "move_mount", "open_tree", "mount_setattr", "iopl", "ioperm", "uselib", "personality",
+    "pidfd_open", "pidfd_getfd",
 )  # fmt: skip
 """Denied with EPERM wherever the architecture has them."""
 
@@ -63,6 +69,7 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "io_uring_register": 427, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
             "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
             "iopl": 172, "ioperm": 173, "uselib": 134, "personality": 135,
+            "pidfd_open": 434, "pidfd_getfd": 438, "socket": 41, "socketpair": 53,
         },
     ),
     # AUDIT_ARCH_AARCH64 and the generic syscall numbers (include/uapi/asm-generic/unistd.h).
@@ -81,14 +88,37 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "clock_adjtime": 266, "adjtimex": 171, "io_uring_setup": 425, "io_uring_enter": 426,
             "io_uring_register": 427, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
             "fspick": 433, "move_mount": 429, "open_tree": 428, "mount_setattr": 442,
-            "personality": 92,
+            "personality": 92, "pidfd_open": 434, "pidfd_getfd": 438, "socket": 198,
+            "socketpair": 199,
         },
     ),
 }  # fmt: skip
 
 
-def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-    return struct.pack("=HBBI", code, jt, jf, k)
+Insn = tuple[int, int, str, str]
+"""(code, k, label if true, label if false): jumps by name, resolved by `_assemble`."""
+
+
+def _assemble(program: list[Insn | str]) -> bytes:
+    """Lay out instructions and labels (plain strings) as struct sock_filter, jumps resolved.
+
+    Example: [(JEQ_K, 1, "yes", ""), (RET_K, 0, "", ""), "yes", (RET_K, 1, "", "")]
+        -> JEQ 1 jt=1 jf=0; RET 0; RET 1   (a jump counts the instructions it skips)
+    """
+    where: dict[str, int] = {}
+    insns: list[Insn] = []
+    for item in program:
+        if isinstance(item, str):
+            where[item] = len(insns)
+        else:
+            insns.append(item)
+    out = []
+    for n, (code, k, jt, jf) in enumerate(insns):
+        skip_t = where[jt] - n - 1 if jt else 0
+        skip_f = where[jf] - n - 1 if jf else 0
+        assert 0 <= skip_t < 256 and 0 <= skip_f < 256, "classic BPF jumps forward, by at most 255"
+        out.append(struct.pack("=HBBI", code, skip_t, skip_f, k))
+    return b"".join(out)
 
 
 def program_for(machine: str) -> bytes | None:
@@ -97,28 +127,36 @@ def program_for(machine: str) -> bytes | None:
         return None
     audit_arch, numbers = ARCHES[machine]
     deny = [numbers[name] for name in DENIED if name in numbers]
-    eperm = SECCOMP_RET_ERRNO | errno.EPERM
-    enosys = SECCOMP_RET_ERRNO | errno.ENOSYS
-    # After the list (6 instructions to the returns): clone3 -> ENOSYS; clone with a namespace
-    # flag -> EPERM; anything else is allowed.
-    tail = [
-        _insn(JEQ_K, numbers["clone3"], jt=5, jf=0),
-        _insn(JEQ_K, numbers["clone"], jt=0, jf=2),
-        _insn(LD_W_ABS, OFFSET_ARG0_LOW),
-        _insn(JSET_K, NAMESPACE_FLAGS, jt=1, jf=0),
-        _insn(RET_K, SECCOMP_RET_ALLOW),
-        _insn(RET_K, eperm),
-        _insn(RET_K, enosys),
-    ]
-    # Denied numbers: from instruction n of the list, EPERM sits after the rest of the list and
-    # the first five tail instructions.
-    body = [_insn(JEQ_K, nr, jt=len(deny) - n - 1 + 5, jf=0) for n, nr in enumerate(deny)]
-    head = [
-        _insn(LD_W_ABS, OFFSET_ARCH),
-        _insn(JEQ_K, audit_arch, jt=1, jf=0),
-        _insn(RET_K, SECCOMP_RET_KILL_PROCESS),
-        _insn(LD_W_ABS, OFFSET_NR),
+    program: list[Insn | str] = [
+        (LD_W_ABS, OFFSET_ARCH, "", ""),
+        (JEQ_K, audit_arch, "native", ""),
+        (RET_K, SECCOMP_RET_KILL_PROCESS, "", ""),
+        "native",
+        (LD_W_ABS, OFFSET_NR, "", ""),
     ]
     if machine == "x86_64":  # x32 numbers carry bit 30: the same arch value, other meanings
-        head += [_insn(JGE_K, X32_SYSCALL_BIT, jt=0, jf=1), _insn(RET_K, SECCOMP_RET_KILL_PROCESS)]
-    return b"".join(head + body + tail)
+        program += [(JGE_K, X32_SYSCALL_BIT, "kill", "")]
+    program += [(JEQ_K, nr, "eperm", "") for nr in deny]
+    program += [
+        (JEQ_K, numbers["clone3"], "enosys", ""),
+        (JEQ_K, numbers["clone"], "clone_flags", ""),
+        (JEQ_K, numbers["socket"], "family", ""),
+        (JEQ_K, numbers["socketpair"], "family", ""),
+        (RET_K, SECCOMP_RET_ALLOW, "", ""),
+        "clone_flags",  # clone with a namespace flag -> EPERM
+        (LD_W_ABS, OFFSET_ARG0_LOW, "", ""),
+        (JSET_K, NAMESPACE_FLAGS, "eperm", "allow"),
+        "family",  # the domain is an int: its low 32 bits are all the kernel reads
+        (LD_W_ABS, OFFSET_ARG0_LOW, "", ""),
+        *[(JEQ_K, family, "allow", "") for family in ALLOWED_FAMILIES],
+        (RET_K, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT, "", ""),
+        "allow",
+        (RET_K, SECCOMP_RET_ALLOW, "", ""),
+        "eperm",
+        (RET_K, SECCOMP_RET_ERRNO | errno.EPERM, "", ""),
+        "enosys",
+        (RET_K, SECCOMP_RET_ERRNO | errno.ENOSYS, "", ""),
+        "kill",
+        (RET_K, SECCOMP_RET_KILL_PROCESS, "", ""),
+    ]
+    return _assemble(program)

@@ -10,8 +10,18 @@ write or forge its own score.
 
 Every workspace gets a grade. What the workspace causes (too deep, too big, too many files, a
 copy or a test run past the deadline) scores 0 with the reason: hanging must never pay better
-than failing. Only a failure of the grading machinery itself (the sandbox would not start, the
-reporter never ran) is retried and then reported `not assessable`.
+than failing. Only a failure of the grading machinery itself, proved by host facts
+(`gyre.sandbox.blame`: the grading sandbox's set-up never reported that the grader started; the
+reporter's first line, written before any graded code runs, never came) is retried and then
+reported `not assessable`. Nothing the graded code prints or does can trigger a retry.
+
+A check script (terminal tasks) runs as an execute-only copy of the shell, so the kernel makes
+it non-dumpable: the programs it starts, under the same uid, cannot read its memory,
+environment or descriptors. Its text reaches it in its environment, which it drops before it
+runs, never as a file in the sandbox. Its verdicts travel on its stdout, a pipe only this
+process reads; a check that does not exit 0 by itself (killed, or cut short by a program it ran)
+has every verdict failed: a program can print PASS lines into its stdout, never keep a FAIL
+line out of it.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from typing import Any
 import structlog
 
 from gyre.errors import InvalidArgument
-from gyre.sandbox.host import Sandbox, SandboxHost
+from gyre.sandbox.blame import Blame, HostFacts, blame
+from gyre.sandbox.host import Outcome, Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB, SandboxLimits
 from gyre.sandbox.trees import CopyBounds, CopyRefused, bounded_copy
 from services.evaluator.integrity import judge_records, with_canary
@@ -45,8 +56,10 @@ from services.evaluator.scoring import (
 from services.evaluator.taskset import TaskDef
 
 log = structlog.get_logger(__name__)
-GRADER_VERSION = 3
-"""3: values compared outside the tested process, skipped and missing tests fail, workspace faults score 0."""
+GRADER_VERSION = 4
+"""3: values compared outside the tested process, skipped and missing tests fail, workspace faults score 0.
+4: only host-proven set-up failures are not assessable; a check script's silence, death or
+non-zero exit fails its verdicts."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,8 +181,9 @@ class Grader:
         os.close(write_end)  # from here on only the sandboxed pytest holds a write end
         outcome = await box.wait(timeout_s=max(0.0, deadline - time.monotonic()))
         lines = await asyncio.to_thread(pipe.finish)
-        if _setup_failed(box):
-            return GraderRun(outcomes={}, error=f"the grading sandbox did not start: {_setup_log(box)}")
+        blamed = _blame(outcome)
+        if blamed.infrastructure:
+            return GraderRun(outcomes={}, error=await _did_not_start(box, blamed))
         if outcome.killed:
             return GraderRun(outcomes={}, workspace_fault=_late(task, outcome.killed))
         if pipe.stuck:
@@ -178,44 +192,72 @@ class Grader:
             return GraderRun(outcomes={}, tampered=f"the report passed {REPORT_LIMIT // MIB} MiB")
         run = judge_records(lines, files=files, expected=expected, canaries=canaries)
         if run.error:
-            why = f"{run.error}; pytest exited with {outcome.exit_code}: {_tail(box)}"
+            why = f"{run.error}; pytest exited with {outcome.exit_code}: {await box.log_tail(1500)}"
             run = GraderRun(outcomes={}, error=why)
         return run
 
     async def _run_script(self, task: TaskDef, box: Sandbox, *, deadline: float) -> GraderRun:
         trusted = _trusted_folder(box)
-        script = trusted / "check.sh"
-        _write_trusted(script, (task.folder / task.check_script).read_text())
+        shell = _execute_only_shell(trusted)
         box.own_files()
-        await box.launch(["/bin/sh", str(script)], env={"PATH": _path()}, read_only=[trusted])
+        env = {"PATH": _path(), "GYRE_CHECK": (task.folder / task.check_script).read_text()}
+        read_end, write_end = os.pipe()
+        verdicts = _PipeReader(read_end)
+        try:
+            await box.launch(
+                [str(shell), "-c", CHECK_WRAPPER], env=env, read_only=[trusted], stdout_fd=write_end
+            )
+        except BaseException:
+            os.close(write_end)
+            await asyncio.to_thread(verdicts.finish)
+            raise
+        os.close(write_end)
         outcome = await box.wait(timeout_s=max(0.0, deadline - time.monotonic()))
-        if _setup_failed(box):
-            return GraderRun(outcomes={}, error=f"the grading sandbox did not start: {_setup_log(box)}")
+        lines = await asyncio.to_thread(verdicts.finish)
+        blamed = _blame(outcome)
+        if blamed.infrastructure:
+            return GraderRun(outcomes={}, error=await _did_not_start(box, blamed))
         if outcome.killed:
             return GraderRun(outcomes={}, workspace_fault=_late(task, outcome.killed))
-        verdicts = parse_verdicts(box.log_path.read_text(errors="replace") if box.log_path.exists() else "")
-        if not verdicts and outcome.exit_code != 0 and not task.verdicts:
-            return GraderRun(outcomes={}, error=f"check script exited with {outcome.exit_code}: {_tail(box)}")
-        return GraderRun(outcomes=verdicts)  # declared verdicts it never printed count as failed
+        if verdicts.stuck or verdicts.overflow:
+            return GraderRun(
+                outcomes={}, tampered="a process of the graded code kept or flooded the verdicts"
+            )
+        if outcome.exit_code != 0:  # its verdicts cannot be told from what a program printed
+            return GraderRun(
+                outcomes={},
+                workspace_fault=f"the check script did not exit 0 by itself (exit {outcome.exit_code}): "
+                "every verdict failed",
+            )
+        return GraderRun(outcomes=parse_verdicts("\n".join(lines)))  # declared but missing: failed
+
+
+CHECK_WRAPPER = 'script=$GYRE_CHECK; unset GYRE_CHECK; eval "$script"'
+"""The check's text arrives in its environment and is dropped before it runs: the programs it
+starts inherit neither a copy nor a path to it."""
+
+
+def _blame(outcome: Outcome) -> Blame:
+    return blame(
+        HostFacts(
+            started=outcome.started,
+            setup_errno=outcome.setup_errno,
+            setup_error=outcome.setup_error,
+            killed=outcome.killed,
+            exit_code=outcome.exit_code,
+        )
+    )
+
+
+async def _did_not_start(box: Sandbox, blamed: Blame) -> str:
+    setup_log = await box.log_tail(1500, name="sandbox.log")  # for the operator, not the verdict
+    return f"the grading sandbox did not start: {blamed.reason}\n{setup_log}".strip()
 
 
 def _late(task: TaskDef, killed: str) -> str:
     if killed == "disk_quota":
         return "the tested code filled the grading sandbox's disk quota"
     return f"copying and testing it ran past the grader's deadline of {task.grader_timeout_s:g} s"
-
-
-def _setup_log(box: Sandbox) -> str:
-    try:
-        return (box.path / "log" / "sandbox.log").read_text(errors="replace")[-1500:]
-    except OSError:
-        return ""
-
-
-def _setup_failed(box: Sandbox) -> bool:
-    """bwrap or the sandbox's first process failed before the grader ran (infrastructure)."""
-    text = _setup_log(box)
-    return "bwrap:" in text or "gyre-sandbox: setup failed" in text
 
 
 REPORTER = Path(__file__).resolve().parent / "grade_report.py"
@@ -230,6 +272,15 @@ def _trusted_folder(box: Sandbox) -> Path:
     os.chown(folder, 0, 0)
     os.chmod(folder, 0o755)
     return folder
+
+
+def _execute_only_shell(folder: Path) -> Path:
+    """A copy of /bin/sh the sandbox user may run but not read: the kernel then starts it
+    non-dumpable (suid_dumpable), out of reach of the same uid's /proc/<pid>/mem, fd, environ."""
+    shell = folder / "sh"
+    shell.write_bytes(Path(os.path.realpath("/bin/sh")).read_bytes())
+    os.chmod(shell, 0o111)
+    return shell
 
 
 def _write_trusted(path: Path, text: str) -> None:
@@ -287,10 +338,3 @@ def _precheck(task: TaskDef, workspace: Path) -> Scored | None:
 
 def _path() -> str:
     return f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
-
-
-def _tail(box: Sandbox, limit: int = 1500) -> str:
-    try:
-        return box.log_path.read_text(errors="replace")[-limit:]
-    except OSError:
-        return ""

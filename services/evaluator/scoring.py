@@ -101,8 +101,10 @@ def score_task(task: TaskDef, run: GraderRun) -> Scored:
 
 
 def _score_script(run: GraderRun, *, declared: Sequence[str] = ()) -> Scored:
-    if not run.outcomes:
-        return not_assessable("the check script printed no PASS/FAIL verdict")
+    """The check ran (the host saw it start), so silence is the graded code's doing: declared
+    verdicts it never printed fail, and a check that printed none of an undeclared set earns 0."""
+    if not run.outcomes and not declared:
+        return earned_zero("the check script printed no PASS/FAIL verdict")
     if declared:  # names the task declared, and only those: printed extra PASS lines earn nothing
         run = GraderRun(outcomes={name: run.outcomes.get(name, [FAILED]) for name in declared})
     weight = 1.0 / len(run.outcomes)

@@ -6,7 +6,7 @@
 A task folder holds `task.toml`, `workspace/` (what the harness starts from) and `hidden/`
 (grader files the harness never sees). A pytest check's tests *return* the value under test;
 `hidden/<tests>.expected.json` maps each test name to the value it must return, and stays on the
-host (see `integrity`). See README, section "Evaluator: task format".
+host (see `integrity`). See docs/tutorials/own-tasks.md, "The task format".
 """
 
 from __future__ import annotations

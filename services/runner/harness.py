@@ -212,20 +212,3 @@ def crash_reason(outcome: Outcome, log_tail: str) -> str:
     else:
         why = f"the harness exited with code {outcome.exit_code}"
     return f"{why}; last output: {log_tail.strip()[-800:]}" if log_tail.strip() else why
-
-
-def crash_end(outcome: Outcome, log_tail: str, *, failed_calls: int, last_failure: str) -> tuple[str, str]:
-    """Failure kind and reason of a started harness that did not end cleanly (pure). One that
-    exited on its own after the proxy failed some of its model calls (HTTP 5xx: no engine serving,
-    none with new enough weights, the engine lost) gave up on the model endpoint: an
-    infrastructure failure, not graded; any other end is its own crash, graded as it stands.
-
-    Example: crash_end(Outcome(exit_code=3), "", failed_calls=2, last_failure="no engine is serving")
-        -> ("model_unavailable", "the proxy failed 2 of the harness's model calls (last: no engine
-            is serving); the harness exited with code 3")
-    """
-    why = crash_reason(outcome, log_tail)
-    if outcome.killed or failed_calls == 0:
-        return "harness_crashed", why
-    failed = f"the proxy failed {failed_calls} of the harness's model calls (last: {last_failure[:1000]})"
-    return "model_unavailable", f"{failed}; {why}"

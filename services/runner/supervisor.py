@@ -33,6 +33,7 @@ from gyre.outages import is_outage
 from gyre.proxy.v1 import proxy_pb2, proxy_pb2_grpc
 from gyre.runner.v1 import events_pb2, runner_pb2
 from gyre.sandbox.adopt import adopt
+from gyre.sandbox.blame import CANCELLED, HostFacts, blame
 from gyre.sandbox.host import Forward, Outcome, Sandbox, SandboxHost
 from gyre.sandbox.limits import MIB
 from gyre.sandbox.trees import CopyBounds
@@ -40,7 +41,7 @@ from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
 from services.runner.executions import Launch, recovered_launch
-from services.runner.harness import HarnessInput, crash_end, limits_for, plan_launch, spent_own_budget
+from services.runner.harness import HarnessInput, crash_reason, limits_for, plan_launch, spent_own_budget
 from services.runner.workspace import WorkspaceError, fill
 
 log = structlog.get_logger(__name__)
@@ -220,16 +221,27 @@ class Supervisor:
     async def _finish(self, run: Running, box: Sandbox, outcome: Outcome) -> None:
         launch = run.launch
         uri = box.work.as_uri()
-        setup = _tail(box.path / "log" / "sandbox.log")
-        if "gyre-sandbox: setup failed" in setup:
-            kind = "harness_launch" if "No such file" in setup or "Errno 2" in setup else "sandbox"
-            raise LaunchFailed(kind, setup)
-        if outcome.killed == "cancelled":
+        failed, last = run.failed_calls
+        blamed = blame(
+            HostFacts(
+                started=outcome.started,
+                setup_errno=outcome.setup_errno,
+                setup_error=outcome.setup_error,
+                killed=outcome.killed,
+                exit_code=outcome.exit_code,
+                proxy_failed_calls=failed,
+                last_proxy_failure=last,
+            )
+        )
+        if blamed.verdict == CANCELLED:
             await self._end(run, "cancelled", _cancelled(run, box))
-        elif outcome.killed == "keeper_lost":
-            raise LaunchFailed("runner_lost", "the sandbox's keeper ended without an outcome")
-        elif outcome.killed not in ("", "deadline", "disk_quota"):
-            raise LaunchFailed("runner_lost", f"the runner killed the harness: {outcome.killed}")
+        elif blamed.infrastructure:
+            if not outcome.started:  # set-up's own messages: for the operator, never the verdict
+                setup_log = await box.log_tail(1500, name="sandbox.log")
+                raise LaunchFailed(blamed.kind, f"{blamed.reason}\n{setup_log}".strip())
+            tail = (await box.log_tail(800)).strip()
+            reason = f"{blamed.reason}; last output: {tail}" if tail else blamed.reason
+            await self._end_failed(run, blamed.kind, reason, exit_code=outcome.exit_code)
         elif outcome.killed == "deadline" or (
             outcome.killed == "" and spent_own_budget(launch.harness, outcome.exit_code)
         ):
@@ -257,13 +269,9 @@ class Supervisor:
                 task=launch.task,
             )
             await self._end(run, "finished", event, exit_code=0)
-        else:  # a crash (non-zero exit, a signal we did not send, the disk quota), or a harness that
-            # gave up after the proxy failed its calls (the count is final: revoked above); workspace kept
-            failed, last = run.failed_calls
-            kind, reason = crash_end(
-                outcome, _tail(box.log_path, 1000), failed_calls=failed, last_failure=last
-            )
-            await self._end_failed(run, kind, reason, exit_code=outcome.exit_code)
+        else:  # its own crash (non-zero exit, a signal we did not send, the disk quota): graded
+            reason = crash_reason(outcome, await box.log_tail(1000))
+            await self._end_failed(run, "harness_crashed", reason, exit_code=outcome.exit_code)
 
     async def _end(self, run: Running, state: str, event: Any, **values: Any) -> None:
         await self._count_calls(run, event)
@@ -476,10 +484,3 @@ def _forward(base_url: str) -> Forward:
     if parts.scheme != "http" or not parts.hostname:
         raise GyreError(f"GYRE_RUNNER_PROXY_BASE_URL must be http://host:port[/path], got {base_url!r}")
     return Forward(host=parts.hostname, port=parts.port or 80)
-
-
-def _tail(path: Any, limit: int = 2000) -> str:
-    try:
-        return str(path.read_text(errors="replace"))[-limit:]
-    except OSError:
-        return ""

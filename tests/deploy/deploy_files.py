@@ -21,9 +21,6 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from gyre.settings import KernelSettings
-from gyre.tls import TlsSettings
-
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -90,17 +87,9 @@ def load_kustomization(folder: Path) -> list[dict[str, Any]]:
 
 def settings_classes() -> dict[str, type[BaseSettings]]:
     """Env prefix -> settings class, for the kernel and every service (`services/<name>/config.py`)."""
-    import importlib
+    from gyre_app.docs_reference.settings_pages import settings_classes as all_classes
 
-    found: dict[str, type[BaseSettings]] = {"GYRE_": KernelSettings, "GYRE_TLS_": TlsSettings}
-    for config in sorted((ROOT / "services").glob("*/config.py")):
-        module = importlib.import_module(f"services.{config.parent.name}.config")
-        for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, BaseSettings) and value is not BaseSettings:
-                prefix = value.model_config.get("env_prefix", "")
-                if prefix:
-                    found[prefix] = value
-    return found
+    return {str(cls.model_config.get("env_prefix", "")): cls for cls in all_classes()}
 
 
 def unknown_gyre_variables(names: Iterator[str] | list[str]) -> list[str]:

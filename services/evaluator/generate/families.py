@@ -2,7 +2,7 @@
 
 To add a family: write a module with `FAMILY` (the evaluator's family name: its grader) and
 `generate(*, name, seed, index) -> TaskInstance`, and register it in `GENERATORS` under the
-name users type. See README, "Task sets".
+name users type. See docs/tutorials/own-tasks.md, "Generated families".
 """
 
 from __future__ import annotations

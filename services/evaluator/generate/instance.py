@@ -1,6 +1,6 @@
 """One generated task instance and its `task.toml` text (pure).
 
-An instance is everything a task folder holds (DESIGN's task format, README "Evaluator: task
+An instance is everything a task folder holds (DESIGN's task format, docs/tutorials/own-tasks.md "The task
 format") plus a reference solution: the tool calls of the built-in agent that solve it, kept in
 `hidden/solution.json` (the harness never sees `hidden/`). The warm start's scripted solver
 replays those calls; the grader ignores the file.

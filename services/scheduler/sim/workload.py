@@ -3,7 +3,7 @@ reading the YAML file and recorded traces).
 
 Schema: ../shared/workloads/README.md (copied verbatim in bench/workloads/). Optional fields this
 simulator adds, with their defaults (the costs elasticity pays; where each default comes from is
-in the README's simulator section):
+in docs/design/scheduling.md):
 
     training.microbatch_tokens: 32768      # a satellite joins or leaves a step between microbatches
     training.group_setup_s: 2.0            # forming the data-parallel group anew when its members change
@@ -40,7 +40,7 @@ import yaml
 from gyre.errors import InvalidArgument
 
 # GPU-cell defaults for the paper workloads: published figures and arithmetic, none measured here
-# (no GPU); sources in the README's simulator section. CPU-cell figures measured here are in
+# (no GPU); sources in docs/design/scheduling.md. CPU-cell figures measured here are in
 # bench/profiles/cpu-cells.yaml.
 DEFAULT_MICROBATCH_TOKENS = 32768
 DEFAULT_MIGRATE_S = 5.0  # a conservative fixed pause (issue 5's figure), not a measurement

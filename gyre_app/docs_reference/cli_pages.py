@@ -1,0 +1,133 @@
+"""The CLI reference page: every `gyre` command's help, taken from its own parser (shell).
+
+Most commands are typer (click) commands; the ones a service owns (`gyre sim`, `gyre model`,
+...) forward to an argparse parser in that service, which is what answers their `--help`, so
+that parser is the one documented. The help text is rendered at a fixed width, so the page does
+not depend on the terminal that generated it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import typer
+
+WIDTH = 100
+
+# Commands whose arguments `gyre_app.cli.main` routes to a parser of their own before typer sees
+# them: the words that select it, the module whose `main(argv)` builds the parser, and the
+# subcommand of that parser they name (None: the parser itself).
+ROUTED_PARSERS: dict[str, tuple[str, str | None]] = {
+    "tasks generate": ("services.evaluator.generate.cli", "generate"),
+    "model init --warm-start": ("gyre_app.warmstart.cli", None),
+}
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def _capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+    raise _Captured(self)
+
+
+def captured_parser(main: Callable[[list[str]], int]) -> argparse.ArgumentParser:
+    """The parser a command's `main(argv)` builds, stopped before it parses (nothing runs)."""
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", _capture):
+        try:
+            main([])
+        except _Captured as got:
+            return got.parser
+    raise RuntimeError(f"{main.__module__}.main never parsed its arguments")
+
+
+@contextlib.contextmanager
+def _fixed_width() -> Iterator[None]:
+    # argparse sizes its help from the terminal, read through COLUMNS when set.
+    with mock.patch.dict(os.environ, {"COLUMNS": str(WIDTH + 2)}):
+        yield
+
+
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # the public API offers no other way to reach subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def argparse_sections(title: str, parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """(title, help) for a parser and each of its subcommands, depth first."""
+    with _fixed_width():
+        sections = [(title, parser.format_help())]
+    for name, sub in subparsers(parser).items():
+        sections += argparse_sections(f"{title} {name}", sub)
+    return sections
+
+
+def _click_help(command: Any, ctx: Any) -> str:
+    formatter = ctx.make_formatter()
+    # Plain text: with a markup mode typer draws rich panels sized to the terminal instead.
+    with mock.patch.object(command, "rich_markup_mode", None, create=True):
+        command.format_help(ctx, formatter)
+    return str(formatter.getvalue())
+
+
+def click_sections(title: str, command: Any, parent: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(title, command, context) for a click command and its subcommands, by name.
+
+    Typed loosely: typer builds its commands on a click of its own, whose classes these are.
+    """
+    name = title.split()[-1]
+    ctx = command.context_class(
+        command, info_name=name, parent=parent, terminal_width=WIDTH, max_content_width=WIDTH
+    )
+    yield title, command, ctx
+    subcommands: dict[str, Any] = getattr(command, "commands", {})
+    for sub_name in sorted(subcommands):
+        yield from click_sections(f"{title} {sub_name}", subcommands[sub_name], ctx)
+
+
+def sections(app: typer.Typer, service_commands: dict[str, str]) -> list[tuple[str, str]]:
+    """(`gyre ...`, help text) for every command, service commands by their own parsers."""
+    out: list[tuple[str, str]] = []
+    root = typer.main.get_command(app)
+    for title, command, ctx in click_sections("gyre", root, None):
+        word = title.removeprefix("gyre ")
+        if word in service_commands:
+            module = importlib.import_module(service_commands[word])
+            out += argparse_sections(title, captured_parser(module.main))
+        else:
+            out.append((title, _click_help(command, ctx)))
+    for words, (module_name, subcommand) in ROUTED_PARSERS.items():
+        parser = captured_parser(importlib.import_module(module_name).main)
+        if subcommand is not None:
+            parser = subparsers(parser)[subcommand]
+        title = f"gyre {words}"
+        out = [section for section in out if section[0] != title]  # typer's stub says "see --help"
+        out += argparse_sections(title, parser)
+    return sorted(out)
+
+
+def render(app: typer.Typer, service_commands: dict[str, str]) -> str:
+    lines = [
+        "# CLI reference",
+        "",
+        "*Generated by `python -m gyre_app.docs_reference` from the `gyre` command's own parsers;",
+        "do not edit. How the commands fit together: [Daily commands](../guides/commands.md).*",
+        "",
+        "Every command has `--help`; every command that reads has `--json` (one JSON object on",
+        "stdout). An error is one line on stderr, `gyre <command>: <what was wrong>`, and a non-zero",
+        "exit code.",
+        "",
+    ]
+    for title, text in sections(app, service_commands):
+        lines += [f"## `{title}`", "", "```text", text.rstrip(), "```", ""]
+    return "\n".join(lines)
