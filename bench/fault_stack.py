@@ -323,11 +323,19 @@ class Stack:
 
     async def end(self, e: Execution, *, score: float) -> None:
         """The runner's revocation (retried while the proxy is away), then the evaluator's reward."""
+        await self.revoke(e)
+        await self.reward(e, score=score)
+
+    async def revoke(self, e: Execution) -> None:
+        """The runner's revocation, which learns the proxy's count of recorded calls."""
         request = proxy_pb2.RevokeExecutionTokenRequest(
             request_id=f"revoke:{e.execution_id}", execution_id=e.execution_id
         )
         answer = await self._proxy_call("RevokeExecutionToken", request)
         e.num_recorded = answer.num_calls_recorded
+
+    async def reward(self, e: Execution, *, score: float) -> None:
+        """The evaluator's reward, carrying the count `revoke` learned."""
         grade = evaluator_pb2.Grade(
             execution_id=e.execution_id, task_id=e.task_id, score=score, assessable=True
         )

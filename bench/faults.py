@@ -13,7 +13,9 @@ trained once (`duplicate_trained_groups`), and none is left untrained or short o
 Scenarios: `baseline` (no fault), `kill_proxy` and `kill_trajectory` (kill -9 mid-run, restart
 on the same ports), `kill_trainer` (kill -9 while the groups become ready), `duplicated_events`
 (every call, reward and task event sent again under new event ids), `reordered_events` (an
-execution's calls published children first, rewards before the task). Not built yet (issue
+execution's calls published children first, rewards before the task); with `--full`, Postgres
+away 20, 60 and 180 s and NATS away 60 s on the whole stack (`bench.fault_outages`), after each
+of which fresh tasks must train (`wedged` counts those after which they did not). Not built yet (issue
 18): kill -9 of the scheduler, runner, evaluator, an engine or a trainer replica, a NATS or
 Postgres restart (shared servers on development machines), a cut proxy-engine link, a step's
 batch rebuilt from the log. Uses GYRE_NATS_URL / GYRE_DATABASE_URL when set, else the embedded
@@ -265,6 +267,10 @@ async def run(*, full: bool, urls: tuple[str, str] | None = None) -> dict[str, o
             outcomes += [Outcome(**o) for o in operator]
             steps += operator_steps
             mismatches += operator_mismatches
+            from bench.fault_outages import run_outages
+
+            away, _ = await run_outages(Path(work) / "outages")
+            outcomes += [Outcome(**o) for o in away]  # each carries its own `wedged`
     return {
         "scenarios": len(outcomes),
         "lost_calls": sum(o.lost_calls for o in outcomes),

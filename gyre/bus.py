@@ -75,6 +75,11 @@ class Bus:
         nc = await nats.connect(
             config.url, name=name, connect_timeout=5, max_reconnect_attempts=60, reconnect_time_wait=1
         )
+        # Once connected, reconnect for as long as the server is away: a client that gave up after
+        # a minute would leave its service up but deaf after a longer NATS restart. (The first
+        # connect keeps its bound, so a command started with NATS down still ends; nats-py reads
+        # this option at each reconnect.)
+        nc.options["max_reconnect_attempts"] = -1
         return cls(nc, config)
 
     async def close(self) -> None:

@@ -9,12 +9,18 @@ message at a time. A message that can never be decoded is dead-lettered with the
 once; one whose handler keeps failing is retried with back-off and dead-lettered after
 `max_deliver` attempts, unless it raises `InvalidArgument` or `UndecodableEvent` (the event
 itself is wrong), which dead-letters at once. Nothing is dropped silently.
+
+An outage is not a failure. When a batch fails, the consumer probes its bus and database
+(`gyre.settle.after_failure` decides): while one is away it keeps the batch in hand (reporting
+progress, so the server does not redeliver it), stops fetching, probes until both answer and
+applies the batch again. The outage costs no delivery and never dead-letters, however long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -26,6 +32,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gyre.bus import Bus
 from gyre.db.inbox import Inbox, apply_batch, give_up
@@ -40,8 +47,9 @@ from gyre.events import (
     unpack_payload,
 )
 from gyre.logs import bind_ids
-from gyre.metrics import CONSUMER_PENDING, EVENTS_HANDLED
-from gyre.settle import APPLIED, Action, Fate, Limits, Outcome, settle
+from gyre.metrics import CONSUMER_PENDING, CONSUMER_WAITING, EVENTS_HANDLED
+from gyre.outages import database_answers, failure_fate, is_outage
+from gyre.settle import APPLIED, Action, Fate, Hold, Limits, Outcome, after_failure, probe_delay_s, settle
 from gyre.tracing import TRACE_HEADERS, continued_from
 
 log = structlog.get_logger(__name__)
@@ -80,6 +88,11 @@ class ConsumerSpec:
     30 s cap, 30 deliveries wait about 12 minutes."""
     wait_retry_max_s: float = 30.0
     """Longest back-off between deliveries of an event that waits (see `max_wait_deliver`)."""
+    database: async_sessionmaker[AsyncSession] | None = None
+    """The database plain `handlers` use, if any: probed with the bus when one fails, so its
+    outage is waited out (an inbox's database is probed without this)."""
+    probe_max_s: float = 5.0
+    """Longest pause between probes of a dependency that is away."""
 
     @property
     def server_max_deliver(self) -> int:
@@ -108,6 +121,8 @@ class Consumer:
         self.handlers = {cls.DESCRIPTOR.full_name: h for cls, h in spec.handlers.items()}
         self.processed = 0
         self.dead_lettered = 0
+        self.outages_waited = 0
+        self._stop = asyncio.Event()
 
     async def _subscribe(self) -> JetStreamContext.PullSubscription:
         stream = await self.bus.ensure_stream(self.spec.producer)
@@ -150,15 +165,25 @@ class Consumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process messages until `stop` is set; every fetch is bounded by `fetch_timeout_s`."""
+        self._stop = stop
         sub = await self._subscribe_retrying(stop)
         if sub is None:
             return
         log.info("consumer_started", consumer=self.spec.durable, producer=self.spec.producer)
         while not stop.is_set():
+            if not self.bus.nc.is_connected:  # no fetch while the bus is away: wait for it
+                if not await self._wait_out(["nats"], []):
+                    break
             try:
                 msgs = await sub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout_s)
             except (TimeoutError, NatsTimeoutError):
                 CONSUMER_PENDING.labels(consumer=self.spec.durable).set(0)  # nothing was waiting
+                continue
+            except Exception as exc:
+                if not is_outage(exc):  # a deleted stream or consumer, say: the worker's guard decides
+                    raise
+                if not await self._wait_out(await self.dependencies_away() or ["nats"], []):
+                    break
                 continue
             if self.spec.inbox is not None:
                 await self.handle_batch(msgs)
@@ -196,15 +221,82 @@ class Consumer:
 
     async def _apply(self, msg: Msg, event: DecodedEvent) -> str:
         """Run a plain handler; ack, retry later or dead-letter. Returns which happened."""
-        try:
-            await self._with_progress([msg], self.handlers[event.envelope.event_type](event))
-            outcome = APPLIED
-        except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
-            outcome = Outcome(Fate.INVALID, str(exc))
-        except Exception as exc:  # retried: the handler's transaction rolled back
-            outcome = Outcome(Fate.FAILED, f"{type(exc).__name__}: {exc}")
-            log.warning("handler_failed", consumer=self.spec.durable, error=repr(exc))
+
+        async def attempt() -> list[Outcome]:
+            try:
+                await self.handlers[event.envelope.event_type](event)
+                return [APPLIED]
+            except (UndecodableEvent, InvalidArgument) as exc:  # the event itself is wrong: no retry helps
+                return [Outcome(Fate.INVALID, str(exc))]
+            except Exception as exc:  # retried: the handler's transaction rolled back
+                log.warning("handler_failed", consumer=self.spec.durable, error=repr(exc))
+                return [Outcome(failure_fate(exc), f"{type(exc).__name__}: {exc}")]
+
+        (outcome,) = await self._apply_through_outages([msg], attempt)
         return await self._settle(msg, outcome)
+
+    async def _apply_through_outages(
+        self, msgs: list[Msg], attempt: Callable[[], Awaitable[list[Outcome]]]
+    ) -> list[Outcome]:
+        """`attempt()` (one outcome per message), applied again for as long as its failures come
+        from a dependency that is away; the outcomes to settle."""
+        in_place = 0
+        for _ in range(1_000_000):  # bounded by `stop`: each wait ends when the consumer stops
+            outcomes = await self._with_progress(msgs, attempt())
+            failed = [o for o in outcomes if o.fate in (Fate.FAILED, Fate.UNAVAILABLE)]
+            if not failed:
+                return outcomes
+            away = await self.dependencies_away()
+            hold = after_failure(
+                dependencies_away=bool(away),
+                outage_error=any(o.fate is Fate.UNAVAILABLE for o in failed),
+                retried_in_place=in_place,
+            )
+            if hold is Hold.SETTLE:  # the handler's own failure: counted like any other
+                return [Outcome(Fate.FAILED, o.reason) if o.fate is Fate.UNAVAILABLE else o for o in outcomes]
+            if hold is Hold.WAIT:
+                if not await self._wait_out(away, msgs):
+                    return outcomes  # stopping: UNAVAILABLE is nak'd, never dead-lettered
+                in_place = 0
+            else:
+                in_place += 1
+        return outcomes
+
+    async def dependencies_away(self) -> list[str]:
+        """What of the bus and this consumer's database does not answer now ("nats", "postgres")."""
+        away = [] if self.bus.nc.is_connected else ["nats"]
+        database = self.spec.inbox.sessions if self.spec.inbox is not None else self.spec.database
+        if database is not None and not await database_answers(database):
+            away.append("postgres")
+        return away
+
+    async def _wait_out(self, away: list[str], msgs: list[Msg]) -> bool:
+        """Hold `msgs` (telling the server they are in progress whenever it is reachable) and probe
+        until nothing is away. False when the consumer is stopped first."""
+        started = time.monotonic()
+        self.outages_waited += 1
+        CONSUMER_WAITING.labels(consumer=self.spec.durable).set(1)
+        log.warning("consumer_waits_for_dependency", consumer=self.spec.durable, away=away, held=len(msgs))
+        probes = 0
+        try:
+            while away:  # bounded by `stop`
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._stop.wait(), timeout=probe_delay_s(probes, cap_s=self.spec.probe_max_s)
+                    )
+                if self._stop.is_set():
+                    return False
+                probes += 1
+                for msg in msgs if self.bus.nc.is_connected else ():
+                    with contextlib.suppress(TimeoutError, nats.errors.Error):
+                        await msg.in_progress()
+                away = await self.dependencies_away()
+        finally:
+            CONSUMER_WAITING.labels(consumer=self.spec.durable).set(0)
+        log.info(
+            "consumer_resumed", consumer=self.spec.durable, waited_s=round(time.monotonic() - started, 1)
+        )
+        return True
 
     async def handle_batch(self, msgs: list[Msg]) -> None:
         """Decode a fetch, apply it in one transaction with the inbox, then settle each message."""
@@ -223,8 +315,9 @@ class Consumer:
                 decoded.append((msg, event))
         if not decoded:
             return
-        outcomes = await self._with_progress(
-            [m for m, _ in decoded], apply_batch(self.spec.inbox, self.spec.durable, [e for _, e in decoded])
+        inbox, events = self.spec.inbox, [e for _, e in decoded]
+        outcomes = await self._apply_through_outages(
+            [m for m, _ in decoded], lambda: apply_batch(inbox, self.spec.durable, events)
         )
         for (msg, event), outcome in zip(decoded, outcomes, strict=True):
             structlog.contextvars.bind_contextvars(event_id=event.event_id)

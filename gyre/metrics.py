@@ -40,6 +40,11 @@ EVENTS_HANDLED = Counter(
     "dead_lettered.",
     ["consumer", "event_type", "outcome"],
 )
+CONSUMER_WAITING = Gauge(
+    "gyre_consumer_waiting_for_dependency",
+    "1 while the consumer holds its batch and waits for Postgres or NATS to come back, else 0.",
+    ["consumer"],
+)
 CONSUMER_PENDING = Gauge(
     "gyre_consumer_pending_messages",
     "Messages of its stream the consumer has not been delivered yet (its lag), as of its last fetch.",

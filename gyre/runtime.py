@@ -24,9 +24,8 @@ from gyre.rpc import GrpcServer, stop_on_signals
 from gyre.settings import KernelSettings, resolve_urls
 
 log = structlog.get_logger(__name__)
-DATABASE_OUTAGE_S = 600.0
-"""How long a worker keeps being restarted while Postgres (or NATS) is away before the process
-gives up."""
+OUTAGE_RETRY_MAX_S = 5.0
+"""Longest pause before a worker that died of an outage is started again."""
 
 Worker = Callable[[asyncio.Event], Awaitable[None]]
 
@@ -79,24 +78,25 @@ class ServiceHost:
 
     async def _guard(self, worker: Worker) -> None:
         """A worker that dies takes the process down: a half-working service is worse than none.
-        One that died because Postgres or NATS went away (`is_outage`: a restart) is started again
-        after a back-off instead, for up to `DATABASE_OUTAGE_S` of failures in a row."""
-        outage_started: float | None = None
-        for attempt in range(1_000_000):  # bounded by the outage limit below
+        One that died because Postgres or NATS went away (`is_outage`: a restart, a failover) is
+        started again after a back-off instead, for as long as the outage lasts: an outage is a
+        wait, and a process that exited would only find the dependency still away on its start."""
+        attempt = 0
+        for _ in range(100_000_000):  # bounded by `stop_event` and by non-outage failures
             ran_from = time.monotonic()
             try:
                 await worker(self.stop_event)
                 return
             except Exception as exc:
-                now = time.monotonic()
-                if outage_started is None or now - ran_from > DATABASE_OUTAGE_S:  # a new outage
-                    outage_started = now
-                if not is_outage(exc) or now - outage_started > DATABASE_OUTAGE_S or self.stop_event.is_set():
+                if not is_outage(exc) or self.stop_event.is_set():
                     log.exception("worker_crashed", service=self.name)
                     self.stop_event.set()
                     raise
+                if time.monotonic() - ran_from > 60.0:  # it ran a while: a new outage
+                    attempt = 0
                 log.warning("worker_dependency_unavailable", service=self.name, error=type(exc).__name__)
-                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+                await asyncio.sleep(min(0.5 * 2**attempt, OUTAGE_RETRY_MAX_S))
+                attempt += 1
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.stop_event.set()

@@ -24,10 +24,12 @@ from gyre.logs import configure_logging, redact
 from gyre.settings import KernelSettings
 from gyre_app import (
     cli_cells,
+    cli_dead_letters,
     cli_export,
     cli_images,
     cli_replay,
     cli_report,
+    cli_status,
     cli_tasks,
     cli_trace,
     cli_track,
@@ -223,6 +225,8 @@ def demo(
 
 
 cli_tasks.register(app)
+cli_status.register(app)
+cli_dead_letters.register(app)
 cli_replay.register(app)
 cli_trace.register(app)
 cli_report.register(app)

@@ -1,4 +1,4 @@
-"""`gyre submit | status | tasks | executions | cancel`: daily work over the public APIs (shell)."""
+"""`gyre submit | tasks | executions | cancel`: daily work over the public APIs (shell)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from gyre.errors import GyreError, InvalidArgument, NotFound
+from gyre.errors import InvalidArgument, NotFound
 from gyre.runner.v1 import runner_pb2
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre_app.cli_import import tasks_import
@@ -153,61 +153,6 @@ def submit(
         if watch:
             out["progress"] = [progress_dict(p) for p in seen]
         print_json(out)
-
-
-def status(as_json: JsonOpt = False) -> None:
-    """Live status: services, the trainer's step and version, the last step's staleness, cells."""
-
-    async def go(client: GyreClient) -> dict[str, Any]:
-        health = {s: await client.health(s) for s in sorted(client.addresses.known)}
-        trainer = await client.trainer_status()
-        version = trainer.version.steps
-        out: dict[str, Any] = {"services": health, "trainer": message_dict(trainer), "version": version}
-        out["last_step"] = message_dict(await client.step(version)) if version > 0 else None
-        try:
-            out["cells"] = message_dict(await client.cells())
-        except GyreError as exc:  # reported in the output; the rest is still shown
-            out["cells"] = {"not_available": str(exc)}
-        try:
-            states = [scheduler_state(e) for e in await client.list_executions()]
-            out["executions_by_state"] = {s: states.count(s) for s in sorted(set(states))}
-        except GyreError as exc:
-            out["executions_by_state"] = {"not_available": str(exc)}
-        return out
-
-    out = run(go)
-    if as_json:
-        print_json(out)
-        return
-    table("services", ("service", "health"), out["services"].items())
-    trainer = out["trainer"]
-    rows: list[tuple[str, Any]] = [
-        ("policy version", out["version"]),
-        ("groups queued", trainer["num_groups_queued"]),
-        ("step in progress", trainer.get("step", {}).get("target_version", {}).get("steps", "none")),
-        ("members", ", ".join(m["cell_id"] for m in trainer["members"])),
-        ("max staleness", trainer["max_staleness_steps"]),
-    ]
-    if out["last_step"]:
-        s = out["last_step"]
-        rows += [
-            ("last step staleness mean/max", f"{s['staleness_mean_steps']:.2f} / {s['staleness_max_steps']}"),
-            ("last step samples (dropped stale)", f"{s['num_samples']} ({s['num_samples_dropped_stale']})"),
-        ]
-    for key in ("cells", "executions_by_state"):
-        if "not_available" in out[key]:
-            rows.append((key.replace("_", " "), f"not available: {out[key]['not_available']}"))
-    if "not_available" not in out["cells"]:
-        cells = out["cells"]
-        roles = ", ".join(
-            f"{c['cell_id']}: {c['role'].removeprefix('CELL_ROLE_').lower()}" for c in cells["cells"]
-        )
-        rows.append(("cells", f"{roles} (mode {cells.get('mode', '')})"))
-    if "not_available" not in out["executions_by_state"]:
-        rows.append(
-            ("executions by state", ", ".join(f"{k}: {v}" for k, v in out["executions_by_state"].items()))
-        )
-    pairs("trainer", rows)
 
 
 tasks_app = typer.Typer(help="Tasks the scheduler holds.", no_args_is_help=True)
@@ -424,7 +369,6 @@ async def _cancel_tasks(client: GyreClient, task_ids: list[str], reason: str) ->
 
 def register(app: typer.Typer) -> None:
     app.command()(submit)
-    app.command()(status)
     app.command()(cancel)
     app.add_typer(tasks_app, name="tasks")
     app.add_typer(executions_app, name="executions")

@@ -462,3 +462,32 @@ async def test_tasks_generate_still_reaches_the_evaluators_generator(tmp_path: P
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["out"] == str(out) and out.is_dir()
+
+
+async def test_status_shows_a_dead_letter_and_a_group_stuck_without_its_evaluator(stack: Stack) -> None:
+    """This stack runs no evaluator: a group whose executions ended waits for it, and says so.
+    Last among the stack's tests: the group stays untrained."""
+    env = {**stack.env, "GYRE_BUS_PREFIX": stack.bus.prefix}
+    task = await stack.submit()
+    for e in task.executions:
+        await stack.execution_in(e.execution_id, ENDED)
+    # Bytes no consumer can decode, where the scheduler reads the runner's end events.
+    subject = f"{stack.bus.prefix}.runner.v1.ExecutionFinished"
+    await stack.bus.js.publish(subject, b"not an envelope", headers={"Nats-Msg-Id": uuid.uuid4().hex})
+    status: dict[str, Any] = {}
+
+    async def shown() -> bool:
+        rc, out, err = await stack.gyre("status", "--json", env=env)
+        assert rc == 0, err
+        status.update(json.loads(out.strip().splitlines()[-1]))
+        stuck = [g for g in status["waiting"]["groups"] if g["task_id"] == task.task_id]
+        return status["dependencies"]["dead_letters"] >= 1 and bool(stuck) and "evaluator" in stuck[0]["why"]
+
+    await eventually(shown, timeout_s=60, what="status to show the dead letter and the stuck group")
+    assert (status["dependencies"]["nats"], status["dependencies"]["postgres"]) == ("ok", "ok")
+    [stuck] = [g for g in status["waiting"]["groups"] if g["task_id"] == task.task_id]
+    assert stuck["why"] == "2 executions ended, not graded yet (evaluator)" and stuck["waited_s"] >= 0
+    rc, out, err = await stack.gyre("dead-letters", "list", "--json", env=env)
+    assert rc == 0, err
+    reasons = [d["reason"] for d in json.loads(out.strip().splitlines()[-1])["dead_letters"]]
+    assert any(r.startswith("undecodable") for r in reasons), reasons

@@ -6,7 +6,8 @@ event is first claimed in the service's `processed_messages` table (`(consumer, 
 then its handler runs under a savepoint. An event already claimed is a duplicate and is not
 applied again. A handler that fails rolls back its savepoint: its effects and its claim go
 together, and the event is retried (or dead-lettered if it is invalid). Nothing is acked
-before the commit; if the commit fails, every event of the batch is retried.
+before the commit; if the commit fails, every event of the batch is retried. A failure that
+reads as a lost connection is `Fate.UNAVAILABLE`, which the consumer waits out uncounted.
 
 Work that must follow the commit (waking a relay, starting a process) is registered with
 `after_commit`; cache entries filled during the transaction are dropped with `after_rollback`.
@@ -28,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gyre.errors import InvalidArgument
 from gyre.events import DecodedEvent, UndecodableEvent
 from gyre.logs import bind_ids
+from gyre.outages import failure_fate
 from gyre.settle import APPLIED, DUPLICATE, Fate, Outcome
 from gyre.tracing import continued_from
 
@@ -126,7 +128,7 @@ async def apply_batch(inbox: Inbox, consumer: str, events: Sequence[DecodedEvent
             if not isinstance(exc, Exception):  # cancelled: the consumer is stopping
                 raise
             log.warning("batch_failed", consumer=consumer, size=len(events), error=repr(exc))
-            failed = Outcome(Fate.FAILED, f"{type(exc).__name__}: {exc}")
+            failed = Outcome(failure_fate(exc), f"{type(exc).__name__}: {exc}")
             return [failed] * len(events)  # the claims rolled back too: every event is retried
         await _run(session.info.pop(_COMMIT_HOOKS, []))
         session.info.pop(_ROLLBACK_HOOKS, None)
@@ -174,7 +176,7 @@ async def _apply_one(session: AsyncSession, inbox: Inbox, consumer: str, event: 
         if isinstance(exc, NotYet):
             return Outcome(Fate.WAITING, str(exc))
         log.warning("handler_failed", consumer=consumer, event_id=event.event_id, error=repr(exc))
-        return Outcome(Fate.FAILED, f"{type(exc).__name__}: {exc}")
+        return Outcome(failure_fate(exc), f"{type(exc).__name__}: {exc}")
 
 
 async def give_up(inbox: Inbox, event: DecodedEvent, reason: str) -> None:

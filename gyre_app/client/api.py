@@ -26,6 +26,7 @@ from google.protobuf import message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gyre.errors import Conflict, GyreError, InvalidArgument, NotFound, Unavailable
+from gyre.outages import DEPENDENCY_AWAY
 from gyre.rpc import ERROR_FIELD_TRAILER, MAX_MESSAGE_BYTES
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -92,6 +93,10 @@ class ExecutionDetail:
 
 def _translate(service: str, address: str, exc: grpc.aio.AioRpcError) -> GyreError:
     code, details = exc.code(), exc.details() or ""
+    if (
+        code == grpc.StatusCode.UNAVAILABLE and DEPENDENCY_AWAY in details
+    ):  # it runs; its database or bus does not
+        return Unavailable(f"the {service} service at {address} runs, but {DEPENDENCY_AWAY}")
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"the {service} service at {address} is not reachable: {how_to_start(service)}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -107,6 +107,7 @@ class LiveDriver:
             durable="scheduler-lost-satellites",
             producer="trainer",
             handlers={trainer_events.SatelliteLeft: self.on_satellite_left},
+            database=self.sessions,
         )
 
     async def on_satellite_left(self, event: DecodedEvent) -> None:

@@ -3,7 +3,7 @@
 Environment: OPENAI_BASE_URL, OPENAI_API_KEY (set by the runner: the proxy and the execution
 token), GYRE_AGENT_MODEL, GYRE_AGENT_MAX_TURNS, GYRE_AGENT_CONTEXT_TOKENS, GYRE_AGENT_MAX_TOKENS,
 GYRE_AGENT_MAX_DEPTH, GYRE_AGENT_TEMPERATURE, GYRE_AGENT_RETRY_S (how long a failing model endpoint
-is retried before giving up, default 120). Exit code 0 when the agent finished, 3 when the model
+is retried before giving up, default 600). Exit code 0 when the agent finished, 3 when the model
 endpoint failed, 124 (`timeout`'s code) when the main agent spent its turn budget
 (GYRE_AGENT_MAX_TURNS) without a final answer: the runner ends that execution as timed out
 (`harness.Harness.budget_exit_code`), graded for the partial credit its workspace earns.
@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from services.runner.agent.client import ChatClient, ModelError
+from services.runner.agent.client import DEFAULT_RETRY_S, ChatClient, ModelError
 from services.runner.agent.context import Budget
 from services.runner.agent.loop import AgentRun, report
 from services.runner.agent.tools import Workspace
@@ -33,7 +33,7 @@ def main() -> int:
             model=env.get("GYRE_AGENT_MODEL", "gyre-policy"),
             max_tokens=int(env.get("GYRE_AGENT_MAX_TOKENS", "1024")),
             temperature=float(env["GYRE_AGENT_TEMPERATURE"]) if env.get("GYRE_AGENT_TEMPERATURE") else None,
-            retry_s=float(env.get("GYRE_AGENT_RETRY_S", "120")),
+            retry_s=float(env.get("GYRE_AGENT_RETRY_S", str(DEFAULT_RETRY_S))),
         )
         run = AgentRun(
             client=client,

@@ -19,6 +19,9 @@ class ModelError(Exception):
     """The model endpoint failed for good (after retries) or answered something unusable."""
 
 
+DEFAULT_RETRY_S = 600.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatClient:
     base_url: str
@@ -29,10 +32,12 @@ class ChatClient:
     temperature: float | None = None
     """Sampling temperature sent with every request; None leaves the endpoint's default."""
     timeout_s: float = 600.0
-    retry_s: float = 120.0
+    retry_s: float = DEFAULT_RETRY_S
     """How long a failing endpoint is retried (5xx, 429, a refused or cut connection), with
-    back-off up to 8 s: long enough for a restarting proxy or engine, a Postgres restart, or a
-    moment when no cell is in rollout (a 503)."""
+    back-off up to 8 s: long enough for a restarting proxy or engine, a Postgres restart or
+    failover (the proxy answers 503 while it cannot record a call: at 120 s, a 180 s outage
+    failed every running execution), or a moment when no cell is in rollout (a 503). The
+    execution's deadline still bounds it."""
 
     def complete(
         self,
