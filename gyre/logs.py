@@ -23,6 +23,18 @@ _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)([^@\s]+)(@)", re
 _BEARER = re.compile(r"(\bBearer\s+)([^\s'\"]+)", re.IGNORECASE)
 
 
+class _CurrentStderr:
+    """`sys.stderr` as it is when a line is written, not when logging was configured: a caller
+    that swaps stderr for a while (pytest's capture, a command run in-process) and closes it after
+    must not leave every later line of the process writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(*, fmt: str = "console", level: str = "info") -> None:
     level_no = logging.getLevelNamesMapping()[level.upper()]
     renderer: structlog.typing.Processor = (
@@ -38,7 +50,7 @@ def configure_logging(*, fmt: str = "console", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

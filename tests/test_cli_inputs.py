@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gyre import logs
 from gyre_app.cli import main
 
 INPUT_ERROR = 2
@@ -37,32 +35,9 @@ FUZZ = settings(
 )
 
 
-class CurrentStderr:
-    """Whatever sys.stderr is when a line is logged (capsys's during a test, the real one after):
-    `main` configures logging to the stderr it finds, which capsys closes after the test."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
-    from gyre_app import cli as gyre_cli
-
-    real = logs.configure_logging
-
-    def configure_logging(**kwargs: str) -> None:  # as main does, minus a file the test closes
-        real(**kwargs)
-        structlog.configure(
-            logger_factory=structlog.PrintLoggerFactory(file=CurrentStderr()),  # type: ignore[arg-type]
-            cache_logger_on_first_use=False,
-        )
-
-    saved = structlog.get_config()
-    monkeypatch.setattr(gyre_cli, "configure_logging", configure_logging)
+    saved = structlog.get_config()  # `main` configures logging; later tests get theirs back
     with socket.socket() as s:  # bound, then closed: nothing listens there
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
