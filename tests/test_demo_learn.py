@@ -101,7 +101,7 @@ def test_the_agent_sends_its_temperature_only_when_configured(
     ("args", "code", "expected"),
     [
         (["--mode", "nope"], 2, "--mode: one of colocate, async, gyre, burst, got 'nope'"),
-        (["--families", "poetry"], 1, "family: unknown family poetry: expected repo-gen, repair, terminal"),
+        (["--families", "poetry"], 2, "family: unknown family poetry: expected repo-gen, repair, terminal"),
     ],
 )
 def test_bad_options_are_refused_naming_them_before_anything_starts(

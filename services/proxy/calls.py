@@ -10,15 +10,12 @@ the proxy could still lose; `close` ends an execution and returns once every rec
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
@@ -44,12 +41,12 @@ from services.proxy.render import (
     render_prompt,
     reusable_output,
 )
+from services.proxy.render_workers import RenderWorkers, T
 from services.proxy.request_size import SizeBound, check_size
 from services.proxy.router import Router
 from services.proxy.toolcalls import parse_output, visible_prefix
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 FINISH_TO_RECORD: dict[int, proxy_pb2.CallFinishReason.ValueType] = {
     FR.FINISH_REASON_STOP: proxy_pb2.CALL_FINISH_REASON_STOP,
@@ -75,21 +72,6 @@ class ExecutionState:
     """Records of finished calls not yet committed."""
     answers: dict[str, StoredAnswer] = field(default_factory=dict)
     """Recorded calls' answers by call key, for the harness's retries (`call_keys`)."""
-
-
-RENDER_NICE_STEP = 10
-"""How much less CPU priority render workers have than the event loop's thread: when both want a
-core, the streams of every execution go first and a flood of heavy requests waits."""
-
-
-def _yield_cpu() -> None:
-    """Run in each render worker as it starts: lower this thread's priority (Linux sets nice per
-    thread; a process may always lower its own)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + RENDER_NICE_STEP))
-    except OSError:  # not permitted here (a sandbox without setpriority): keep the priority
-        log.info("render_priority_unchanged")
 
 
 class CallRun:
@@ -226,11 +208,7 @@ class Calls:
         self.recorder = recorder
         self.engine_stall_s = engine_stall_s
         """A call's engine silent this long counts as failed (`Generation.stall_s`)."""
-        self.renders_per_execution = renders_per_execution
-        self._cpu_slots: dict[str, asyncio.Semaphore] = {}
-        self._workers = ThreadPoolExecutor(
-            max_workers=os.cpu_count() or 2, thread_name_prefix="proxy-render", initializer=_yield_cpu
-        )
+        self.workers = RenderWorkers(per_execution=renders_per_execution)
         self.executions: dict[str, ExecutionState] = {}
         self.in_flight: dict[str, CallRun] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
@@ -257,20 +235,13 @@ class Calls:
         )
 
     def cpu_slot(self, execution_id: str) -> asyncio.Semaphore:
-        """Held while a request of the execution is read, parsed or rendered: at most
-        `renders_per_execution` of one execution at a time, so its many connections cannot take
-        every worker, core or turn of the event loop; the others wait unread, costing nothing."""
-        slot = self._cpu_slots.get(execution_id)
-        if slot is None:
-            slot = self._cpu_slots[execution_id] = asyncio.Semaphore(self.renders_per_execution)
-        return slot
+        return self.workers.slot(execution_id)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` in a render worker (lower CPU priority than the event loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+        return await self.workers.run(fn, *args)
 
     def shutdown(self) -> None:
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        self.workers.shutdown()
 
     def state(self, execution_id: str) -> ExecutionState:
         return self.executions.setdefault(execution_id, ExecutionState())
@@ -491,7 +462,7 @@ class Calls:
         while len(self.closed) > CLOSED_KEPT:
             self.closed.popitem(last=False)
         state = self.executions.pop(execution_id, None)
-        self._cpu_slots.pop(execution_id, None)
+        self.workers.forget(execution_id)
         self.router.forget(execution_id)
         if state is None:
             return 0
