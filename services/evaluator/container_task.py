@@ -26,7 +26,7 @@ from typing import Any
 
 from gyre.errors import InvalidArgument
 from gyre.sandbox.backend import ContainerLimits
-from services.evaluator.taskset import NAME_RE
+from services.evaluator.taskset import NAME_RE, typed_field
 from services.evaluator.test_logs import PARSERS
 
 CONTAINER_FAMILIES = ("swebench", "harbor")
@@ -74,19 +74,6 @@ class ContainerTask:
         return self.folder / "hidden" / "gold.patch"
 
 
-def _get(raw: dict[str, Any], key: str, kind: type, at: str, default: Any = None) -> Any:
-    if key not in raw:
-        if default is None:
-            raise InvalidArgument(f"{at}.{key}", "is required")
-        return default
-    value = raw[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise InvalidArgument(f"{at}.{key}", f"must be a {kind.__name__}, got {type(value).__name__}")
-    return value
-
-
 def _table(raw: dict[str, Any], key: str, at: str) -> dict[str, Any]:
     value = raw.get(key, {})
     if not isinstance(value, dict):
@@ -95,52 +82,52 @@ def _table(raw: dict[str, Any], key: str, at: str) -> dict[str, Any]:
 
 
 def _ids(raw: dict[str, Any], key: str, at: str) -> tuple[str, ...]:
-    value = _get(raw, key, list, at, [])
+    value = typed_field(raw, key, list, at, [])
     if not all(isinstance(v, str) and v for v in value):
         raise InvalidArgument(f"{at}.{key}", "must list test ids (non-empty strings)")
     return tuple(value)
 
 
 def parse_container_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> ContainerTask:
-    name = _get(raw, "name", str, at)
+    name = typed_field(raw, "name", str, at)
     if not NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"{at}.name", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {name!r}"
         )
-    family = _get(raw, "family", str, at)
+    family = typed_field(raw, "family", str, at)
     if family not in CONTAINER_FAMILIES:
         raise InvalidArgument(
             f"{at}.family", f"must be one of {', '.join(CONTAINER_FAMILIES)}, got {family!r}"
         )
-    prompt = _get(raw, "prompt", str, at)
+    prompt = typed_field(raw, "prompt", str, at)
     if not prompt.strip():
         raise InvalidArgument(f"{at}.prompt", "must not be blank")
-    timeout = _get(raw, "grader_timeout_s", float, at, 1800.0)
+    timeout = typed_field(raw, "grader_timeout_s", float, at, 1800.0)
     if not (math.isfinite(timeout) and 0 < timeout <= 7200):
         raise InvalidArgument(f"{at}.grader_timeout_s", f"must be in (0, 7200], got {timeout}")
     source = _table(raw, "source", at)
-    fmt = _get(source, "format", str, f"{at}.source", family)
+    fmt = typed_field(source, "format", str, f"{at}.source", family)
     if fmt not in SOURCE_FORMATS:
         raise InvalidArgument(
             f"{at}.source.format", f"must be one of {', '.join(SOURCE_FORMATS)}, got {fmt!r}"
         )
     env = _table(raw, "environment", at)
-    image = _get(env, "image", str, f"{at}.environment", "")
-    dockerfile = _get(env, "dockerfile", str, f"{at}.environment", "")
+    image = typed_field(env, "image", str, f"{at}.environment", "")
+    dockerfile = typed_field(env, "dockerfile", str, f"{at}.environment", "")
     if not image:
         raise InvalidArgument(f"{at}.environment.image", "is required: the OCI image the task runs in")
-    workdir = _get(env, "workdir", str, f"{at}.environment", "/testbed")
+    workdir = typed_field(env, "workdir", str, f"{at}.environment", "/testbed")
     if not workdir.startswith("/"):
         raise InvalidArgument(f"{at}.environment.workdir", f"must be an absolute path, got {workdir!r}")
     limits = ContainerLimits(
-        cpus=_get(env, "cpus", float, f"{at}.environment", 1.0),
-        memory_mb=_get(env, "memory_mb", int, f"{at}.environment", 4096),
-        storage_mb=_get(env, "storage_mb", int, f"{at}.environment", 10240),
+        cpus=typed_field(env, "cpus", float, f"{at}.environment", 1.0),
+        memory_mb=typed_field(env, "memory_mb", int, f"{at}.environment", 4096),
+        storage_mb=typed_field(env, "storage_mb", int, f"{at}.environment", 10240),
     )
     limits.validate(f"{at}.environment")
     grading = _table(raw, "grading", at)
     g_at = f"{at}.grading"
-    test_command = _get(grading, "test_command", str, g_at)
+    test_command = typed_field(grading, "test_command", str, g_at)
     if not test_command.strip():
         raise InvalidArgument(f"{g_at}.test_command", "must not be blank")
     common: dict[str, Any] = {
@@ -150,9 +137,9 @@ def parse_container_task(raw: dict[str, Any], *, folder: Path, at: str = "task.t
         "folder": folder,
         "grader_timeout_s": timeout,
         "source_format": fmt,
-        "source_id": _get(source, "id", str, f"{at}.source", name),
-        "repo": _get(source, "repo", str, f"{at}.source", ""),
-        "base_commit": _get(source, "base_commit", str, f"{at}.source", ""),
+        "source_id": typed_field(source, "id", str, f"{at}.source", name),
+        "repo": typed_field(source, "repo", str, f"{at}.source", ""),
+        "base_commit": typed_field(source, "base_commit", str, f"{at}.source", ""),
         "image": image,
         "dockerfile": dockerfile,
         "workdir": workdir,
@@ -160,13 +147,13 @@ def parse_container_task(raw: dict[str, Any], *, folder: Path, at: str = "task.t
         "test_command": test_command,
     }
     if family == "harbor":
-        tests_dir = _get(grading, "tests_dir", str, g_at, "hidden/tests")
+        tests_dir = typed_field(grading, "tests_dir", str, g_at, "hidden/tests")
         if not tests_dir.startswith("hidden/") or ".." in tests_dir.split("/"):
             raise InvalidArgument(f"{g_at}.tests_dir", f"must be a folder under hidden/, got {tests_dir!r}")
-        rewards = _get(grading, "reward_files", list, g_at, list(DEFAULT_REWARD_FILES))
+        rewards = typed_field(grading, "reward_files", list, g_at, list(DEFAULT_REWARD_FILES))
         if not rewards or not all(isinstance(r, str) and r.startswith("/") for r in rewards):
             raise InvalidArgument(f"{g_at}.reward_files", "must list absolute paths inside the container")
-        test_timeout = _get(grading, "timeout_s", float, g_at, 600.0)
+        test_timeout = typed_field(grading, "timeout_s", float, g_at, 600.0)
         if not (math.isfinite(test_timeout) and test_timeout > 0):
             raise InvalidArgument(
                 f"{g_at}.timeout_s", f"must be a positive number of seconds, got {test_timeout}"
@@ -174,7 +161,7 @@ def parse_container_task(raw: dict[str, Any], *, folder: Path, at: str = "task.t
         return ContainerTask(
             **common, tests_dir=tests_dir, reward_files=tuple(rewards), test_timeout_s=test_timeout
         )
-    parser = _get(grading, "log_parser", str, g_at)
+    parser = typed_field(grading, "log_parser", str, g_at)
     if parser not in PARSERS:
         raise InvalidArgument(f"{g_at}.log_parser", f"must be one of {', '.join(PARSERS)}, got {parser!r}")
     f2p = _ids(grading, "fail_to_pass", g_at)
@@ -182,8 +169,8 @@ def parse_container_task(raw: dict[str, Any], *, folder: Path, at: str = "task.t
     if not f2p and not p2p:
         raise InvalidArgument(f"{g_at}.fail_to_pass", "fail_to_pass and pass_to_pass name no test at all")
     weights = _table(grading, "weights", g_at)
-    w_f2p = _get(weights, "fail_to_pass", float, f"{g_at}.weights", 0.7 if p2p else 1.0)
-    w_p2p = _get(weights, "pass_to_pass", float, f"{g_at}.weights", 0.3 if p2p else 0.0)
+    w_f2p = typed_field(weights, "fail_to_pass", float, f"{g_at}.weights", 0.7 if p2p else 1.0)
+    w_p2p = typed_field(weights, "pass_to_pass", float, f"{g_at}.weights", 0.3 if p2p else 0.0)
     if w_f2p < 0 or w_p2p < 0 or abs(w_f2p + w_p2p - 1.0) > 1e-6:
         raise InvalidArgument(
             f"{g_at}.weights", f"must be non-negative and sum to 1, got {w_f2p:g} + {w_p2p:g}"

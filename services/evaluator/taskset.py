@@ -62,7 +62,9 @@ class TaskDef:
     """repo_generation: share of a package's weight earned only when all its tests pass."""
 
 
-def _field(raw: dict[str, Any], key: str, kind: type, at: str, default: Any = None) -> Any:
+def typed_field(raw: dict[str, Any], key: str, kind: type, at: str, default: Any = None) -> Any:
+    """`raw[key]` checked to be a `kind` (an int is taken as a float); absent, `default`, or an
+    error naming `at.key` when there is none."""
     if key not in raw:
         if default is None:
             raise InvalidArgument(f"{at}.{key}", "is required")
@@ -83,31 +85,31 @@ def parse_task(raw: dict[str, Any], *, folder: Path, at: str = "task.toml") -> T
                     "check": "hidden/check.sh"}, folder=Path("/tasks/t"))
         -> TaskDef(name="t", family="terminal", check_script="hidden/check.sh", ...)
     """
-    name = _field(raw, "name", str, at)
+    name = typed_field(raw, "name", str, at)
     if not NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"{at}.name", f"must be 1..64 of [a-z0-9_-] starting with a letter, got {name!r}"
         )
-    family = _field(raw, "family", str, at)
+    family = typed_field(raw, "family", str, at)
     if family not in FAMILIES:
         raise InvalidArgument(f"{at}.family", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
-    prompt = _field(raw, "prompt", str, at)
+    prompt = typed_field(raw, "prompt", str, at)
     if not prompt.strip():
         raise InvalidArgument(f"{at}.prompt", "must not be blank")
-    requires = _field(raw, "requires", list, at)
+    requires = typed_field(raw, "requires", list, at)
     if not requires or not all(
         isinstance(r, str) and r and not r.startswith("/") and ".." not in r for r in requires
     ):
         raise InvalidArgument(f"{at}.requires", "must list workspace-relative paths (at least one)")
-    timeout = _field(raw, "grader_timeout_s", float, at, 120.0)
+    timeout = typed_field(raw, "grader_timeout_s", float, at, 120.0)
     if not (math.isfinite(timeout) and 0 < timeout <= 3600):
         raise InvalidArgument(f"{at}.grader_timeout_s", f"must be in (0, 3600], got {timeout}")
-    bonus = _field(raw, "completion_bonus", float, at, 0.0)
+    bonus = typed_field(raw, "completion_bonus", float, at, 0.0)
     if not 0 <= bonus < 1:
         raise InvalidArgument(f"{at}.completion_bonus", f"must be in [0, 1), got {bonus}")
     checks = tuple(_check(c, at=f"{at}.checks[{i}]") for i, c in enumerate(raw.get("checks", [])))
-    script = _field(raw, "check", str, at, "")
-    verdicts = _field(raw, "verdicts", list, at, [])
+    script = typed_field(raw, "check", str, at, "")
+    verdicts = typed_field(raw, "verdicts", list, at, [])
     if not all(isinstance(v, str) and v and " " not in v for v in verdicts):
         raise InvalidArgument(f"{at}.verdicts", "must list verdict names (words without spaces)")
     if verdicts and family != "terminal":
@@ -150,12 +152,12 @@ def _hidden_path(path: str, *, at: str) -> None:
 def _check(raw: Any, *, at: str) -> Check:
     if not isinstance(raw, dict):
         raise InvalidArgument(at, "must be a table")
-    name = _field(raw, "name", str, at)
-    tests = _field(raw, "tests", str, at)
+    name = typed_field(raw, "name", str, at)
+    tests = typed_field(raw, "tests", str, at)
     _hidden_path(tests, at=f"{at}.tests")
     if not tests.endswith(".py"):
         raise InvalidArgument(f"{at}.tests", f"must be a pytest file (*.py), got {tests!r}")
-    weight = _field(raw, "weight", float, at)
+    weight = typed_field(raw, "weight", float, at)
     if not (math.isfinite(weight) and 0 < weight <= 1):
         raise InvalidArgument(f"{at}.weight", f"must be in (0, 1], got {weight}")
     return Check(name=name, tests=tests, weight=weight)
