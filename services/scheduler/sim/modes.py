@@ -58,9 +58,24 @@ def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:
 def simulate(
     name: str, w: Workload, x: Executions, *, rollout_cells: int | None = None, trace: bool = False
 ) -> Result:
+    result = simulate_within(name, w, x, math.inf, rollout_cells=rollout_cells, trace=trace)
+    assert result is not None
+    return result
+
+
+def simulate_within(
+    name: str,
+    w: Workload,
+    x: Executions,
+    past_s: float,
+    *,
+    rollout_cells: int | None = None,
+    trace: bool = False,
+) -> Result | None:
+    """`simulate`, or None once the run is certain to take longer than `past_s`."""
     s = setup(name, w, rollout_cells=rollout_cells)
     sim = Simulation(w, x, s.policy, initial_training=s.initial_training, core_cell=s.core_cell, trace=trace)
-    return sim.run()
+    return sim.run_within(past_s)
 
 
 def sweep_splits(cells: int, *, most: int = 24) -> Sequence[int]:
@@ -71,27 +86,47 @@ def sweep_splits(cells: int, *, most: int = 24) -> Sequence[int]:
     return sorted({1 + round(i * step) for i in range(most)})
 
 
-def best_split(mode: str, w: Workload, x: Executions) -> tuple[int, Result]:
+def best_split(mode: str, w: Workload, x: Executions, *, known: Result | None = None) -> tuple[int, Result]:
     """The fixed split (rollout cells) with the shortest wall time for a fixed-split mode.
 
     The spread sweep is refined by trying every split between the best one's neighbours in it,
     so the best is exhaustive near the optimum. Example (32 cells): 24 splits 1, 2, 4, ..., 31;
-    best 19 of neighbours 18 and 21 -> 20 is tried too.
+    best 19 of neighbours 18 and 21 -> 20 is tried too. `known` is the mode's run at the
+    workload's own split, if the caller has it.
+
+    A split is simulated only until it is certain to be slower than the best so far (its run is
+    then stopped, `simulate_within`): that split can be neither the best nor tied with it, so
+    the answer is the one simulating every split to its end gives, at a fraction of the events.
+    The workload's own split goes first and the rest nearest to it first, so the best so far is
+    good early and far splits stop soon.
     """
     feasible = range(max(1, math.ceil(w.group_size / w.executions_per_cell)), w.cells)
-    runs: dict[int, Result] = {}
+    own = w.async_rollout_cells
+    walls: dict[int, float] = {}  # every split tried; inf for one stopped as slower than the best
+    results: dict[int, Result] = {}
+    if known is not None and own in feasible:
+        walls[own], results[own] = known.wall_s, known
+
+    def best_so_far() -> int | None:
+        return min(results, key=lambda a: (walls[a], a), default=None)
 
     def run(splits: Sequence[int]) -> None:
-        for a in splits:
-            if a in feasible and a not in runs:
-                runs[a] = simulate(mode, w, x, rollout_cells=a)
+        for a in sorted(splits, key=lambda a: (abs(a - own), a)):
+            if a in feasible and a not in walls:
+                best = best_so_far()
+                result = simulate_within(
+                    mode, w, x, math.inf if best is None else walls[best], rollout_cells=a
+                )
+                walls[a] = math.inf if result is None else result.wall_s
+                if result is not None:
+                    results[a] = result
 
     # The workload's own split is always tried, so a mode at its best is never slower than at it.
-    run(sorted({*sweep_splits(w.cells), w.async_rollout_cells}))
-    tried = sorted(runs)
-    best = min(tried, key=lambda a: (runs[a].wall_s, a))
+    run(sorted({*sweep_splits(w.cells), own}))
+    tried = sorted(walls)
+    best = min(tried, key=lambda a: (walls[a], a))
     i = tried.index(best)
     low, high = tried[max(0, i - 1)], tried[min(len(tried) - 1, i + 1)]
     run(range(low + 1, high))
-    best = min(runs, key=lambda a: (runs[a].wall_s, a))
-    return best, runs[best]
+    best = min(walls, key=lambda a: (walls[a], a))
+    return best, results[best]

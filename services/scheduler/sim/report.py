@@ -42,7 +42,7 @@ def run_modes(w: Workload, x: Executions) -> dict[str, tuple[Result, int | None]
     runs: dict[str, tuple[Result, int | None]] = {"colocate": (simulate("colocate", w, x), None)}
     for mode in FIXED_SPLIT:
         runs[mode] = (simulate(mode, w, x), w.async_rollout_cells)
-        split, best = best_split(mode, w, x)
+        split, best = best_split(mode, w, x, known=runs[mode][0])
         runs[f"{mode}_best"] = (best, split)
     runs["burst"] = (simulate("burst", w, x), None)
     # Burst at its best: elastic burst, or burst on the best fixed split, whichever is faster.
