@@ -1,8 +1,8 @@
 """Golden outputs of `gyre sim --json`: every figure the simulator prints stays the same.
 
 The expected reports (`sim_golden_expected.json`) were recorded by the simulator before its speed
-work (issue 25, build 6: shared event views, no-op policy calls skipped, sweeps that stop a split
-once it cannot be the best); any change to a wall time, a share, a best split or a bound fails
+work (issue 25, build 6: cached event views, a counted `groups_for_step`, sweeps that stop a split
+once it cannot be the best and run in several processes); any change to a wall time, a share, a best split or a bound fails
 here. The reference workloads run at reduced size (fewer steps) so the whole file takes seconds.
 
 Recording them again, only after a deliberate change to the model:
@@ -58,8 +58,8 @@ CASES: dict[str, tuple[str | dict[str, Any], dict[str, Any], list[str]]] = {
 }
 
 
-def report(case: str, tmp_dir: Path) -> Any:
-    """What `gyre sim FILE --json [ARGS]` prints for `case`, decoded."""
+def report(case: str, tmp_dir: Path, *, jobs: int = 3) -> Any:
+    """What `gyre sim FILE --json --jobs JOBS [ARGS]` prints for `case`, decoded."""
     source, fields, args = CASES[case]
     data = dict(source) if isinstance(source, dict) else yaml.safe_load((ROOT / source).read_text())
     data.update(fields)
@@ -67,7 +67,7 @@ def report(case: str, tmp_dir: Path) -> Any:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert sim_main([str(path), "--json", *args]) == 0
+        assert sim_main([str(path), "--json", "--jobs", str(jobs), *args]) == 0
     return json.loads(out.getvalue())
 
 
@@ -75,6 +75,13 @@ def report(case: str, tmp_dir: Path) -> Any:
 def test_report_matches_golden(case: str, tmp_path: Path) -> None:
     expected = json.loads(EXPECTED.read_text())[case]
     assert report(case, tmp_path) == expected
+
+
+@pytest.mark.parametrize("case", ["synthetic-64"])
+def test_sweeps_in_one_process_print_the_same(case: str, tmp_path: Path) -> None:
+    # The pool's runs start with whatever best so far has come back; one process runs in order.
+    expected = json.loads(EXPECTED.read_text())[case]
+    assert report(case, tmp_path, jobs=1) == expected
 
 
 if __name__ == "__main__":
