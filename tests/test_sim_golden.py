@@ -2,8 +2,9 @@
 
 The expected reports (`sim_golden_expected.json`) were recorded by the simulator before its speed
 work (issue 25, build 6: cached event views, a counted `groups_for_step`, sweeps that stop a split
-once it cannot be the best and run in several processes); any change to a wall time, a share, a best split or a bound fails
-here. The reference workloads run at reduced size (fewer steps) so the whole file takes seconds.
+once it cannot be the best and run in several processes); any change to a wall time, a share, a
+best split or a bound fails here. The reference workloads run at reduced size (fewer steps) so
+the whole file takes seconds.
 
 Recording them again, only after a deliberate change to the model:
     python -m tests.test_sim_golden
