@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Sequence
+from operator import attrgetter
 
 from services.scheduler.policy.state import ClusterView, PolicyConfig, ReadyGroup
 
@@ -105,7 +106,7 @@ def groups_for_step(
     # At most every ready group is taken: these answers need no counting.
     if places <= 0 or not ready or (not streaming and len(ready) < places):
         return ()
-    ready_by_version = Counter(g.version for g in ready)
+    ready_by_version = Counter(map(attrgetter("version"), ready))
     horizon = range(step, step + max_staleness + 1)
     due_counts: dict[int, int] = {}
     for version, n in [*ready_by_version.items(), *running]:

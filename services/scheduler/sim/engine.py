@@ -428,7 +428,10 @@ class Simulation:
             if self._step_complete():
                 self._start_update()
             return
-        members = tuple(sorted(c for c in self.training if not self.cells[c].leaving))
+        staying = (
+            self.training if not self.leaving else (c for c in self.training if not self.cells[c].leaving)
+        )
+        members = tuple(sorted(staying))
         if not members:
             return
         rate = self.w.tokens_per_s_per_cell
