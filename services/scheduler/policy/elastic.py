@@ -34,6 +34,7 @@ cell-s, no overhead): the balanced split is 5.33 rollout cells, so 5 to 6 of the
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -60,6 +61,8 @@ class ElasticKnobs:
 GYRE = ElasticKnobs()
 
 
+# The estimates it takes change only when a group finishes, and the policy asks after every event.
+@functools.lru_cache(maxsize=1024)
 def balanced_rollout_cells(
     *, num_cells: int, groups_per_step: int, rollout_cell_s: float, training_cell_s: float, overhead_s: float
 ) -> float:

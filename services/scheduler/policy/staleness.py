@@ -14,7 +14,10 @@ Two rules together guarantee that every group is trained at most K versions afte
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from collections.abc import Sequence
+from operator import attrgetter
 
 from services.scheduler.policy.state import ClusterView, PolicyConfig, ReadyGroup
 
@@ -93,30 +96,40 @@ def groups_for_step(
         streaming     -> (7, 8): g7 is due; g8 fits in the 2 places left beside the kept one;
                          g9 would take the place kept for the running due group
         not streaming -> (): the step waits for the due group and then takes 3 at once
+
+    The groups taken are always a prefix of the ready ones in (version, id) order: taking a group
+    leaves every later deadline's slack as it was and lowers the earlier ones', and a group that
+    does not fit fails a check that every later group (due no earlier) makes too. So the prefix
+    is counted one version at a time, and the ids are sorted only when some are taken: the
+    simulator asks after every event, with hundreds of groups ready at 1,024 cells.
     """
-    if places <= 0:
+    # At most every ready group is taken: these answers need no counting.
+    if places <= 0 or not ready or (not streaming and len(ready) < places):
         return ()
-    ordered = sorted(ready, key=lambda g: (g.version, g.group_id))
+    ready_by_version = Counter(map(attrgetter("version"), ready))
     horizon = range(step, step + max_staleness + 1)
     due_counts: dict[int, int] = {}
-    for version, n in [(g.version, 1) for g in ordered] + list(running):
+    for version, n in [*ready_by_version.items(), *running]:
         due_counts[version + max_staleness] = due_counts.get(version + max_staleness, 0) + n
     demand = {j: sum(n for d, n in due_counts.items() if d <= j) for j in horizon}
     capacity = {j: places + (j - step) * groups_per_step for j in horizon}
-    taken: list[int] = []
-    for group in ordered:
-        if len(taken) == places:
-            break
-        due = group.version + max_staleness
-        if all(demand[j] <= capacity[j] - 1 for j in horizon if j < due):
-            taken.append(group.group_id)
-            for j in horizon:
-                capacity[j] -= 1
-                if j >= due:
-                    demand[j] -= 1
-    if not streaming and len(taken) < places:
+    take = 0
+    for version in sorted(ready_by_version):
+        due = version + max_staleness
+        count = ready_by_version[version]
+        # The i-th group of this version fits while i < capacity[j] - demand[j] for every step j
+        # before its deadline (each one taken lowers capacity, not demand, there).
+        fit = max(0, min([count, places - take] + [capacity[j] - demand[j] for j in horizon if j < due]))
+        take += fit
+        for j in horizon:
+            capacity[j] -= fit
+            if j >= due:
+                demand[j] -= fit
+        if fit < count:
+            break  # places are gone, or a check failed that every later group makes too
+    if take == 0 or (not streaming and take < places):
         return ()
-    return tuple(taken)
+    return tuple(g.group_id for g in heapq.nsmallest(take, ready, key=lambda g: (g.version, g.group_id)))
 
 
 def assign_ready(view: ClusterView, config: PolicyConfig, *, streaming: bool) -> tuple[int, ...]:

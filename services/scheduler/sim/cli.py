@@ -1,9 +1,10 @@
-"""`gyre sim WORKLOAD.yaml [--json] [--plot FILE.png] [--ablation]` (shell)."""
+"""`gyre sim WORKLOAD.yaml [--json] [--plot FILE.png] [--ablation] [--jobs N]` (shell)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -20,7 +21,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="draw each mode's cell roles over time")
     parser.add_argument("--ablation", action="store_true", help="run the paper's ablation variants instead")
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=os.cpu_count() or 1,
+        help="processes for the best-split sweeps (default: one per CPU; the figures do not depend on it)",
+    )
     return parser
+
+
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be a whole number of processes >= 1, got {text!r}")
+    return jobs
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -76,7 +93,7 @@ def main(argv: list[str]) -> int:
         report = ablation(workload, executions)
         print(json.dumps(report) if ns.json else _ablation_table(report))
         return 0
-    runs = run_modes(workload, executions)
+    runs = run_modes(workload, executions, jobs=ns.jobs)
     report = compare(workload, executions, runs)
     if ns.plot:
         from services.scheduler.sim.plot import plot_timelines

@@ -91,6 +91,7 @@ class Simulation:
         self.serving = n - initial_training
         self.serving_running = 0
         self.training = set(range(initial_training))
+        self.leaving = 0  # training cells told to leave at their next microbatch boundary
         self.to_rollout = self.to_training = 0
         # Executions and groups.
         g_count = workload.total_groups
@@ -105,6 +106,10 @@ class Simulation:
         self.waiting: deque[int] = deque()  # executions of admitted groups waiting for a slot
         self.running_by_version: dict[int, int] = {}
         self.ready: list[ReadyGroup] = []
+        # The view's copies of `ready` and `running_by_version`, rebuilt only after they change:
+        # most events (an execution ending inside a group) change neither.
+        self.ready_view: tuple[ReadyGroup, ...] | None = ()
+        self.running_view: tuple[tuple[int, int], ...] | None = ()
         self.finished_duration = 0.0
         self.finished_tokens = 0
         self.finished_groups = 0
@@ -137,11 +142,21 @@ class Simulation:
         heapq.heappush(self.heap, (time_s, self.seq, kind, ref, generation))
 
     def run(self) -> Result:
+        result = self.run_within(math.inf)
+        assert result is not None
+        return result
+
+    def run_within(self, past_s: float) -> Result | None:
+        """`run`, or None as soon as the run is certain to take longer than `past_s` (its next
+        event lies beyond it, and the run ends at an event no earlier): a split sweep then stops
+        a split that cannot be its best instead of simulating it to the end."""
         self._decide()
         while self.version < self.w.steps:
             if not self.heap:
                 raise RuntimeError(f"simulation stalled at t={self.now:.1f}s, version {self.version}")
             time_s = self.heap[0][0]
+            if time_s > past_s:
+                return None
             self.now = time_s
             while self.heap and self.heap[0][0] == time_s:
                 _, _, kind, ref, generation = heapq.heappop(self.heap)
@@ -162,19 +177,23 @@ class Simulation:
     # -- policy ---------------------------------------------------------------------------------
 
     def view(self) -> ClusterView:
+        if self.ready_view is None:
+            self.ready_view = tuple(self.ready)
+        if self.running_view is None:
+            self.running_view = tuple(sorted((v, n) for v, n in self.running_by_version.items() if n))
         return ClusterView(
             now_s=self.now,
             version=self.version,
             rollout_cells=self.serving,
-            training_cells=len(self.training) - sum(1 for c in self.training if self.cells[c].leaving),
+            training_cells=len(self.training) - self.leaving,
             switching_to_rollout=self.to_rollout,
             switching_to_training=self.to_training,
             running=self.serving_running,
             waiting=len(self.waiting),
             groups_admitted=self.admitted,
             queued_groups=self.w.total_groups - self.admitted,
-            running_groups=tuple(sorted((v, n) for v, n in self.running_by_version.items() if n)),
-            ready=tuple(self.ready),
+            running_groups=self.running_view,
+            ready=self.ready_view,
             step_groups=self.step_groups,
             step_untrained_tokens=self.pending_tokens + (self.round_tokens if self.in_round else 0),
             in_overhead=self.in_update,
@@ -215,6 +234,7 @@ class Simulation:
         self.admitted += 1
         self.group_version[group] = self.version
         self.running_by_version[self.version] = self.running_by_version.get(self.version, 0) + 1
+        self.running_view = None
         g = self.w.group_size
         self.waiting.extend(range(group * g, group * g + g))
         self._start_waiting()
@@ -277,6 +297,7 @@ class Simulation:
             self.finished_groups += 1
             self.running_by_version[self.group_version[group]] -= 1
             self.ready.append(ReadyGroup(group_id=group, version=self.group_version[group], tokens=tokens))
+            self.ready_view = self.running_view = None
         self._start_waiting()
 
     # -- role switches --------------------------------------------------------------------------
@@ -334,6 +355,7 @@ class Simulation:
             busy = self.in_round and cell in self.round_members
             if busy or (self.in_update and cell == self.update_cell):
                 self.cells[cell].leaving = True
+                self.leaving += 1
                 self.to_rollout += 1
             else:
                 self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
@@ -348,6 +370,7 @@ class Simulation:
             self.training.discard(cell)
             if c.leaving:
                 c.leaving = False
+                self.leaving -= 1
                 self.to_rollout -= 1
         c.role, c.target = SWITCHING, role
         if role == ROLLOUT:
@@ -386,6 +409,7 @@ class Simulation:
         assert len(taken) == len(wanted), "policy assigned a group that is not ready"
         assert self.step_groups + len(taken) <= self.w.groups_per_step and not self.in_update
         self.ready = [g for g in self.ready if g.group_id not in wanted]
+        self.ready_view = None
         if self.step_groups == 0 and taken and self.w.step_start_s > 0:
             self.starts_at = self.now + self.w.step_start_s
             self._at(self.starts_at, _STEP_START, 0)
@@ -404,7 +428,10 @@ class Simulation:
             if self._step_complete():
                 self._start_update()
             return
-        members = tuple(sorted(c for c in self.training if not self.cells[c].leaving))
+        staying = (
+            self.training if not self.leaving else (c for c in self.training if not self.cells[c].leaving)
+        )
+        members = tuple(sorted(staying))
         if not members:
             return
         rate = self.w.tokens_per_s_per_cell

@@ -4,7 +4,7 @@ Each mode's policy and starting roles come from `policy.modes.mode_policy`, the 
 live scheduler calls too (its table lists them).
 
 Fixed-split modes run at the workload's `async_rollout_cells` and, as `<mode>_best` in the
-report, at the best split of a sweep (`best_split`); `burst_best` is the better of elastic burst
+report, at the best split of a sweep (`sweep.best_splits`); `burst_best` is the better of elastic burst
 and `burst_fixed` at its best split.
 
 Ablation variants (the paper's 12-step ablation): `async` (vanilla), `async_streaming`,
@@ -15,7 +15,6 @@ never train), `elastic_no_streaming`, and `gyre` (the full design).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from services.scheduler.policy.modes import ModePolicy, mode_policy
 from services.scheduler.policy.state import PolicyConfig
@@ -58,40 +57,21 @@ def setup(name: str, w: Workload, *, rollout_cells: int | None = None) -> Setup:
 def simulate(
     name: str, w: Workload, x: Executions, *, rollout_cells: int | None = None, trace: bool = False
 ) -> Result:
+    result = simulate_within(name, w, x, math.inf, rollout_cells=rollout_cells, trace=trace)
+    assert result is not None
+    return result
+
+
+def simulate_within(
+    name: str,
+    w: Workload,
+    x: Executions,
+    past_s: float,
+    *,
+    rollout_cells: int | None = None,
+    trace: bool = False,
+) -> Result | None:
+    """`simulate`, or None once the run is certain to take longer than `past_s`."""
     s = setup(name, w, rollout_cells=rollout_cells)
     sim = Simulation(w, x, s.policy, initial_training=s.initial_training, core_cell=s.core_cell, trace=trace)
-    return sim.run()
-
-
-def sweep_splits(cells: int, *, most: int = 24) -> Sequence[int]:
-    """Rollout-pool sizes a sweep tries first: all of 1..cells-1, or `most` spread evenly."""
-    if cells - 1 <= most:
-        return range(1, cells)
-    step = (cells - 2) / (most - 1)
-    return sorted({1 + round(i * step) for i in range(most)})
-
-
-def best_split(mode: str, w: Workload, x: Executions) -> tuple[int, Result]:
-    """The fixed split (rollout cells) with the shortest wall time for a fixed-split mode.
-
-    The spread sweep is refined by trying every split between the best one's neighbours in it,
-    so the best is exhaustive near the optimum. Example (32 cells): 24 splits 1, 2, 4, ..., 31;
-    best 19 of neighbours 18 and 21 -> 20 is tried too.
-    """
-    feasible = range(max(1, math.ceil(w.group_size / w.executions_per_cell)), w.cells)
-    runs: dict[int, Result] = {}
-
-    def run(splits: Sequence[int]) -> None:
-        for a in splits:
-            if a in feasible and a not in runs:
-                runs[a] = simulate(mode, w, x, rollout_cells=a)
-
-    # The workload's own split is always tried, so a mode at its best is never slower than at it.
-    run(sorted({*sweep_splits(w.cells), w.async_rollout_cells}))
-    tried = sorted(runs)
-    best = min(tried, key=lambda a: (runs[a].wall_s, a))
-    i = tried.index(best)
-    low, high = tried[max(0, i - 1)], tried[min(len(tried) - 1, i + 1)]
-    run(range(low + 1, high))
-    best = min(runs, key=lambda a: (runs[a].wall_s, a))
-    return best, runs[best]
+    return sim.run_within(past_s)

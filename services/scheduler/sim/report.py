@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from services.scheduler.sim.bound import cap_admission_bound, lower_bounds
-from services.scheduler.sim.modes import ABLATION, FIXED_SPLIT, best_split, simulate
+from services.scheduler.sim.modes import ABLATION, FIXED_SPLIT, simulate
 from services.scheduler.sim.path_bound import at_cap
 from services.scheduler.sim.result import Result
+from services.scheduler.sim.sweep import best_splits
 from services.scheduler.sim.workload import Executions, Workload
 
 # The paper's 12-step ablation (hours), printed only beside our reading of that run.
@@ -37,12 +38,15 @@ def mode_figures(result: Result, *, rollout_cells: int | None = None) -> dict[st
     return figures
 
 
-def run_modes(w: Workload, x: Executions) -> dict[str, tuple[Result, int | None]]:
-    """Every mode; fixed-split ones at the workload's split and, as `<mode>_best`, at their best."""
+def run_modes(w: Workload, x: Executions, *, jobs: int = 1) -> dict[str, tuple[Result, int | None]]:
+    """Every mode; fixed-split ones at the workload's split and, as `<mode>_best`, at their best
+    (the sweeps in `jobs` processes; the figures do not depend on it)."""
     runs: dict[str, tuple[Result, int | None]] = {"colocate": (simulate("colocate", w, x), None)}
+    own = {mode: simulate(mode, w, x) for mode in FIXED_SPLIT}
+    bests = best_splits(FIXED_SPLIT, w, x, known=own, jobs=jobs)
     for mode in FIXED_SPLIT:
-        runs[mode] = (simulate(mode, w, x), w.async_rollout_cells)
-        split, best = best_split(mode, w, x)
+        runs[mode] = (own[mode], w.async_rollout_cells)
+        split, best = bests[mode]
         runs[f"{mode}_best"] = (best, split)
     runs["burst"] = (simulate("burst", w, x), None)
     # Burst at its best: elastic burst, or burst on the best fixed split, whichever is faster.
