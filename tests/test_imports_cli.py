@@ -87,7 +87,7 @@ def test_import_refuses_an_unknown_format_by_name(tmp_path: Path) -> None:
     done = gyre(
         "tasks", "import", str(DATA / "r2e.jsonl"), "--out", str(tmp_path / "out"), "--format", "lite"
     )
-    assert done.returncode == 1 and "--format" in done.stderr and "unknown format 'lite'" in done.stderr
+    assert done.returncode == 2 and "--format" in done.stderr and "unknown format 'lite'" in done.stderr
     assert not (tmp_path / "out").exists()
 
 
