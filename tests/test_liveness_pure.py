@@ -12,6 +12,7 @@ from services.scheduler.cells import MODES
 from services.scheduler.policy.liveness import (
     SatelliteRole,
     WatchedExecution,
+    blind_time_s,
     limit_at_s,
     misplaced_satellites,
     overdue_executions,
@@ -135,3 +136,8 @@ def test_nothing_is_acted_on_before_the_runner_s_own_limit_plus_the_grace(
     for item in overdue_executions([watched(since_s=since)], now_s=now, grace_s=grace):
         assert now >= since + 60.0 + grace
         assert item.action == ("end" if now - since - 60.0 >= 2 * grace else "cancel")
+
+
+def test_time_the_watchdog_could_not_look_does_not_count_against_an_execution() -> None:
+    assert blind_time_s(last_look_s=100.0, now_s=104.0, every_s=5.0) == 0.0
+    assert blind_time_s(last_look_s=100.0, now_s=160.0, every_s=5.0) == 55.0

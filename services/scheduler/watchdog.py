@@ -12,7 +12,10 @@ ends the wait). Past a further grace, with still no end event, it records the ex
 
 When each execution entered its state is what this process first saw (kept in memory, no later
 than the truth, so the watchdog never acts before the runner's own limit); after a restart the
-count starts again, so the bound grows by the restart and stays bounded. A late end event for an
+count starts again, so the bound grows by the restart and stays bounded. Time it could not look
+(the database away, so the round failed) does not count either (`blind_time_s`): end events held
+back meanwhile are read first. A bus outage is not seen here; the grace (default 300 s, and the
+cancel asked first) is what covers a backlog of end events after one. A late end event for an
 execution ended here changes nothing (its state has moved past the end states).
 """
 
@@ -32,7 +35,7 @@ from gyre.tls import aio_channel
 from services.scheduler import repo
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.lifecycle import task_done_if_all_ended
-from services.scheduler.policy.liveness import Overdue, WatchedExecution, overdue_executions
+from services.scheduler.policy.liveness import Overdue, WatchedExecution, blind_time_s, overdue_executions
 from services.scheduler.replacements import record_lost
 
 log = structlog.get_logger(__name__)
@@ -53,6 +56,8 @@ class Watchdog:
         self.every_s = min(5.0, settings.lost_grace_s / 4)
         """How often `check_once` looks: a fraction of the grace, so it acts close to it."""
         self.last_s = 0.0
+        self.last_look_s: float | None = None
+        """When the last check read the table (None: not yet)."""
 
     async def check_if_due(self) -> None:
         now = time.time()
@@ -70,6 +75,10 @@ class Watchdog:
                     .where(e.state.in_(WATCHED))
                 )
             ).all()
+        if self.last_look_s is not None:
+            blind = blind_time_s(last_look_s=self.last_look_s, now_s=now_s, every_s=self.every_s)
+            self.seen = {k: (state, since + blind) for k, (state, since) in self.seen.items()}
+        self.last_look_s = now_s
         watched = []
         current: dict[str, tuple[str, float]] = {}
         for row in rows:

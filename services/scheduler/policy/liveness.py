@@ -152,3 +152,14 @@ def overdue_executions(
         elif past >= grace_s:
             out.append(Overdue(execution_id=w.execution_id, action="cancel", past_limit_s=past))
     return tuple(out)
+
+
+def blind_time_s(*, last_look_s: float, now_s: float, every_s: float) -> float:
+    """How long the watchdog could not look (the database away, the scheduler stalled): time it
+    does not count against an execution, whose end event may wait on the bus meanwhile.
+
+    Example (looks every 5 s):
+        last look 100, now 104  -> 0.0
+        last look 100, now 160  -> 55.0
+    """
+    return max(0.0, now_s - last_look_s - every_s)
