@@ -33,9 +33,12 @@ from services.trajectory.main import build as build_trajectory
 
 @asynccontextmanager
 async def stack(
-    server_urls: tuple[str, str], tmp_path: Path, **trainer_settings: Any
+    server_urls: tuple[str, str],
+    tmp_path: Path,
+    scheduler_settings: dict[str, Any] | None = None,
+    **trainer_settings: Any,
 ) -> AsyncIterator[infra.Stack]:
-    async with driver_rig(server_urls, tmp_path, cell_lost_after_s=120) as rig:
+    async with driver_rig(server_urls, tmp_path, cell_lost_after_s=120, **(scheduler_settings or {})) as rig:
         hosts: list[ServiceHost] = [
             await build_trajectory(TrajectorySettings(port=0), rig.kernel),
             await build_evaluator(EvaluatorSettings(sandbox_root=tmp_path / "grading"), rig.kernel),

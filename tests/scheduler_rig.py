@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import message
@@ -59,10 +60,11 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 @asynccontextmanager
 async def driver_rig(
-    server_urls: tuple[str, str], tmp_path: Path, *, cell_lost_after_s: float = 1.5
+    server_urls: tuple[str, str], tmp_path: Path, *, cell_lost_after_s: float = 1.5, **settings: Any
 ) -> AsyncIterator[Rig]:
     """`cell_lost_after_s`: longer where the test runs services in this process that hold its event
-    loop while they start (the cells' heartbeats are sent from it)."""
+    loop while they start (the cells' heartbeats are sent from it). `settings`: more of the
+    scheduler's settings."""
     async with scratch_kernel(*server_urls, label="driver") as kernel:
         proxy = await build_proxy(ProxySettings(model_dir=write_tokenizer(tmp_path / "tok")), kernel)
         await proxy.host.start()
@@ -74,6 +76,7 @@ async def driver_rig(
                 max_staleness=1,
                 tick_s=0.2,
                 cell_lost_after_s=cell_lost_after_s,
+                **settings,
             ),
             kernel,
         )

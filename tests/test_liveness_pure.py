@@ -1,5 +1,6 @@
 """The liveness rule's pure parts: what each mode wants of a satellite, a cancelled execution is
-never replaced, and a trajectory over the microbatch budget trains alone or is named."""
+never replaced, a trajectory over the microbatch budget trains alone or is named, and when the
+watchdog acts on an execution no runner reports an end for."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.scheduler.cells import MODES
-from services.scheduler.policy.liveness import SatelliteRole, misplaced_satellites, wanted_roles
+from services.scheduler.policy.liveness import (
+    SatelliteRole,
+    WatchedExecution,
+    blind_time_s,
+    limit_at_s,
+    misplaced_satellites,
+    overdue_executions,
+    wanted_roles,
+)
 from services.scheduler.retries import decide_replacement
 from services.trainer.microbatch import MicrobatchTooLarge, oversized_trajectories, plan_microbatches
 from services.trainer.samples import Sample
@@ -88,3 +97,47 @@ def test_a_trajectory_past_what_the_trainer_holds_is_named_with_its_size() -> No
     assert "40 tokens" in oversized_trajectories([long], max_sample_tokens=32)["e2"]
     with pytest.raises(MicrobatchTooLarge):
         plan_microbatches([long], max_tokens=8, max_sample_tokens=32)
+
+
+def watched(
+    state: str = "running", *, since_s: float = 0.0, deadline_s: float | None = None
+) -> WatchedExecution:
+    return WatchedExecution(
+        execution_id="e1", state=state, since_s=since_s, timeout_s=60.0, deadline_s=deadline_s
+    )
+
+
+def test_a_running_execution_is_left_alone_until_its_limit_plus_a_grace_then_cancelled_then_ended() -> None:
+    [running] = [watched(since_s=100.0)]
+    assert overdue_executions([running], now_s=169.9, grace_s=10.0) == ()
+    [cancel] = overdue_executions([running], now_s=175.0, grace_s=10.0)
+    assert cancel.action == "cancel" and cancel.past_limit_s == 15.0
+    [end] = overdue_executions([running], now_s=180.0, grace_s=10.0)
+    assert end.action == "end"
+    assert end.reason == "no end from the runner 20 s past its limit"
+
+
+def test_an_admitted_execution_is_bounded_by_its_deadline_alone() -> None:
+    # Queued at a runner, an execution may wait for others: its timeout counts from its start.
+    assert overdue_executions([watched("admitted")], now_s=1e9, grace_s=10.0) == ()
+    [end] = overdue_executions([watched("admitted", deadline_s=500.0)], now_s=520.0, grace_s=10.0)
+    assert end.action == "end" and end.past_limit_s == 20.0
+    assert limit_at_s(watched("admitted", deadline_s=500.0)) == 500.0
+
+
+@given(
+    since=st.floats(0, 1e6),
+    now=st.floats(0, 2e6),
+    grace=st.floats(0.01, 1e4),
+)
+def test_nothing_is_acted_on_before_the_runner_s_own_limit_plus_the_grace(
+    since: float, now: float, grace: float
+) -> None:
+    for item in overdue_executions([watched(since_s=since)], now_s=now, grace_s=grace):
+        assert now >= since + 60.0 + grace
+        assert item.action == ("end" if now - since - 60.0 >= 2 * grace else "cancel")
+
+
+def test_time_the_watchdog_could_not_look_does_not_count_against_an_execution() -> None:
+    assert blind_time_s(last_look_s=100.0, now_s=104.0, every_s=5.0) == 0.0
+    assert blind_time_s(last_look_s=100.0, now_s=160.0, every_s=5.0) == 55.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import PositiveFloat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BUNDLED_TASKS = Path(__file__).resolve().parents[1] / "evaluator" / "tasks"
@@ -22,6 +23,9 @@ class SchedulerSettings(BaseSettings):
     """The runner's gRPC `host:port`: CancelTask stops running harnesses through it."""
     mode: Literal["colocate", "async", "gyre", "burst"] = "gyre"
     """Scheduling mode at the first start (later: SetMode; the stored mode wins on restart)."""
+    lost_grace_s: PositiveFloat = 300.0
+    """An execution with no end event this long past its limit is cancelled through the runner;
+    twice this long past it, the scheduler ends it as an infrastructure failure (`watchdog`)."""
     cell_lost_after_s: float = 5.0
     """A cell whose heartbeat is silent this long is declared lost."""
     drain_timeout_s: float = 30.0

@@ -19,6 +19,9 @@ took its epoch up) is out of training while its table row still says `training`;
 switches it back to rollout (the trainer's leave answers NOT_FOUND, then weights and route), so
 it ends in a role it holds. One that is truly gone fails that switch and is reported lost.
 
+Each round also runs the lost-execution `watchdog` (at most every few seconds): an execution no
+runner reports an end for is cancelled, then ended as an infrastructure failure.
+
 Switches run as tasks of their own (the cell shows `switching` meanwhile), so admissions go on.
 
 A mode set while a step runs (`SetMode` keeps it pending) takes effect at the first decision
@@ -57,6 +60,7 @@ from services.scheduler.policy.liveness import SatelliteRole, misplaced_satellit
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import Decision, PolicyConfig
 from services.scheduler.tasks import execution_limit_s
+from services.scheduler.watchdog import Watchdog
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +83,7 @@ class LiveDriver:
         """Cells with a switch task of this driver in flight (`control.switching` is set only
         once the task runs, so a round in between must not start a second one)."""
         self.decisions = 0
+        self.watchdog = Watchdog(sessions, relay, settings)
 
     def poke(self) -> None:
         self.wake.set()
@@ -88,6 +93,7 @@ class LiveDriver:
             self.wake.clear()
             try:
                 await self.decide_once()
+                await self.watchdog.check_if_due()
             except grpc.aio.AioRpcError as exc:  # the proxy is away: decide again at the next tick
                 log.warning("driver_proxy_unreachable", error=exc.code().name)
             except Exception:  # a bad decision round must not stop the scheduler serving its RPCs

@@ -113,7 +113,7 @@ async def advance_tasks(
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def _task_done_if_all_ended(session: AsyncSession, task_id: uuid.UUID) -> None:
+async def task_done_if_all_ended(session: AsyncSession, task_id: uuid.UUID) -> None:
     e = repo.executions.c
     open_left = await session.scalar(
         sa.select(sa.func.count()).where(e.task_id == task_id, e.state.in_(BEFORE_END))
@@ -190,7 +190,7 @@ class LifecycleEvents:
             session, execution_id, to=state, allowed_from=BEFORE_END, duration_s=duration_s
         )
         if task_id is not None:
-            await _task_done_if_all_ended(session, task_id)
+            await task_done_if_all_ended(session, task_id)
         else:
             await _keep_duration(session, execution_id, duration_s)
 
@@ -215,7 +215,7 @@ class LifecycleEvents:
             if events:
                 await enqueue(session, repo.outbox, *events)
                 after_commit(session, self.on_enqueued)
-                await _task_done_if_all_ended(session, uuid.UUID(events[-1].correlation_id))
+                await task_done_if_all_ended(session, uuid.UUID(events[-1].correlation_id))
                 return
         await advance_execution(session, grade.execution_id, to="graded", allowed_from=ENDED)
 

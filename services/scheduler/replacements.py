@@ -6,6 +6,9 @@ infrastructure cause (workspace, sandbox, harness launch, proxy, runner lost) be
 does a grader that crashed, so one event covers both and the trajectory service, which sees the
 same grades, agrees on which executions failed this way.
 
+The scheduler's `watchdog` takes the same path for an execution no runner reported an end for
+(`record_lost`): no grade comes for it, so its decision says `lost`.
+
 An execution cancelled alone (`gyre cancel EXECUTION`) is graded unassessable too, its grade
 flagged `cancelled`: it is recorded `cancelled` with the reason, never replaced, and the decision
 (no replacement, `cancelled: true`) lets its group train without it (`policy.liveness`).
@@ -56,8 +59,45 @@ async def record_unassessable(
 ) -> list[Envelope]:
     """Record an unassessable grade on its execution; the events to enqueue (none when the
     execution is unknown here or its failure was recorded before)."""
+    return await _record_failure(
+        session,
+        execution_id=grade.execution_id,
+        reason=grade.unassessable_reason or "the grade was not assessable",
+        flagged_cancelled=grade.cancelled,
+        lost=False,
+        causation_id=causation_id,
+    )
+
+
+async def record_lost(
+    session: AsyncSession, execution_id: str, *, reason: str, causation_id: str
+) -> list[Envelope]:
+    """The watchdog ends an execution no runner reported an end for: an infrastructure failure
+    like an unassessable grade, but no grade will come, so the decision says `lost` and the
+    trajectory service counts the member as not assessable without waiting for its reward."""
+    return await _record_failure(
+        session,
+        execution_id=execution_id,
+        reason=reason,
+        flagged_cancelled=False,
+        lost=True,
+        causation_id=causation_id,
+        only_from=("admitted", "running"),  # an end that came meanwhile is the runner's word
+    )
+
+
+async def _record_failure(
+    session: AsyncSession,
+    *,
+    execution_id: str,
+    reason: str,
+    flagged_cancelled: bool,
+    lost: bool,
+    causation_id: str,
+    only_from: tuple[str, ...] = (),
+) -> list[Envelope]:
     try:
-        key = uuid.UUID(grade.execution_id)
+        key = uuid.UUID(execution_id)
     except ValueError:
         return []
     e, t = repo.executions.c, repo.tasks.c
@@ -71,11 +111,10 @@ async def record_unassessable(
     ).first()
     if row is None:
         return []
-    reason = grade.unassessable_reason or "the grade was not assessable"
     task_cancelled = row.task_state == "cancelled"
     # One execution cancelled (`gyre cancel EXECUTION`): the evaluator flags its grade, since
     # the runner's end event may reach this service after the grade. Its own state says so too.
-    alone = not task_cancelled and (grade.cancelled or row.state == "cancelled")
+    alone = not task_cancelled and (flagged_cancelled or row.state == "cancelled")
     cancelled = task_cancelled or alone
     # A cancelled task's executions are graded unassessable too; that is no infrastructure
     # failure and never replaced, but the trajectory service still waits for the answer. A
@@ -85,7 +124,7 @@ async def record_unassessable(
         state: object = sa.case((e.state == "cancelled", "graded"), else_=e.state)
     else:
         state = "cancelled" if alone else "infra_failed"
-    allowed = (*FAILED_FROM, "cancelled") if cancelled else FAILED_FROM
+    allowed = only_from or ((*FAILED_FROM, "cancelled") if cancelled else FAILED_FROM)
     moved = (
         await session.execute(
             sa.update(repo.executions)
@@ -112,7 +151,7 @@ async def record_unassessable(
         execution_cancelled=alone,
     )
     failed = ids_pb2.ExecutionRef(
-        task_id=str(row.task_id), execution_id=grade.execution_id, index_in_group=row.index_in_group
+        task_id=str(row.task_id), execution_id=execution_id, index_in_group=row.index_in_group
     )
     decided = events_pb2.ExecutionReplacementDecided(
         execution=failed,
@@ -120,6 +159,7 @@ async def record_unassessable(
         num_replacements=int(used or 0),
         max_infra_retries=row.max_infra_retries,
         cancelled=cancelled,
+        lost=lost,
     )
     events = []
     if decision.replace:
@@ -138,7 +178,7 @@ async def record_unassessable(
     )
     log.warning(
         "infra_failure_recorded",
-        execution_id=grade.execution_id,
+        execution_id=execution_id,
         task_id=failed.task_id,
         replacement=decided.replacement.execution_id if decision.replace else "",
         num_replacements=decided.num_replacements,

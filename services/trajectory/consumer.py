@@ -5,7 +5,9 @@ batch's transaction; the ack follows the commit.
 
 - `TaskSubmitted` (scheduler): learn a task's group and its allowance of infrastructure retries.
 - `ExecutionReplacementDecided` (scheduler): an unassessable member's replacement (a new member
-  of the group, waited for like the others) or the word that none comes.
+  of the group, waited for like the others) or the word that none comes. One flagged `lost` (the
+  scheduler's watchdog ended it: no runner reported its end) is also recorded not assessable
+  here, since no grade will come for it.
 - `RewardAssigned` (evaluator): store the execution's reward and the number of calls the proxy
   recorded for it; when every execution of the group has its reward and that many calls stored,
   mark the group ready and publish `GroupReady` through the outbox (the last call stored can be
@@ -16,8 +18,8 @@ batch's transaction; the ack follows the commit.
   for nothing would never train), but is no reward: it is listed in `GroupReady`'s
   `unassessable_execution_ids`, and replay keeps it out of the group's advantage baseline and
   out of the loss. An execution
-  that never gets a reward holds its group back; the scheduler's deadlines and the evaluator's
-  timeout grading are what end that.
+  that never gets a reward holds its group back; the runner's timeout (graded as earned) ends
+  that, or, where no runner reports an end, the scheduler's watchdog (`lost`, above).
 - `LlmCallRecorded` (proxy): see `CallEvents`, batched.
 """
 
@@ -125,6 +127,17 @@ class TaskEvents:
         )
         if not known:  # its TaskSubmitted is still on the way (a redelivery overtook it)
             raise NotYet(f"group {task_id} is not known yet")
+        if p.lost:
+            # The scheduler ended it (no runner reported an end): no grade will come, so it is
+            # not assessable now; a late grade loses to this one (the first reward wins).
+            await repo.record_reward(
+                session,
+                execution_id=p.execution.execution_id,
+                task_id=task_id,
+                reward=0.0,
+                assessable=False,
+                partial=False,
+            )
         if await publish_if_ready(session, task_id, causation_id=event.event_id):
             after_commit(session, self.poke)
         log.info(

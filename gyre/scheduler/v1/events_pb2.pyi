@@ -324,6 +324,7 @@ class ExecutionReplacementDecided(_message.Message):
     NUM_REPLACEMENTS_FIELD_NUMBER: _builtins.int
     MAX_INFRA_RETRIES_FIELD_NUMBER: _builtins.int
     CANCELLED_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Why the grade was not assessable (the evaluator's reason), or, without a replacement, also
     why none was scheduled (the allowance is spent, the task was cancelled or its deadline passed).
@@ -335,6 +336,11 @@ class ExecutionReplacementDecided(_message.Message):
     cancelled: _builtins.bool
     """The task was cancelled: its executions are graded not assessable, which is no infrastructure
     failure; never replaced, not counted as one.
+    """
+    lost: _builtins.bool
+    """The scheduler ended the execution itself: no runner reported its end past its limit plus
+    twice GYRE_SCHEDULER_LOST_GRACE_S, so no grade comes for it. The trajectory service counts
+    it as not assessable (out of the baseline and the loss) without waiting for a reward.
     """
     @_builtins.property
     def execution(self) -> _ids_pb2.ExecutionRef:
@@ -355,10 +361,11 @@ class ExecutionReplacementDecided(_message.Message):
         num_replacements: _builtins.int = ...,
         max_infra_retries: _builtins.int = ...,
         cancelled: _builtins.bool = ...,
+        lost: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["execution", b"execution", "replacement", b"replacement"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "execution", b"execution", "max_infra_retries", b"max_infra_retries", "num_replacements", b"num_replacements", "reason", b"reason", "replacement", b"replacement"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "execution", b"execution", "lost", b"lost", "max_infra_retries", b"max_infra_retries", "num_replacements", b"num_replacements", "reason", b"reason", "replacement", b"replacement"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
