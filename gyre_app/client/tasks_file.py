@@ -87,7 +87,12 @@ def _spec(raw: Mapping[str, object], source: str, line: int) -> scheduler_pb2.Ta
         if not isinstance(pairs, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) and _is_unicode(k + v) for k, v in pairs.items()
         ):
-            raise _fail(source, line, key, f"must map strings to strings (Unicode text: no lone surrogates), got {pairs!r}")
+            raise _fail(
+                source,
+                line,
+                key,
+                f"must map strings to strings (Unicode text: no lone surrogates), got {pairs!r}",
+            )
         getattr(spec, key).update(pairs)
     return spec
 
