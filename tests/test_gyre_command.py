@@ -491,3 +491,14 @@ async def test_status_shows_a_dead_letter_and_a_group_stuck_without_its_evaluato
     assert rc == 0, err
     reasons = [d["reason"] for d in json.loads(out.strip().splitlines()[-1])["dead_letters"]]
     assert any(r.startswith("undecodable") for r in reasons), reasons
+    # The operator's way out: cancelling the task clears the stuck group from what status waits for.
+    rc, out, err = await stack.gyre("cancel", "--task", task.task_id, env=env)
+    assert rc == 0, err
+
+    async def cleared() -> bool:
+        rc, out, err = await stack.gyre("status", "--json", env=env)
+        assert rc == 0, err
+        waiting = json.loads(out.strip().splitlines()[-1])["waiting"]["groups"]
+        return not [g for g in waiting if g["task_id"] == task.task_id]
+
+    await eventually(cleared, timeout_s=60, what="status to stop listing the cancelled task's group")
