@@ -161,7 +161,7 @@ def test_gyre_up_refuses_an_unknown_tracker_before_starting_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("GYRE_STATE_DIR", str(tmp_path / "state"))
-    assert gyre_main(["up", "--track", "wandb,neptune"]) == 1
+    assert gyre_main(["up", "--track", "wandb,neptune"]) == 2  # an input error, as every gyre command's
     assert capsys.readouterr().err.strip() == (
         "gyre up: --track: unknown tracker 'neptune'; "
         "known: jsonl, tensorboard, wandb, mlflow, trackio, or none"

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 from trainer_stack import connect_bus, events_on_bus, eventually, fresh_kernel, start_trainer, submit_group
 
 from gyre.bus import Bus
@@ -193,35 +192,3 @@ async def test_executions_without_calls_do_not_hold_back_training(
         assert [(e.task_id, e.reason) for e in set_aside] == [
             (silent, "no execution of the group made a model call")
         ]
-
-
-async def test_a_batch_the_trainer_refuses_stays_queued_and_trains_nothing(
-    server_urls: tuple[str, str], tmp_path: Path
-) -> None:
-    """Every sample is longer than a 2-token microbatch budget: the step is refused whole and postponed."""
-    async with trainer_and_trajectory(server_urls, tmp_path, microbatch_max_tokens=2) as (
-        kernel,
-        trajectory,
-        trainer,
-        bus,
-    ):
-        channel = grpc.aio.insecure_channel(trainer.address)
-        stub = trainer_pb2_grpc.TrainerServiceStub(channel)
-        try:
-            await submit_group(bus, trajectory.address, index=0)
-
-            async def queued() -> bool:
-                return (await stub.GetStatus(trainer_pb2.GetStatusRequest())).num_groups_queued == 1
-
-            with structlog.testing.capture_logs() as logs:
-                await eventually(queued, timeout_s=30, what="the group in the trainer's queue")
-                await asyncio.sleep(3)  # the loop takes a queued group at once, then retries at 0.5, 1, 2 s
-            postponed = [e["error"] for e in logs if e["event"] == "step_postponed"]
-            assert len(postponed) >= 2  # refused, and the loop lives on to try again
-            assert "microbatch_max_tokens: trajectory" in postponed[0]
-            assert "more than the 2 a microbatch may hold" in postponed[0]
-            status = await stub.GetStatus(trainer_pb2.GetStatusRequest())
-            assert (status.version.steps, status.num_groups_queued) == (0, 1)
-            assert await events_on_bus(kernel, "trainer", events_pb2.StepCompleted) == []
-        finally:
-            await channel.close()
