@@ -81,8 +81,8 @@ class Stack:
         assert proc.returncode is not None
         return proc.returncode, out.decode(), err.decode()
 
-    async def gyre_json(self, *args: str) -> Any:
-        rc, out, err = await self.gyre(*args, "--json")
+    async def gyre_json(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        rc, out, err = await self.gyre(*args, "--json", env=env)
         assert rc == 0, err
         return json.loads(out.strip().splitlines()[-1])
 
@@ -477,9 +477,7 @@ async def test_status_shows_a_dead_letter_and_a_group_stuck_without_its_evaluato
     status: dict[str, Any] = {}
 
     async def shown() -> bool:
-        rc, out, err = await stack.gyre("status", "--json", env=env)
-        assert rc == 0, err
-        status.update(json.loads(out.strip().splitlines()[-1]))
+        status.update(await stack.gyre_json("status", env=env))
         stuck = [g for g in status["waiting"]["groups"] if g["task_id"] == task.task_id]
         return status["dependencies"]["dead_letters"] >= 1 and bool(stuck) and "evaluator" in stuck[0]["why"]
 
@@ -487,18 +485,14 @@ async def test_status_shows_a_dead_letter_and_a_group_stuck_without_its_evaluato
     assert (status["dependencies"]["nats"], status["dependencies"]["postgres"]) == ("ok", "ok")
     [stuck] = [g for g in status["waiting"]["groups"] if g["task_id"] == task.task_id]
     assert stuck["why"] == "2 executions ended, not graded yet (evaluator)" and stuck["waited_s"] >= 0
-    rc, out, err = await stack.gyre("dead-letters", "list", "--json", env=env)
-    assert rc == 0, err
-    reasons = [d["reason"] for d in json.loads(out.strip().splitlines()[-1])["dead_letters"]]
+    reasons = [d["reason"] for d in (await stack.gyre_json("dead-letters", "list", env=env))["dead_letters"]]
     assert any(r.startswith("undecodable") for r in reasons), reasons
     # The operator's way out: cancelling the task clears the stuck group from what status waits for.
-    rc, out, err = await stack.gyre("cancel", "--task", task.task_id, env=env)
+    rc, _, err = await stack.gyre("cancel", "--task", task.task_id, env=env)
     assert rc == 0, err
 
     async def cleared() -> bool:
-        rc, out, err = await stack.gyre("status", "--json", env=env)
-        assert rc == 0, err
-        waiting = json.loads(out.strip().splitlines()[-1])["waiting"]["groups"]
+        waiting = (await stack.gyre_json("status", env=env))["waiting"]["groups"]
         return not [g for g in waiting if g["task_id"] == task.task_id]
 
     await eventually(cleared, timeout_s=60, what="status to stop listing the cancelled task's group")
