@@ -10,27 +10,13 @@ run leaves nothing behind, and every task is loaded back through the evaluator's
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from gyre.errors import InvalidArgument
 from services.evaluator.generate.families import PlannedTask, build
 from services.evaluator.generate.instance import SOLUTION_FILE, solution_json, task_toml
 from services.evaluator.taskset import load_task
-
-MANIFEST = "taskset.json"
-
-
-def _check_destination(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidArgument("out", f"{out} exists and is not an empty folder; choose a new one")
-    parent = out.resolve().parent
-    if not parent.is_dir():
-        raise InvalidArgument("out", f"the parent folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InvalidArgument("out", f"cannot write in {parent} (permission denied)")
+from services.evaluator.taskset_staging import MANIFEST, write_staged
 
 
 def _write_files(root: Path, files: dict[str, str]) -> None:
@@ -42,13 +28,8 @@ def _write_files(root: Path, files: dict[str, str]) -> None:
 
 def write_taskset(out: Path, tasks: list[PlannedTask], *, seed: int) -> dict[str, object]:
     """Generate and write `tasks`; returns the manifest. Refuses a non-empty or unwritable `out`."""
-    _check_destination(out)
-    parent = out.resolve().parent
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as exc:
-        raise InvalidArgument("out", f"cannot write in {parent}: {exc.strerror or exc}") from exc
-    try:
+
+    def fill(staging: Path) -> dict[str, object]:
         for planned in tasks:
             inst = build(planned, seed=seed)
             folder = staging / inst.name
@@ -63,24 +44,14 @@ def write_taskset(out: Path, tasks: list[PlannedTask], *, seed: int) -> dict[str
                     (folder / rel).chmod(0o755)
             (folder / "task.toml").write_text(task_toml(inst))
             load_task(str(folder))  # the evaluator must accept what was written
-        manifest: dict[str, object] = {
+        return {
             "format": 1,
             "seed": seed,
             "families": sorted({t.family for t in tasks}),
             "splits": {s: [t.name for t in tasks if t.split == s] for s in ("train", "heldout")},
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        staging.chmod(0o755)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staging.rename(out)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise InvalidArgument("out", f"writing the task set in {parent} failed: {exc}") from exc
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return manifest
+
+    return write_staged(out, fill, field="out")
 
 
 def load_split(root: Path, split: str) -> list[str]:

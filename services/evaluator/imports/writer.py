@@ -9,10 +9,7 @@ before the rename.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import tempfile
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +17,7 @@ from pathlib import Path
 from gyre.errors import InvalidArgument
 from services.evaluator.imports.imported import ImportedTask, Refusal
 from services.evaluator.imports.toml_text import render
-
-MANIFEST = "taskset.json"
+from services.evaluator.taskset_staging import write_staged
 
 
 def dedupe(results: Sequence[ImportedTask | Refusal]) -> list[ImportedTask | Refusal]:
@@ -45,47 +41,21 @@ def dedupe(results: Sequence[ImportedTask | Refusal]) -> list[ImportedTask | Ref
     return out
 
 
-def check_destination(out: Path) -> Path:
-    """`out` must be new or an empty folder in a writable parent; returns the parent."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidArgument("--out", f"{out} exists and is not an empty folder; choose a new one")
-    parent = out.resolve().parent
-    if not parent.is_dir():
-        raise InvalidArgument("--out", f"the parent folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InvalidArgument("--out", f"cannot write in {parent} (permission denied)")
-    return parent
-
-
 def write_tasks(out: Path, tasks: Sequence[ImportedTask], *, source: str) -> dict[str, object]:
     """Write `tasks` and the manifest into `out`; returns the manifest."""
-    parent = check_destination(out)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as exc:
-        raise InvalidArgument("--out", f"cannot write in {parent}: {exc.strerror or exc}") from exc
-    try:
+
+    def fill(staging: Path) -> dict[str, object]:
         for task in tasks:
             _write_task(staging / task.name, task)
-        manifest: dict[str, object] = {
+        return {
             "format": 1,
             "seed": None,
             "families": sorted({t.family for t in tasks}),
             "splits": {"train": [t.name for t in tasks], "heldout": []},
             "source": source,
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        staging.chmod(0o755)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staging.rename(out)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise InvalidArgument("--out", f"writing the tasks in {parent} failed: {exc}") from exc
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return manifest
+
+    return write_staged(out, fill, field="--out")
 
 
 def _write_task(folder: Path, task: ImportedTask) -> None:
