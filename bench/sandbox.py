@@ -15,9 +15,7 @@ and `unassessable_by_agent` (targets: 0, 0, 0, 0).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -27,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.attack_cli import attack_main
 from bench.escape_attacks import ATTACKS, DEADLINE_S, LIMITS, Listener, Targets, alive, grader_targets
 from bench.escape_paths import UNGRADED, benign, forgery, through_evaluator, through_runner, ungraded_case
 from bench.escape_service import through_runner_service
@@ -151,23 +150,7 @@ async def main_async() -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--json", action="store_true")
-    parser.parse_args()
-    from gyre.logs import configure_logging
-
-    configure_logging(level="warning")
-    if os.geteuid() != 0:
-        print("bench.sandbox: needs root (sandbox users, namespaces, mounts)", file=sys.stderr)
-        return 2
-    result = asyncio.run(main_async())
-    for r in result["results"]:
-        print(
-            f"{r['via']:14} {r['attack']:26} {'contained' if r['contained'] else 'ESCAPED':9} "
-            f"{r['detail']}  [{r['ended']}]"
-        )
-    print(json.dumps(result))
-    return 0 if result["attempts"] == result["contained"] else 1
+    return attack_main("sandbox", __doc__, main_async, widths=(14, 26), failed="ESCAPED")
 
 
 if __name__ == "__main__":

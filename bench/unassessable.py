@@ -16,9 +16,7 @@ Each result is classed by its attack's prefix: `reach:` (not contained: an escap
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import shutil
 import sys
@@ -27,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.attack_cli import attack_main
 from bench.escape_attacks import DEADLINE_S, LIMITS
 from gyre.sandbox.blame import HostFacts, blame
 from gyre.sandbox.host import SandboxHost
@@ -257,23 +256,7 @@ async def main_async() -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--json", action="store_true")
-    parser.parse_args()
-    from gyre.logs import configure_logging
-
-    configure_logging(level="warning")
-    if os.geteuid() != 0:
-        print("bench.unassessable: needs root (sandbox users, namespaces, mounts)", file=sys.stderr)
-        return 2
-    result = asyncio.run(main_async())
-    for r in result["results"]:
-        print(
-            f"{r['via']:10} {r['attack']:42} {'contained' if r['contained'] else 'NOT CONTAINED':13} "
-            f"{r['detail']}  [{r['ended']}]"
-        )
-    print(json.dumps(result))
-    return 0 if result["attempts"] == result["contained"] else 1
+    return attack_main("unassessable", __doc__, main_async, widths=(10, 42), failed="NOT CONTAINED")
 
 
 if __name__ == "__main__":
