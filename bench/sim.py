@@ -27,7 +27,8 @@ from services.scheduler.sim.report import ablation, compare, run_modes
 from services.scheduler.sim.workload import draw_executions, load_workload, parse_workload
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
-# Workloads whose costs were measured here (bench/profiles/*.yaml say which figure comes from where).
+# Workloads whose costs were measured here (bench/profiles/*-cells.yaml say which figure comes from
+# where); the *-emulated.yaml files there are accelerator profiles for emulation, not workloads.
 PROFILES = Path(__file__).resolve().parent / "profiles"
 
 # 1,024 cells, 32,768 executions of ~40 min, 8 per cell, proportioned so the staleness bound does
@@ -57,7 +58,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     ns = parser.parse_args()
     out: dict[str, Any] = {"workloads": {}}
-    for path in [*sorted(WORKLOADS.glob("*.yaml")), *sorted(PROFILES.glob("*.yaml"))]:
+    for path in [*sorted(WORKLOADS.glob("*.yaml")), *sorted(PROFILES.glob("*-cells.yaml"))]:
         w = load_workload(path)
         x = draw_executions(w)
         started = time.perf_counter()

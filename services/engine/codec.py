@@ -6,9 +6,9 @@ from gyre.common.v1 import ids_pb2
 from gyre.engine.v1 import engine_pb2
 from gyre.errors import InvalidArgument
 from gyre.ids import validate_request_id
-from services.engine.kv import ExportedKv, KvLayout
+from services.engine.kv_layout import ExportedKv, KvLayout
 from services.engine.port import EngineState, EngineStats, PausedGeneration
-from services.engine.sampling import Sampling
+from services.engine.sampling_params import Sampling
 from services.engine.sequence import Emission, Finish
 
 FINISH_TO_PROTO: dict[Finish, engine_pb2.FinishReason.ValueType] = {

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.engine.kv import ExportedKv, KvLayout
-from services.engine.sampling import Sampling
+from services.engine.kv_layout import ExportedKv, KvLayout
+from services.engine.sampling_params import Sampling
 from services.engine.sequence import Emission
 
 

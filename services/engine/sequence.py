@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from services.engine.kv import LayerKV
-from services.engine.sampling import Sampling
+from services.engine.sampling_params import Sampling
+
+if TYPE_CHECKING:  # tensors only in the torch engine; the port and the emulated engine import no torch
+    from services.engine.kv import LayerKV
 
 
 class Finish(enum.Enum):

@@ -11,7 +11,7 @@ from gyre.errors import Conflict, InvalidArgument
 from gyre.ids import validate_request_id
 from gyre.rpc import Context
 from services.engine import codec
-from services.engine.kv import ExportedKv
+from services.engine.kv_layout import ExportedKv
 from services.engine.port import EngineBackend
 
 log = structlog.get_logger(__name__)
