@@ -239,7 +239,7 @@ cli_cells.register(app)
 # `gyre up` does not pay for torch. Each module has `main(argv: list[str]) -> int`; its own
 # parser answers `--help`.
 SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
-    "sim": ("services.scheduler.sim.cli", "Simulate the scheduling modes on a workload file."),
+    "sim": ("gyre_app.emulation.sim_command", "Simulate the scheduling modes on a workload file."),
     "trajectory": ("services.trajectory.cli", "Import call records, print replayed samples, rebuild trees."),
     "model": ("services.engine.cli", "Create a tiny local model checkpoint."),
     "evaluate": ("services.evaluator.cli", "Grade one workspace offline."),

@@ -30,7 +30,9 @@ TIME_SCALE = 2000.0
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def cells() -> AsyncIterator[dict[str, Any]]:
     host = EmulatedCells(load_profile(H100))
-    await host.start(["cell-1", "cell-2"], vocab_size=VOCAB, eos_id=EOS, time_scale=TIME_SCALE, reply_tokens=24)
+    await host.start(
+        ["cell-1", "cell-2"], vocab_size=VOCAB, eos_id=EOS, time_scale=TIME_SCALE, reply_tokens=24
+    )
     # Real time for what must be caught mid-reply (22 ms a token): a move, a drain.
     slow = EmulatedCells(load_profile(H100))
     await slow.start(["cell-3", "cell-4"], vocab_size=VOCAB, eos_id=EOS, time_scale=1.0, reply_tokens=2000)

@@ -31,7 +31,8 @@ from gyre.events import DecodedEvent
 from gyre.rpc import GrpcServer
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre_app.emulation.profile import Profile, check_cells, engine_timing, load_profile
-from services.engine.emulated_engine import EmulatedEngine, EmulatedEngineConfig
+from services.engine.emulated_engine import EmulatedEngine
+from services.engine.emulated_stream import EmulatedEngineConfig
 from services.engine.follow import WeightsEvents
 from services.engine.service import EngineServicer
 
@@ -105,7 +106,10 @@ class EmulatedCells:
             async def on_weights(event: DecodedEvent) -> None:
                 # Every engine at once: a version reaches the cluster as one broadcast would.
                 await asyncio.gather(
-                    *(f.apply(event.payload, request_id=f"weights-published:{event.event_id}") for f in followers)
+                    *(
+                        f.apply(event.payload, request_id=f"weights-published:{event.event_id}")
+                        for f in followers
+                    )
                 )
 
             spec = ConsumerSpec(
@@ -139,7 +143,10 @@ async def _serve(profile: Profile, cells: int, time_scale: float, model_dir: Pat
     vocab_size, eos_id = vocabulary(model_dir)
     host = EmulatedCells(profile)
     await host.start(
-        [f"cell-{i}" for i in range(1, cells + 1)], vocab_size=vocab_size, eos_id=eos_id, time_scale=time_scale
+        [f"cell-{i}" for i in range(1, cells + 1)],
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        time_scale=time_scale,
     )
     print(json.dumps({"label": "emulation only", "engines": host.addresses}), flush=True)
     try:

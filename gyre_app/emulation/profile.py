@@ -86,9 +86,13 @@ class Profile:
     def kv_bytes_per_token(self) -> float:
         """K and V of every layer and KV head. Example: 94 x 4 x 128 x 2 x 2 B = 192,512 B."""
         m = "model."
-        return 2.0 * self[m + "num_layers"] * self[m + "num_kv_heads"] * self[m + "head_dim"] * self[
-            m + "kv_bytes_per_element"
-        ]
+        return (
+            2.0
+            * self[m + "num_layers"]
+            * self[m + "num_kv_heads"]
+            * self[m + "head_dim"]
+            * self[m + "kv_bytes_per_element"]
+        )
 
     @property
     def cell_memory_bytes(self) -> float:
@@ -110,7 +114,9 @@ def engine_timing(p: Profile) -> EngineTiming:
     return EngineTiming(
         weight_bytes=p.weight_bytes,
         kv_bytes_per_token=p.kv_bytes_per_token,
-        memory_bytes_per_s=cell * p["accelerator.memory_bytes_per_s"] * p["efficiency.memory_bandwidth_utilisation"],
+        memory_bytes_per_s=cell
+        * p["accelerator.memory_bytes_per_s"]
+        * p["efficiency.memory_bandwidth_utilisation"],
         flops_per_token=2.0 * p["model.active_parameters"],
         decode_flops_per_s=cell * p["accelerator.peak_flops"] * p["efficiency.decode_mfu"],
         prefill_flops_per_s=cell * p["accelerator.peak_flops"] * p["efficiency.prefill_mfu"],
@@ -127,7 +133,10 @@ def workload_costs(p: Profile) -> dict[str, dict[str, float]]:
     `step_overhead_s` is the new weights' load on a rollout cell (the publish is a local write).
     """
     return {
-        "rollout": {"kv_bytes_per_token": p.kv_bytes_per_token, "max_context_tokens": int(p["model.max_context_tokens"])},
+        "rollout": {
+            "kv_bytes_per_token": p.kv_bytes_per_token,
+            "max_context_tokens": int(p["model.max_context_tokens"]),
+        },
         "training": {
             "tokens_per_s_per_cell": p.training_tokens_per_s_per_cell,
             "weight_bytes": p.weight_bytes,
@@ -144,10 +153,14 @@ def workload_costs(p: Profile) -> dict[str, dict[str, float]]:
 
 def _figure(value: object, path: str, kind: str) -> Figure:
     if not isinstance(value, Mapping) or set(value) != {"value", "source"}:
-        raise InvalidArgument(path, f"must be {{value: <number>, source: <where it comes from>}}, got {value!r}")
+        raise InvalidArgument(
+            path, f"must be {{value: <number>, source: <where it comes from>}}, got {value!r}"
+        )
     source = value["source"]
     if not isinstance(source, str) or not source.strip():
-        raise InvalidArgument(f"{path}.source", "must name where the figure comes from (a datasheet, a config, a paper)")
+        raise InvalidArgument(
+            f"{path}.source", "must name where the figure comes from (a datasheet, a config, a paper)"
+        )
     x = value["value"]
     if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
         raise InvalidArgument(f"{path}.value", f"must be a number, got {x!r}")
@@ -217,10 +230,10 @@ def _check_consistent(p: Profile) -> None:
     if p.kv_capacity_tokens < context:
         raise InvalidArgument(
             "cell.accelerators.value",
-            f"{int(p['cell.accelerators'])} x {p['accelerator.memory_bytes'] / 1e9:.0f} GB at memory_fraction "
-            f"{p['engine.memory_fraction']} hold {p.cell_memory_bytes / 1e9:.0f} GB: the weights "
-            f"({p.weight_bytes / 1e9:.0f} GB) leave KV room for {max(p.kv_capacity_tokens, 0)} tokens, "
-            f"less than one {context}-token context",
+            f"{int(p['cell.accelerators'])} x {p['accelerator.memory_bytes'] / 1e9:.0f} GB at "
+            f"memory_fraction {p['engine.memory_fraction']} hold {p.cell_memory_bytes / 1e9:.0f} GB: "
+            f"the weights ({p.weight_bytes / 1e9:.0f} GB) leave KV room for "
+            f"{max(p.kv_capacity_tokens, 0)} tokens, less than one {context}-token context",
         )
 
 

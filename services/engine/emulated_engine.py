@@ -16,16 +16,15 @@ script exactly where it paused, and the modelled transfer time of the real cache
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import structlog
 
 from gyre.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from services.engine.emulated_kv import check_emulated_import, pack_ids
 from services.engine.emulated_script import LOGPROB, reply_ids
+from services.engine.emulated_stream import EmulatedEngineConfig, EmulatedStream
 from services.engine.emulated_timing import EngineTiming, advance
 from services.engine.kv_layout import ExportedKv, KvLayout, sha256_hex
 from services.engine.port import DrainResult, EngineState, EngineStats, PausedGeneration, WeightsUpdate
@@ -33,55 +32,7 @@ from services.engine.sampling_params import Sampling, validate_sampling, validat
 from services.engine.sequence import Emission, Finish, Sequence, Status, common_prefix_len
 
 log = structlog.get_logger(__name__)
-ID_BYTES = 4
 FINISHED_KEPT = 1024
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EmulatedEngineConfig:
-    engine_id: str
-    cell_id: str
-    model_id: str
-    """The fingerprint every cell of one emulated cluster shares (`emulated:<profile>`)."""
-    vocab_size: int
-    eos_id: int
-    reply_tokens: int = 64
-    """Length of the scripted reply when `max_tokens` does not cut it first."""
-    max_context_tokens: int = 131072
-    time_scale: float = 1.0
-    """Every modelled duration is divided by this (a 40-minute run in 4 minutes at 10)."""
-    tick_s: float = 0.02
-    paused_ttl_s: float = 600.0
-    prefix_cache_executions: int = 4096
-    policy_version: int = 0
-
-
-@dataclass(slots=True, eq=False)
-class _Stream:
-    """One reader of one generation: a replay of what it missed, then live pieces."""
-
-    engine: EmulatedEngine
-    request_id: str
-    num_prompt_tokens: int
-    num_cached_prompt_tokens: int
-    replay: Emission | None
-    queue: asyncio.Queue[Emission] = field(default_factory=asyncio.Queue)
-
-    async def _pieces(self) -> AsyncIterator[Emission]:
-        finished = False
-        try:
-            if self.replay is not None:
-                yield self.replay
-                finished = self.replay.finish is not None
-            while not finished:
-                piece = await self.queue.get()
-                finished = piece.finish is not None
-                yield piece
-        finally:
-            self.engine._unsubscribe(self, finished=finished)
-
-    def __aiter__(self) -> AsyncIterator[Emission]:
-        return self._pieces()
 
 
 class EmulatedEngine:
@@ -94,13 +45,15 @@ class EmulatedEngine:
         self.cell_id = config.cell_id
         self.version = config.policy_version
         self.state = EngineState.SERVING
-        self.layout = KvLayout(model_id=config.model_id, dtype="emulated", num_layers=0, num_kv_heads=0, head_dim=0)
+        self.layout = KvLayout(
+            model_id=config.model_id, dtype="emulated", num_layers=0, num_kv_heads=0, head_dim=0
+        )
         self.seqs: dict[str, Sequence] = {}
         self._scripts: dict[str, list[int]] = {}
         self._prefill_left_s: dict[str, float] = {}
         self._waiting: deque[str] = deque()
         self._running: list[str] = []
-        self._listeners: dict[str, set[_Stream]] = {}
+        self._listeners: dict[str, set[EmulatedStream]] = {}
         self._paused_at: dict[str, float] = {}
         self._prefix: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._finished: deque[str] = deque()
@@ -226,12 +179,14 @@ class EmulatedEngine:
         for stream in self._listeners.get(e.request_id, ()):
             stream.queue.put_nowait(e)
 
-    def _subscribe(self, seq: Sequence, replay: Emission | None) -> _Stream:
-        stream = _Stream(self, seq.request_id, len(seq.prompt_ids), seq.num_cached_prompt_tokens, replay)
+    def _subscribe(self, seq: Sequence, replay: Emission | None) -> EmulatedStream:
+        stream = EmulatedStream(
+            self._unsubscribe, seq.request_id, len(seq.prompt_ids), seq.num_cached_prompt_tokens, replay
+        )
         self._listeners.setdefault(seq.request_id, set()).add(stream)
         return stream
 
-    def _unsubscribe(self, stream: _Stream, *, finished: bool) -> None:
+    def _unsubscribe(self, stream: EmulatedStream, finished: bool) -> None:
         listeners = self._listeners.get(stream.request_id, set())
         listeners.discard(stream)
         if listeners:
@@ -264,7 +219,7 @@ class EmulatedEngine:
 
     async def generate(
         self, *, request_id: str, execution_id: str, prompt_ids: list[int], sampling: Sampling
-    ) -> _Stream:
+    ) -> EmulatedStream:
         known = self.seqs.get(request_id)
         if known is not None:  # a repeated request: its stream from the start, nothing new runs
             ended = known.finish if known.status in (Status.FINISHED, Status.PAUSED) else None
@@ -274,11 +229,13 @@ class EmulatedEngine:
         validate_token_ids(prompt_ids, vocab_size=self.config.vocab_size, field="prompt_ids")
         if not prompt_ids:
             raise InvalidArgument("prompt_ids", "must hold at least one token")
-        if len(prompt_ids) >= self.config.max_context_tokens:
+        if len(prompt_ids) >= (limit := self.config.max_context_tokens):
             raise InvalidArgument(
-                "prompt_ids", f"{len(prompt_ids)} tokens leave no room in the {self.config.max_context_tokens}-token context"
+                "prompt_ids", f"{len(prompt_ids)} tokens leave no room in the {limit}-token context"
             )
-        seq = Sequence(request_id=request_id, execution_id=execution_id, prompt_ids=list(prompt_ids), sampling=sampling)
+        seq = Sequence(
+            request_id=request_id, execution_id=execution_id, prompt_ids=list(prompt_ids), sampling=sampling
+        )
         cached = self._prefix.get(execution_id, ())
         hit = min(common_prefix_len(cached, prompt_ids), len(prompt_ids) - 1)
         seq.num_cached_prompt_tokens = hit
@@ -286,7 +243,10 @@ class EmulatedEngine:
         self.num_prefill_tokens += len(prompt_ids) - hit
         self.seqs[request_id] = seq
         self._scripts[request_id] = reply_ids(
-            prompt_ids, length=self.config.reply_tokens, vocab_size=self.config.vocab_size, eos_id=self.config.eos_id
+            prompt_ids,
+            length=self.config.reply_tokens,
+            vocab_size=self.config.vocab_size,
+            eos_id=self.config.eos_id,
         )
         self._prefill_left_s[request_id] = self.timing.prefill_s(len(prompt_ids) - hit)
         self._waiting.append(request_id)
@@ -294,7 +254,7 @@ class EmulatedEngine:
         self._wake.set()
         return stream
 
-    async def resume(self, request_id: str) -> _Stream:
+    async def resume(self, request_id: str) -> EmulatedStream:
         seq = self._get(request_id)
         if seq.status is Status.PAUSED:
             self._require_serving()
@@ -353,7 +313,7 @@ class EmulatedEngine:
         seq = self._get(request_id)
         if seq.status is not Status.PAUSED:
             raise Conflict(f"generation {request_id!r} is {seq.status.value}; pause it before exporting")
-        data = struct.pack(f"<{seq.num_cached}I", *seq.token_ids[: seq.num_cached])
+        data = pack_ids(seq.token_ids[: seq.num_cached])
         header = ExportedKv(
             request_id=seq.request_id,
             execution_id=seq.execution_id,
@@ -374,7 +334,7 @@ class EmulatedEngine:
         if known is not None and known.status is Status.PAUSED:
             return self._paused_answer(known)  # a repeated import
         self._require_serving()
-        self._check_import(header, data)
+        check_emulated_import(header, data, model_id=self.layout.model_id)
         prompt = list(header.token_ids[: header.num_prompt_tokens])
         seq = Sequence(
             request_id=header.request_id,
@@ -393,31 +353,13 @@ class EmulatedEngine:
         await asyncio.sleep(self.timing.kv_move_s(header.num_cached_tokens) / self.config.time_scale)
         self.seqs[seq.request_id] = seq
         self._scripts[seq.request_id] = reply_ids(
-            prompt, length=self.config.reply_tokens, vocab_size=self.config.vocab_size, eos_id=self.config.eos_id
+            prompt,
+            length=self.config.reply_tokens,
+            vocab_size=self.config.vocab_size,
+            eos_id=self.config.eos_id,
         )
         self._paused_at[seq.request_id] = time.time()
         return self._paused_answer(seq)
-
-    def _check_import(self, header: ExportedKv, data: bytes) -> None:
-        if header.layout.model_id != self.layout.model_id:
-            raise InvalidArgument(
-                "header.layout.model_id",
-                f"cache is from model {header.layout.model_id!r}, this engine serves {self.layout.model_id!r}",
-            )
-        if not 0 <= header.num_cached_tokens <= len(header.token_ids):
-            raise InvalidArgument("header.num_cached_tokens", f"must be between 0 and {len(header.token_ids)}")
-        expected = ID_BYTES * header.num_cached_tokens
-        if header.size_bytes != expected or len(data) != expected:
-            raise InvalidArgument(
-                "header.size_bytes",
-                f"{header.num_cached_tokens} cached tokens take {expected} bytes here; header says "
-                f"{header.size_bytes}, {len(data)} arrived",
-            )
-        if sha256_hex(data) != header.sha256:
-            raise InvalidArgument("header.sha256", "the received bytes do not match the declared SHA-256")
-        ids = struct.unpack(f"<{header.num_cached_tokens}I", data)
-        if list(ids) != list(header.token_ids[: header.num_cached_tokens]):
-            raise InvalidArgument("chunks", "the cache does not hold the header's token ids")
 
     # --- drain, weights, stats -------------------------------------------------------------
 
@@ -439,7 +381,9 @@ class EmulatedEngine:
         )
         self._drain = (request_id, result)
         self._maybe_drained()
-        result = DrainResult(paused_request_ids=result.paused_request_ids, num_running=result.num_running, state=self.state)
+        result = DrainResult(
+            paused_request_ids=result.paused_request_ids, num_running=result.num_running, state=self.state
+        )
         self._answers[request_id] = result
         return result
 
@@ -451,7 +395,9 @@ class EmulatedEngine:
         self.state = EngineState.DRAINED
         log.info("engine_drained", engine_id=self.engine_id, emulated=True)
 
-    async def update_weights(self, *, request_id: str, version: int, source_uri: str, sha256: str) -> WeightsUpdate:
+    async def update_weights(
+        self, *, request_id: str, version: int, source_uri: str, sha256: str
+    ) -> WeightsUpdate:
         first = self._answers.get(request_id)
         if isinstance(first, WeightsUpdate):
             return first

@@ -21,7 +21,16 @@ import torch
 
 from services.engine.kv_layout import ExportedKv, KvLayout, check_import, sha256_hex
 
-__all__ = ["DTYPES", "ExportedKv", "KvLayout", "LayerKV", "check_import", "deserialize_kv", "serialize_kv", "sha256_hex"]
+__all__ = [
+    "DTYPES",
+    "ExportedKv",
+    "KvLayout",
+    "LayerKV",
+    "check_import",
+    "deserialize_kv",
+    "serialize_kv",
+    "sha256_hex",
+]
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 """One layer's (keys_HTD, values_HTD) of one generation."""

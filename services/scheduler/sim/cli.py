@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gyre.errors import GyreError
@@ -21,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="draw each mode's cell roles over time")
     parser.add_argument("--ablation", action="store_true", help="run the paper's ablation variants instead")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE.yaml",
+        help="an emulation profile (bench/profiles/*-emulated.yaml): its costs (training rate, weights, KV, "
+        "link, switches) replace the workload's, as the emulated cells of `gyre up --emulate` spend them",
+    )
     parser.add_argument(
         "--jobs",
         type=_jobs,
@@ -81,10 +88,24 @@ def _ablation_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+ProfileCosts = Callable[[str], Mapping[str, Mapping[str, float]]]
+"""Reads an emulation profile into workload costs; the `gyre` command supplies it (profiles are
+the application's, and this service imports no other)."""
+
+
+def main(argv: list[str], profile_costs: ProfileCosts | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        workload = load_workload(ns.workload)
+        costs = None
+        if ns.profile:
+            if profile_costs is None:
+                print(
+                    "gyre sim: --profile is read by the gyre command (`gyre sim --profile ...`)",
+                    file=sys.stderr,
+                )
+                return 2
+            costs = profile_costs(ns.profile)
+        workload = load_workload(ns.workload, costs=costs)
     except GyreError as exc:
         print(f"gyre sim: {exc}", file=sys.stderr)
         return 2

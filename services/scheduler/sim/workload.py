@@ -305,7 +305,9 @@ def parse_workload(data: object, *, base_dir: Path) -> Workload:
     return workload
 
 
-def load_workload(path: str | Path) -> Workload:
+def load_workload(path: str | Path, *, costs: Mapping[str, Mapping[str, float]] | None = None) -> Workload:
+    """Read a workload file; `costs` (section -> field -> value) replace its own figures, e.g. an
+    emulation profile's, so that the simulator and the emulated cells share one timing model."""
     path = Path(path)
     if not path.is_file():
         raise InvalidArgument("workload", f"no such file: {path}")
@@ -313,6 +315,10 @@ def load_workload(path: str | Path) -> Workload:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise InvalidArgument("workload", f"{path.name} is not valid YAML: {exc}") from exc
+    if costs and isinstance(data, dict):
+        for section, values in costs.items():
+            if isinstance(data.get(section), dict):
+                data[section] = {**data[section], **values}
     return parse_workload(data, base_dir=path.parent)
 
 
