@@ -90,6 +90,22 @@ class Loop:
     max_staleness: int = 1
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Emulated:
+    """EMULATION ONLY: the satellites' engines are emulated (`gyre_app.emulation`), all in this
+    process, timed by `profile` divided by `time_scale`; their agents keep no training worker."""
+
+    profile: Path
+    time_scale: float = 1.0
+    reply_tokens: int = 64
+    training_tokens_per_s: float = 24_000.0
+    """The trainer's modelled rate (a profile's `training_tokens_per_s_per_cell`): it audits each
+    batch and spends the time instead of computing."""
+    join_timeout_s: float = 1.0
+    """The trainer's wait for a joining satellite: an emulated one never comes (its join fails
+    after the scheduler asked), and a join that slipped into an epoch costs the step this long."""
+
+
 @asynccontextmanager
 async def live_cells(
     kernel: KernelSettings,
@@ -100,6 +116,7 @@ async def live_cells(
     slots: int = 4,
     loop: Loop | None = None,
     engine_processes: bool = False,
+    emulated: Emulated | None = None,
 ) -> AsyncIterator[LiveCells]:
     """Start everything, wait until every cell is registered, yield, stop everything.
 
@@ -159,6 +176,15 @@ async def live_cells(
                     steps_from_scheduler=loop is not None,
                     groups_per_step=loop.groups_per_step if loop else 1,
                     max_staleness_steps=loop.max_staleness if loop else 4,
+                    **(
+                        {
+                            "dp_join_timeout_s": emulated.join_timeout_s,
+                            "emulated_tokens_per_s": emulated.training_tokens_per_s,
+                            "emulated_time_scale": emulated.time_scale,
+                        }
+                        if emulated
+                        else {}
+                    ),
                 ),
                 kernel,
             )
@@ -175,7 +201,13 @@ async def live_cells(
             )
         )
         names = tuple(f"cell-{i}" for i in range(1, satellites + 1))
-        if engine_processes and loop:
+        if emulated is not None:
+            engine_addresses = list(
+                (
+                    await processes.enter_async_context(_emulated_engines(kernel, model_dir, names, emulated))
+                ).values()
+            )
+        elif engine_processes and loop:
             engine_addresses = await processes.enter_async_context(
                 engine_process.engine_processes(kernel, model_dir, names, state_dir / "logs")
             )
@@ -196,7 +228,7 @@ async def live_cells(
                 )
                 engine_addresses.append((await start(engine)).address)
         agents = [
-            build_cell(
+            (_emulated_agent if emulated else build_cell)(
                 CellSettings(
                     cell_id=name,
                     scheduler_address=scheduler.address,
@@ -239,3 +271,37 @@ async def live_cells(
         for host in reversed(hosts):
             await host.stop(grace_s=1)
         await processes.aclose()
+
+
+async def _emulated_agent(settings: Any, kernel: KernelSettings) -> ServiceHost:
+    from gyre_app.emulation.agents import build_emulated_agent
+
+    return build_emulated_agent(settings)
+
+
+@asynccontextmanager
+async def _emulated_engines(
+    kernel: KernelSettings, model_dir: Path, names: tuple[str, ...], emulated: Emulated
+) -> AsyncIterator[dict[str, str]]:
+    """Every satellite's engine emulated in this process, following the trainer's weights."""
+    from gyre.bus import Bus, BusConfig
+    from gyre_app.emulation.cells import EmulatedCells, vocabulary
+    from gyre_app.emulation.profile import load_profile
+
+    assert kernel.nats_url is not None
+    bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix), name="emulated-cells")
+    host = EmulatedCells(load_profile(emulated.profile))
+    vocab_size, eos_id = vocabulary(model_dir)
+    try:
+        await host.start(
+            names,
+            vocab_size=vocab_size,
+            eos_id=eos_id,
+            time_scale=emulated.time_scale,
+            reply_tokens=emulated.reply_tokens,
+            bus=bus,
+        )
+        yield host.addresses
+    finally:
+        await host.close()
+        await bus.close()

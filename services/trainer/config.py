@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.trainer.device import DevicePlan
 from services.trainer.loss import LossConfig
 from services.trainer.samples import StalenessAction
-from services.trainer.steps import OptimConfig
+from services.trainer.steps import EmulatedCompute, OptimConfig
 
 
 class TrainerSettings(BaseSettings):
@@ -64,6 +64,16 @@ class TrainerSettings(BaseSettings):
     """Torch device of the core cell: cpu, cuda, cuda:1 (CUDA: NCCL groups; not yet run on a GPU)."""
     autocast_bf16: bool = False
     """Forward passes under bf16 autocast (float32 weights, float32 loss, float64 reductions)."""
+    emulated_tokens_per_s: float = 0.0
+    """EMULATION ONLY: above 0, a step audits its batch but spends tokens / this many seconds
+    (divided by `emulated_time_scale`) instead of computing, and the weights stay as they are
+    (`gyre up --emulate`; the profile's training rate). 0: real arithmetic."""
+    emulated_time_scale: float = 1.0
+
+    def emulation(self) -> EmulatedCompute | None:
+        if self.emulated_tokens_per_s <= 0:
+            return None
+        return EmulatedCompute(tokens_per_s=self.emulated_tokens_per_s, time_scale=self.emulated_time_scale)
 
     def device_plan(self) -> DevicePlan:
         return DevicePlan(device=self.device, autocast_bf16=self.autocast_bf16)

@@ -75,7 +75,7 @@ def open_core_cell(
         backend=device_plan.backend,
         autocast_bf16=device_plan.autocast_bf16,
     )
-    trainer = PolicyTrainer(model, optimizer, optim, core, version=version)
+    trainer = PolicyTrainer(model, optimizer, optim, core, version=version, emulation=settings.emulation())
     published = publish(model, weights_root, version=version)
     return (
         CoreCell(

@@ -19,7 +19,7 @@ from services.trainer.dp import DataParallelCore
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
 from services.trainer.reweigh import reweigh
-from services.trainer.samples import Sample, StalenessAction, admit, check_context, validate_sample
+from services.trainer.samples import Admission, Sample, StalenessAction, admit, check_context, validate_sample
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +55,22 @@ class StepReport:
     """`batch_digest.batch_sha256` of the samples trained on (after staleness admission)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmulatedCompute:
+    """EMULATION ONLY (`gyre up --emulate`): a step audits its batch as always (validation,
+    staleness admission, re-weighing, microbatch plan, batch digest) but spends modelled time in
+    place of the forward and backward passes and leaves the weights as they are: the version
+    still advances and is published, so engines and the scheduler see real versions."""
+
+    tokens_per_s: float
+    """One cell's modelled training rate (a profile's `training_tokens_per_s_per_cell`)."""
+    time_scale: float = 1.0
+
+    def step_s(self, num_tokens: int) -> float:
+        """Example: 24,000 tokens at 24,000 tokens/s, time_scale 10 -> 0.1 s"""
+        return num_tokens / self.tokens_per_s / self.time_scale
+
+
 def make_optimizer(model: PreTrainedModel, config: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         flat_parameters(model), lr=config.learning_rate, weight_decay=config.weight_decay
@@ -70,7 +86,9 @@ class PolicyTrainer:
         core: DataParallelCore,
         *,
         version: int,
+        emulation: EmulatedCompute | None = None,
     ) -> None:
+        self.emulation = emulation
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -105,6 +123,8 @@ class PolicyTrainer:
         microbatches = plan_microbatches(
             kept, max_tokens=self.config.microbatch_max_tokens, max_sample_tokens=self.max_sample_tokens
         )
+        if self.emulation is not None:
+            return self._emulated_step(kept, admission, len(microbatches), started)
         self.model.train()
         gradient = self.core.compute_step_gradient(
             self.model, microbatches, version=self.version + 1, after_microbatch=after_microbatch
@@ -134,5 +154,28 @@ class PolicyTrainer:
             duration_s=time.perf_counter() - started,
             attempts=gradient.attempts,
             lost_cells=gradient.lost_cells,
+            batch_sha256=batch_sha256(admission.kept),
+        )
+
+    def _emulated_step(
+        self, kept: Sequence[Sample], admission: Admission, num_microbatches: int, started: float
+    ) -> StepReport:
+        """The step of an emulated cluster: audited like any other, timed by the model, no arithmetic."""
+        assert self.emulation is not None
+        time.sleep(self.emulation.step_s(sum(len(s.token_ids) for s in kept)))
+        self.version += 1
+        self.core.current_version = self.version
+        return StepReport(
+            version=self.version,
+            num_samples=len(kept),
+            num_dropped_stale=admission.num_dropped,
+            num_target_tokens=sum(s.num_targets for s in kept),
+            num_microbatches=num_microbatches,
+            staleness_mean_steps=admission.staleness_mean_steps,
+            staleness_max_steps=admission.staleness_max_steps,
+            loss=0.0,
+            grad_norm=0.0,
+            max_dp_world_size=1,
+            duration_s=time.perf_counter() - started,
             batch_sha256=batch_sha256(admission.kept),
         )
