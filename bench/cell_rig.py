@@ -166,6 +166,15 @@ async def live_cells(
         )
         # Without a loop no group reaches the trainer: it only admits cells.
         trajectory = await start(await build_trajectory(TrajectorySettings(port=0), kernel)) if loop else None
+        emulated_trainer: dict[str, Any] = (
+            {
+                "dp_join_timeout_s": emulated.join_timeout_s,
+                "emulated_tokens_per_s": emulated.training_tokens_per_s,
+                "emulated_time_scale": emulated.time_scale,
+            }
+            if emulated
+            else {}
+        )
         trainer = await start(
             await build_trainer(
                 TrainerSettings(
@@ -176,15 +185,7 @@ async def live_cells(
                     steps_from_scheduler=loop is not None,
                     groups_per_step=loop.groups_per_step if loop else 1,
                     max_staleness_steps=loop.max_staleness if loop else 4,
-                    **(
-                        {
-                            "dp_join_timeout_s": emulated.join_timeout_s,
-                            "emulated_tokens_per_s": emulated.training_tokens_per_s,
-                            "emulated_time_scale": emulated.time_scale,
-                        }
-                        if emulated
-                        else {}
-                    ),
+                    **emulated_trainer,
                 ),
                 kernel,
             )

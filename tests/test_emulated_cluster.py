@@ -1,14 +1,13 @@
-"""An emulated cluster (EMULATION ONLY) on real NATS and Postgres: 16 cells (a core with the real
-trainer, 15 satellites whose engines are emulated from the H100 profile in this process) under
-the real scheduler, proxy, trajectory service and trainer. A scripted agent (`bench.live_agent`)
-plays the runner and the evaluator. Every execution is trained exactly once: each task's group
-is consumed by one step, and the steps' samples are one per execution.
+"""An emulated cluster (EMULATION ONLY) in Gyre mode on real NATS and Postgres: 16 cells (a core with
+the real trainer taking modelled steps, 15 satellites whose engines are emulated from the H100
+profile in this process) under the real scheduler, proxy and trajectory service. A scripted
+agent (`bench.live_agent`) plays the runner and the evaluator. Every execution is trained exactly
+once: each task's group is consumed by one step, and the steps' samples are one per execution.
 
-Async mode (a fixed split), not Gyre mode: emulated satellites have no training worker yet
-(`gyre_app.emulation.agents`), and in Gyre mode the scheduler asks an idle one to train again
-every tick after its join failed; a join that slipped into an epoch before it was withdrawn
-makes the trainer drop the member and redo the step, so no step completed in 45 s (two runs on
-the shared 2-core machine, 120-464 failed switches each). Gyre mode waits for emulated workers."""
+Emulated satellites keep no training worker yet (`gyre_app.emulation.agents`): the scheduler's
+switches of idle satellites into training fail at the join and the cells serve again (about 40
+such failed switches a run), so the core trains every step alone. That is what this test can
+show; the elastic gain needs emulated training workers."""
 
 from __future__ import annotations
 
@@ -33,10 +32,10 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 SATELLITES = 15
-STEPS, GROUPS_PER_STEP, GROUP_SIZE = 2, 2, 2
+STEPS, GROUPS_PER_STEP, GROUP_SIZE = 3, 2, 2
 # Two to three calls an execution, a modelled tool call between them; 22 ms modelled tokens at 20x.
 SHAPES = (Shape(outputs=(16, 16), tool_s=0.2), Shape(outputs=(16, 16, 24), tool_s=0.3))
-RUN_TIMEOUT_S = 90.0
+RUN_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +45,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("tiny-model"))
 
 
-async def test_an_emulated_cluster_trains_every_execution_exactly_once(
+async def test_an_emulated_cluster_in_gyre_mode_trains_every_execution_exactly_once(
     server_urls: tuple[str, str], tiny_model: Path, tmp_path: Path
 ) -> None:
-    loop = Loop(mode="async", groups_per_step=GROUPS_PER_STEP, max_staleness=1)
+    loop = Loop(mode="gyre", groups_per_step=GROUPS_PER_STEP, max_staleness=1)
     emulated = Emulated(
         profile=REPO / "bench" / "profiles" / "h100-emulated.yaml", time_scale=20.0, reply_tokens=24
     )

@@ -67,8 +67,9 @@ class TrainerSettings(BaseSettings):
     emulated_tokens_per_s: float = 0.0
     """EMULATION ONLY: above 0, a step audits its batch but spends tokens / this many seconds
     (divided by `emulated_time_scale`) instead of computing, and the weights stay as they are
-    (`gyre up --emulate`; the profile's training rate). 0: real arithmetic."""
+    (an emulated cluster; the profile's training rate). 0: real arithmetic."""
     emulated_time_scale: float = 1.0
+    """EMULATION ONLY: the modelled step time is divided by this (the cluster's time scale)."""
 
     def emulation(self) -> EmulatedCompute | None:
         if self.emulated_tokens_per_s <= 0:

@@ -57,7 +57,7 @@ class StepReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EmulatedCompute:
-    """EMULATION ONLY (`gyre up --emulate`): a step audits its batch as always (validation,
+    """EMULATION ONLY (an emulated cluster, `bench.cell_rig`): a step audits its batch as always (validation,
     staleness admission, re-weighing, microbatch plan, batch digest) but spends modelled time in
     place of the forward and backward passes and leaves the weights as they are: the version
     still advances and is published, so engines and the scheduler see real versions."""

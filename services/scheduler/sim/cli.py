@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         metavar="FILE.yaml",
         help="an emulation profile (bench/profiles/*-emulated.yaml): its costs (training rate, weights, KV, "
-        "link, switches) replace the workload's, as the emulated cells of `gyre up --emulate` spend them",
+        "link, switches) replace the workload's: the costs emulated cells of that profile spend",
     )
     parser.add_argument(
         "--jobs",
