@@ -98,12 +98,6 @@ class Emulated:
     profile: Path
     time_scale: float = 1.0
     reply_tokens: int = 64
-    training_tokens_per_s: float = 24_000.0
-    """The trainer's modelled rate (a profile's `training_tokens_per_s_per_cell`): it audits each
-    batch and spends the time instead of computing."""
-    join_timeout_s: float = 1.0
-    """The trainer's wait for a joining satellite: an emulated one never comes (its join fails
-    after the scheduler asked), and a join that slipped into an epoch costs the step this long."""
 
 
 @asynccontextmanager
@@ -166,15 +160,7 @@ async def live_cells(
         )
         # Without a loop no group reaches the trainer: it only admits cells.
         trajectory = await start(await build_trajectory(TrajectorySettings(port=0), kernel)) if loop else None
-        emulated_trainer: dict[str, Any] = (
-            {
-                "dp_join_timeout_s": emulated.join_timeout_s,
-                "emulated_tokens_per_s": emulated.training_tokens_per_s,
-                "emulated_time_scale": emulated.time_scale,
-            }
-            if emulated
-            else {}
-        )
+        emulated_trainer = _emulated_trainer(emulated) if emulated else {}
         trainer = await start(
             await build_trainer(
                 TrainerSettings(
@@ -272,6 +258,19 @@ async def live_cells(
         for host in reversed(hosts):
             await host.stop(grace_s=1)
         await processes.aclose()
+
+
+def _emulated_trainer(emulated: Emulated) -> dict[str, Any]:
+    """The trainer's settings for modelled steps: the profile's training rate and all-reduce."""
+    from gyre_app.emulation.profile import load_profile
+
+    profile = load_profile(emulated.profile)
+    return {
+        "emulated_tokens_per_s": profile.training_tokens_per_s_per_cell,
+        "emulated_gradient_bytes": profile.weight_bytes,
+        "emulated_link_bytes_per_s": profile["cell.link_bytes_per_s"],
+        "emulated_time_scale": emulated.time_scale,
+    }
 
 
 async def _emulated_agent(settings: Any, kernel: KernelSettings) -> ServiceHost:

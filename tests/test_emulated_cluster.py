@@ -1,13 +1,9 @@
 """An emulated cluster (EMULATION ONLY) in Gyre mode on real NATS and Postgres: 16 cells (a core with
-the real trainer taking modelled steps, 15 satellites whose engines are emulated from the H100
-profile in this process) under the real scheduler, proxy and trajectory service. A scripted
-agent (`bench.live_agent`) plays the runner and the evaluator. Every execution is trained exactly
-once: each task's group is consumed by one step, and the steps' samples are one per execution.
-
-Emulated satellites keep no training worker yet (`gyre_app.emulation.agents`): the scheduler's
-switches of idle satellites into training fail at the join and the cells serve again (about 40
-such failed switches a run), so the core trains every step alone. That is what this test can
-show; the elastic gain needs emulated training workers."""
+the real trainer taking modelled steps, 15 satellites whose engines and training workers are
+emulated from the H100 profile in this process) under the real scheduler, proxy and trajectory
+service. A scripted agent (`bench.live_agent`) plays the runner and the evaluator. Every
+execution is trained exactly once: each task's group is consumed by one step, and the steps'
+samples are one per execution; satellites switched into training joined a step."""
 
 from __future__ import annotations
 
@@ -24,6 +20,7 @@ from gyre.bus import Bus, BusConfig
 from gyre.consume import Consumer
 from gyre.devstack.scratch import scratch_kernel
 from gyre.proxy.v1 import proxy_pb2
+from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2 as pb
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre_app.demo import EventTap
@@ -60,7 +57,7 @@ async def test_an_emulated_cluster_in_gyre_mode_trains_every_execution_exactly_o
             bus = await Bus.connect(
                 BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix), name="test-emulated"
             )
-            tap = EventTap(bus, (trainer_events.StepCompleted,))
+            tap = EventTap(bus, (trainer_events.StepCompleted, scheduler_events.CellRoleChanged))
             await tap.start()
             agent = ScriptedAgent(live, bus, SHAPES)
             stop = asyncio.Event()
@@ -80,11 +77,15 @@ async def test_an_emulated_cluster_in_gyre_mode_trains_every_execution_exactly_o
                 pb.SubmitTasksRequest(request_id=f"emulated-{uuid.uuid4().hex[:8]}", tasks=specs)
             )
             steps: list[trainer_events.StepCompleted] = []
+            switches: list[pb.CellSwitch] = []
             try:
                 async with asyncio.timeout(RUN_TIMEOUT_S):
                     while len(steps) < STEPS:
                         event = await tap.queue.get()
-                        steps.append(event.payload)
+                        if isinstance(event.payload, trainer_events.StepCompleted):
+                            steps.append(event.payload)
+                        else:
+                            switches.append(event.payload.switch)
                 routing = await live.proxy.GetRouting(proxy_pb2.GetRoutingRequest())
             finally:
                 stop.set()
@@ -98,3 +99,6 @@ async def test_an_emulated_cluster_in_gyre_mode_trains_every_execution_exactly_o
     assert sum(step.num_samples for step in steps) == STEPS * GROUPS_PER_STEP * GROUP_SIZE
     assert [step.version.steps for step in steps] == list(range(1, STEPS + 1))
     assert {r.cell_id for r in routing.routes} == {f"cell-{i}" for i in range(1, SATELLITES + 1)}
+    failed = [sw.error for sw in switches if not sw.ok]
+    assert failed == []
+    assert any(sw.to_role == pb.CELL_ROLE_TRAINING for sw in switches)

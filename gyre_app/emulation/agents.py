@@ -1,13 +1,12 @@
 """Cell agents of emulated satellites: the real CellService and registration, no training process (shell).
 
-EMULATION ONLY. A real satellite's agent keeps a warm training worker (a torch process) so the
-scheduler can switch the cell into training. Emulated cells run by the hundred in one process,
-so they keep none yet: their worker declines `StartTraining` with UNAVAILABLE, which the
-scheduler's switch treats as a failed join (it takes the cell out of the step and routes it
-again), so every emulated satellite stays in rollout and the core cell trains every step.
-Training workers that join steps through the membership protocol with modelled time are the
-next piece of issue 25; until then an emulated run measures rollout and the control plane, not
-the elastic training gain.
+EMULATION ONLY. A real satellite's agent keeps a warm training worker (a torch process) that
+takes the rendezvous and computes microbatches. An emulated cell's worker computes nothing: it
+accepts the rendezvous at once, and the trainer, taking modelled steps
+(`services.trainer.dp.emulated`), counts the cell as a replica from its next microbatch round,
+because `JoinStep` put it into the real membership; `LeaveStep` takes it out the same way. So
+the scheduler's switches run every phase (drain, KV moves, release, join, leave, weight load)
+against real services, and only the arithmetic is modelled.
 """
 
 from __future__ import annotations
@@ -15,24 +14,24 @@ from __future__ import annotations
 import asyncio
 
 from gyre.cell.v1 import cell_pb2, cell_pb2_grpc
-from gyre.errors import Unavailable
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost
 from services.cell.agent import CellAgent, TrainingWorker
 from services.cell.config import CellSettings
 
 
-class DecliningWorker(TrainingWorker):
-    """Stands where the warm training worker would: never started, declines every rendezvous."""
+class EmulatedWorker(TrainingWorker):
+    """Stands where the warm training worker would: no process, every rendezvous accepted.
+
+    It never reports itself training (`GetCellStatus.training` stays false): the release comes
+    from the trainer's membership, which the worker does not watch, so a later `StartTraining`
+    must not wait for one."""
 
     async def start(self) -> None:
         return None
 
     async def train(self, rendezvous_uri: str, *, timeout_s: float = 10.0) -> None:
-        raise Unavailable(
-            f"{self.settings.cell_id} is an emulated cell without a training worker (emulation only): "
-            "it serves rollout only"
-        )
+        self.sessions += 1
 
     async def stop(self) -> None:
         return None
@@ -40,7 +39,7 @@ class DecliningWorker(TrainingWorker):
 
 def build_emulated_agent(settings: CellSettings) -> ServiceHost:
     """What `services.cell.main.build` wires, with the declining worker in place of the process."""
-    agent = CellAgent(settings, DecliningWorker(settings))
+    agent = CellAgent(settings, EmulatedWorker(settings))
     server = GrpcServer(
         service_names=[cell_pb2.DESCRIPTOR.services_by_name["CellService"].full_name],
         host=settings.host,

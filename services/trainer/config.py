@@ -70,11 +70,20 @@ class TrainerSettings(BaseSettings):
     (an emulated cluster; the profile's training rate). 0: real arithmetic."""
     emulated_time_scale: float = 1.0
     """EMULATION ONLY: the modelled step time is divided by this (the cluster's time scale)."""
+    emulated_gradient_bytes: float = 0.0
+    """EMULATION ONLY: bytes one replica all-reduces per epoch (a profile's weight bytes)."""
+    emulated_link_bytes_per_s: float = 4.0e11
+    """EMULATION ONLY: one cell's link for the all-reduce (a profile's `cell.link_bytes_per_s`)."""
 
     def emulation(self) -> EmulatedCompute | None:
         if self.emulated_tokens_per_s <= 0:
             return None
-        return EmulatedCompute(tokens_per_s=self.emulated_tokens_per_s, time_scale=self.emulated_time_scale)
+        return EmulatedCompute(
+            tokens_per_s=self.emulated_tokens_per_s,
+            gradient_bytes=self.emulated_gradient_bytes,
+            link_bytes_per_s=self.emulated_link_bytes_per_s,
+            time_scale=self.emulated_time_scale,
+        )
 
     def device_plan(self) -> DevicePlan:
         return DevicePlan(device=self.device, autocast_bf16=self.autocast_bf16)

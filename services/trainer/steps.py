@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from services.trainer.batch_digest import batch_sha256
 from services.trainer.dp import DataParallelCore
+from services.trainer.dp.emulated import emulated_step
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import flat_parameters, plan_microbatches
 from services.trainer.reweigh import reweigh
@@ -64,11 +65,20 @@ class EmulatedCompute:
 
     tokens_per_s: float
     """One cell's modelled training rate (a profile's `training_tokens_per_s_per_cell`)."""
+    gradient_bytes: float = 0.0
+    """Bytes one replica all-reduces (its weights' size in the training dtype)."""
+    link_bytes_per_s: float = 1.0
     time_scale: float = 1.0
 
-    def step_s(self, num_tokens: int) -> float:
+    def compute_s(self, num_tokens: int) -> float:
         """Example: 24,000 tokens at 24,000 tokens/s, time_scale 10 -> 0.1 s"""
         return num_tokens / self.tokens_per_s / self.time_scale
+
+    def allreduce_s(self, replicas: int) -> float:
+        """A ring all-reduce: 2 (n - 1) / n of the gradients cross each cell's link."""
+        if replicas <= 1:
+            return 0.0
+        return 2.0 * (replicas - 1) / replicas * self.gradient_bytes / self.link_bytes_per_s / self.time_scale
 
 
 def make_optimizer(model: PreTrainedModel, config: OptimConfig) -> torch.optim.Optimizer:
@@ -124,7 +134,7 @@ class PolicyTrainer:
             kept, max_tokens=self.config.microbatch_max_tokens, max_sample_tokens=self.max_sample_tokens
         )
         if self.emulation is not None:
-            return self._emulated_step(kept, admission, len(microbatches), started)
+            return self._emulated_step(kept, admission, microbatches, started)
         self.model.train()
         gradient = self.core.compute_step_gradient(
             self.model, microbatches, version=self.version + 1, after_microbatch=after_microbatch
@@ -158,11 +168,16 @@ class PolicyTrainer:
         )
 
     def _emulated_step(
-        self, kept: Sequence[Sample], admission: Admission, num_microbatches: int, started: float
+        self,
+        kept: Sequence[Sample],
+        admission: Admission,
+        microbatches: Sequence[Sequence[Sample]],
+        started: float,
     ) -> StepReport:
         """The step of an emulated cluster: audited like any other, timed by the model, no arithmetic."""
         assert self.emulation is not None
-        time.sleep(self.emulation.step_s(sum(len(s.token_ids) for s in kept)))
+        tokens = [sum(len(s.token_ids) for s in mb) for mb in microbatches]
+        widest = emulated_step(self.core, tokens, version=self.version + 1, timing=self.emulation)
         self.version += 1
         self.core.current_version = self.version
         return StepReport(
@@ -170,12 +185,12 @@ class PolicyTrainer:
             num_samples=len(kept),
             num_dropped_stale=admission.num_dropped,
             num_target_tokens=sum(s.num_targets for s in kept),
-            num_microbatches=num_microbatches,
+            num_microbatches=len(microbatches),
             staleness_mean_steps=admission.staleness_mean_steps,
             staleness_max_steps=admission.staleness_max_steps,
             loss=0.0,
             grad_norm=0.0,
-            max_dp_world_size=1,
+            max_dp_world_size=widest,
             duration_s=time.perf_counter() - started,
             batch_sha256=batch_sha256(admission.kept),
         )
