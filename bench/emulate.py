@@ -60,7 +60,7 @@ async def one_round(stubs: list[Any], *, per_cell: int, tokens: int, tag: str) -
 
 
 async def run(
-    profile_path: Path, cells: int, per_cell: int, tokens: int, scales: list[float]
+    profile_path: Path, cells: int, per_cell: int, tokens: int, scales: list[float], tick_s: float
 ) -> dict[str, Any]:
     profile = load_profile(profile_path)
     timing = engine_timing(profile)
@@ -113,6 +113,7 @@ async def run(
         "cells": cells,
         "generations_per_cell": per_cell,
         "tokens_per_generation": tokens,
+        "tick_s": tick_s,
         "rss_bytes_per_cell": round(per_cell_bytes),
         "rounds": rounds,
         "lag_limit": LAG_LIMIT,
@@ -133,9 +134,10 @@ def main() -> None:
     parser.add_argument("--per-cell", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--scales", default="1,4,16,64", help="time scales to try, comma-separated")
+    parser.add_argument("--tick-s", type=float, default=0.02, help="the engines' decode tick (wall seconds)")
     ns = parser.parse_args()
     scales = [float(x) for x in ns.scales.split(",")]
-    out = asyncio.run(run(ns.profile, ns.cells, ns.per_cell, ns.tokens, scales))
+    out = asyncio.run(run(ns.profile, ns.cells, ns.per_cell, ns.tokens, scales, ns.tick_s))
     if not ns.json:
         print(json.dumps(out, indent=1))
     print(json.dumps(out))
