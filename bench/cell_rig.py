@@ -285,12 +285,14 @@ async def _emulated_engines(
 ) -> AsyncIterator[dict[str, str]]:
     """Every satellite's engine emulated in this process, following the trainer's weights."""
     from gyre.bus import Bus, BusConfig
-    from gyre_app.emulation.cells import EmulatedCells, vocabulary
-    from gyre_app.emulation.profile import load_profile
+    from gyre_app.emulation.cells import EmulatedCells, available_memory_bytes, vocabulary
+    from gyre_app.emulation.profile import check_cells, load_profile
 
     assert kernel.nats_url is not None
+    profile = load_profile(emulated.profile)
+    check_cells(profile, len(names) + 1, available_bytes=available_memory_bytes())  # before anything starts
     bus = await Bus.connect(BusConfig(url=kernel.nats_url, prefix=kernel.bus_prefix), name="emulated-cells")
-    host = EmulatedCells(load_profile(emulated.profile))
+    host = EmulatedCells(profile)
     vocab_size, eos_id = vocabulary(model_dir)
     try:
         await host.start(

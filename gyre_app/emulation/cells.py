@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         profile = load_profile(ns.profile)
-        check_cells(profile, ns.cells, available_bytes=available_memory_bytes())
+        check_cells(profile, ns.cells + 1, available_bytes=available_memory_bytes())  # with the core
         if not ns.time_scale > 0:
             raise InvalidArgument("time_scale", f"must be > 0, got {ns.time_scale}")
     except InvalidArgument as exc:
