@@ -85,6 +85,18 @@ def resolve_urls(settings: KernelSettings) -> Endpoints:
     )
 
 
+def resolve_database_url(settings: KernelSettings) -> str:
+    """The database alone, for what needs no bus (`gyre migrate`: deploy/'s migrations job is
+    told only its database); resolved as `resolve_urls` resolves it."""
+    database_url = settings.database_url
+    state_path = stack_state_path(settings.state_dir)
+    if database_url is None and state_path.exists():
+        database_url = json.loads(state_path.read_text()).get("database_url")
+    if database_url is None:
+        raise Unavailable(f"GYRE_DATABASE_URL unset and no local stack at {state_path}: run `gyre up`")
+    return _with_password(database_url, settings.database_password_file, "GYRE_DATABASE_PASSWORD_FILE")
+
+
 def _with_password(url: str, password_file: Path | None, setting: str) -> str:
     """`url` with the password read from `password_file` (and its user, `gyre` when it names none).
 
