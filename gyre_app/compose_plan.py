@@ -52,10 +52,11 @@ def container_port(name: str, service: Mapping[str, Any]) -> int:
 
 
 def smoke_compose(
-    compose: Mapping[str, Any], images: Images, host_ports: Mapping[str, int]
+    compose: Mapping[str, Any], images: Images, host_ports: Mapping[str, int], binds: Mapping[str, str]
 ) -> dict[str, Any]:
     """The deploy file as the smoke run brings it up; `host_ports` maps each of `PUBLISHED` to a free
-    port on 127.0.0.1 (nothing else is published: the machine's own NATS and Postgres keep theirs).
+    port on 127.0.0.1 (nothing else is published: the machine's own NATS and Postgres keep theirs),
+    `binds` each relative bind source (`./sandboxes`) to the host folder the run made for it.
     """
     missing = [name for name in PUBLISHED if name not in host_ports]
     if missing:
@@ -69,10 +70,21 @@ def smoke_compose(
             service["image"] = getattr(images, name)
         service.pop("build", None)
         service.pop("ports", None)
+        if "volumes" in service:
+            service["volumes"] = [_rebind(v, binds, name) for v in service["volumes"]]
         if name in PUBLISHED:
             service["ports"] = [f"127.0.0.1:{host_ports[name]}:{container_port(name, service)}"]
         service["ulimits"] = copy.deepcopy(LIMITS)
     return out
+
+
+def _rebind(volume: str, binds: Mapping[str, str], service: str) -> str:
+    source, _, rest = volume.partition(":")
+    if not source.startswith("."):
+        return volume  # a named volume
+    if source not in binds:
+        raise InvalidArgument("binds", f"needs a host folder for {source} ({service})")
+    return f"{binds[source]}:{rest}"
 
 
 def dependencies(service: Mapping[str, Any]) -> dict[str, str]:

@@ -166,6 +166,19 @@ class Bringup:
         await asyncio.gather(*(self.condition(n, "service_healthy") for n in checked))
 
 
+def shared_folder(path: Path) -> Path:
+    """`path` as a mount point of its own with shared propagation: the runner's workspace mounts
+    under it reach the evaluator's container (this machine's / is a private mount)."""
+    path.mkdir()
+    for argv in (["mount", "--bind", str(path), str(path)], ["mount", "--make-rshared", str(path)]):
+        done = _run(argv)
+        if done.returncode != 0:
+            raise Unavailable(
+                f"compose smoke: {' '.join(argv[:2])} failed (root is needed): {done.stderr.strip()}"
+            )
+    return path
+
+
 def secrets_folder(project: str) -> Path:
     done = podman("volume", "inspect", "--format", "{{.Mountpoint}}", f"{project}_secrets")
     if done.returncode != 0:
@@ -235,9 +248,12 @@ def smoke(*, demo: bool = True) -> SmokeResult:
     report = build_images()
     result.build_s, result.built = round(time.monotonic() - started, 1), report.built
     ports = dict(zip(PUBLISHED, distinct_free_ports(len(PUBLISHED)), strict=True))
-    plan = smoke_compose(yaml.safe_load(COMPOSE_FILE.read_text()), report.images, ports)
     containers: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gyre-compose-") as tmp:
+        sandboxes = shared_folder(Path(tmp) / "sandboxes")
+        plan = smoke_compose(
+            yaml.safe_load(COMPOSE_FILE.read_text()), report.images, ports, {"./sandboxes": str(sandboxes)}
+        )
         file = Path(tmp) / "compose.yml"
         file.write_text(yaml.safe_dump(plan, sort_keys=False))
         try:
@@ -264,6 +280,7 @@ def smoke(*, demo: bool = True) -> SmokeResult:
                 result.error = result.error or str(exc)
             result.leftovers = leftovers(result.project)
             remove(result.leftovers)
+            _run(["umount", "--recursive", "--lazy", str(sandboxes)])
             result.down_s = round(time.monotonic() - started, 1)
     return result
 

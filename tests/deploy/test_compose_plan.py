@@ -25,6 +25,7 @@ from gyre_app.compose_plan import (
 
 IMAGES = Images(gyre="localhost/gyre-compose:abc", nats="localhost/n:1", postgres="localhost/p:1")
 PORTS = {name: 41000 + i for i, name in enumerate(PUBLISHED)}
+BINDS = {"./sandboxes": "/tmp/run/sandboxes"}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def deploy() -> dict[str, Any]:
 def test_the_run_file_uses_the_local_images_and_publishes_only_what_the_demo_reaches(
     deploy: dict[str, Any],
 ) -> None:
-    plan = smoke_compose(deploy, IMAGES, PORTS)["services"]
+    plan = smoke_compose(deploy, IMAGES, PORTS, BINDS)["services"]
     assert plan["nats"]["image"] == IMAGES.nats and plan["postgres"]["image"] == IMAGES.postgres
     assert all(s["image"] == IMAGES.gyre for n, s in plan.items() if n not in ("nats", "postgres"))
     assert not any("build" in s for s in plan.values())
@@ -53,16 +54,30 @@ def test_the_run_file_uses_the_local_images_and_publishes_only_what_the_demo_rea
 def test_the_run_file_keeps_the_deploy_files_commands_environment_and_health_checks(
     deploy: dict[str, Any],
 ) -> None:
-    plan = smoke_compose(deploy, IMAGES, PORTS)["services"]
+    plan = smoke_compose(deploy, IMAGES, PORTS, BINDS)["services"]
     for name, service in deploy["services"].items():
-        for key in ("command", "environment", "volumes", "healthcheck", "depends_on"):
+        for key in ("command", "environment", "healthcheck", "depends_on"):
             assert plan[name].get(key) == service.get(key), (name, key)
     assert "ports" in deploy["services"]["postgres"]  # the input is not changed
 
 
+def test_the_sandboxes_folder_is_one_host_folder_with_shared_propagation_in_runner_and_evaluator(
+    deploy: dict[str, Any],
+) -> None:
+    """The runner mounts each workspace as a tmpfs; the evaluator grades it by its path, so the
+    mount must reach the evaluator's container: a bind mount with shared propagation."""
+    plan = smoke_compose(deploy, IMAGES, PORTS, BINDS)["services"]
+    for name in ("runner", "evaluator"):
+        assert "./sandboxes:/var/lib/gyre/sandboxes:rshared" in deploy["services"][name]["volumes"]
+        assert "/tmp/run/sandboxes:/var/lib/gyre/sandboxes:rshared" in plan[name]["volumes"]
+        assert "secrets:/secrets:ro" in plan[name]["volumes"]
+    with pytest.raises(InvalidArgument, match=r"\./sandboxes"):
+        smoke_compose(deploy, IMAGES, PORTS, {})
+
+
 def test_a_missing_port_is_refused_naming_it(deploy: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgument, match="engine"):
-        smoke_compose(deploy, IMAGES, {k: v for k, v in PORTS.items() if k != "engine"})
+        smoke_compose(deploy, IMAGES, {k: v for k, v in PORTS.items() if k != "engine"}, BINDS)
 
 
 def test_services_start_after_what_they_depend_on(deploy: dict[str, Any]) -> None:
