@@ -46,6 +46,8 @@ UP_TIMEOUT_S = 900.0
 """Every service healthy within this (each imports torch; 2 busy cores take minutes)."""
 CLI_TIMEOUT_S = 300.0
 POLL_S = 2.0
+DEMO_TIMEOUT_S = 300.0
+"""The demo's loop (150 s under `gyre up`): here ten containers share the machine's cores."""
 
 
 @dataclass(slots=True)
@@ -208,7 +210,7 @@ def run_demo(project: str, ports: dict[str, int]) -> bool:
             ServiceProcess(name="engine-cell-1", pid=0, address=f"127.0.0.1:{ports['engine']}", log_path=""),
         ],
     )
-    tally = asyncio.run(run_loop(state, "gyre"))
+    tally = asyncio.run(run_loop(state, "gyre", timeout_s=DEMO_TIMEOUT_S))
     return bool(tally.steps) and tally.engine_version > 0
 
 
@@ -238,8 +240,8 @@ def remove(found: Sequence[str]) -> None:
 
 def show_logs(containers: dict[str, str]) -> None:
     for name, container in containers.items():
-        tail = podman("logs", "--tail", "15", container)
-        print(f"--- {name} ---\n{(tail.stdout + tail.stderr)[-3000:]}", file=sys.stderr)
+        tail = podman("logs", "--tail", "40", container)
+        print(f"--- {name} ---\n{(tail.stdout + tail.stderr)[-6000:]}", file=sys.stderr)
 
 
 def smoke(*, demo: bool = True) -> SmokeResult:
