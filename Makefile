@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs reference proto up down clean
+.PHONY: demo test lint typecheck docs reference proto up down clean compose-smoke
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ reference: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python -m gyre.codegen
+
+# deploy/docker-compose.yml up with Podman and podman-compose, the quick demo against it, down.
+# The images are built here (Debian packages, this machine's pip) and reused while unchanged.
+compose-smoke: $(STAMP)
+	$(BIN)/python -m gyre_app.compose_smoke
 
 up: $(STAMP)
 	$(BIN)/gyre up

@@ -10,6 +10,9 @@
   logit difference against the trainer's model.
 - `docs_build_s`, `docs_broken_links`: `make docs` timed; the links mkdocs reports as broken in a
   non-strict build of the same site.
+- `compose_up_s`, `compose_demo_ok` (where Podman is installed): deploy/docker-compose.yml brought
+  up with podman-compose, the quick demo's loop against it, brought down (`make compose-smoke`);
+  `compose_build_s` is the image build before it (0 when the images' hash is cached).
 """
 
 from __future__ import annotations
@@ -259,12 +262,35 @@ def docs_figures() -> dict[str, Any]:
     }
 
 
+def compose_figures() -> dict[str, Any]:
+    """`make compose-smoke`'s figures; none where Podman is not installed."""
+    if shutil.which("podman") is None:
+        return {}
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre_app.compose_smoke", "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    lines = done.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {"error": done.stderr[-500:]}
+    return {
+        "compose_build_s": summary.get("build_s"),
+        "compose_up_s": summary.get("compose_up_s"),
+        "compose_demo_s": summary.get("demo_s"),
+        "compose_demo_ok": bool(summary.get("compose_demo_ok")) and not summary.get("leftovers"),
+        "compose_error": summary.get("error", ""),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--steps", type=int, default=5, help="steps of the short run (published events)")
     parser.add_argument("--live", action="store_true", help="track a real run on a private stack instead")
     parser.add_argument("--live-timeout-s", type=float, default=900.0)
+    parser.add_argument("--no-compose", action="store_true", help="skip the compose smoke run")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-workflow-"))
     try:
@@ -274,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         figures |= export_diff(root)
         figures |= docs_figures()
+        if not args.no_compose:
+            figures |= compose_figures()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if not args.json:

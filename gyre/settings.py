@@ -85,6 +85,28 @@ def resolve_urls(settings: KernelSettings) -> Endpoints:
     )
 
 
+def resolve_database_url(settings: KernelSettings) -> str:
+    """The database alone, for what needs no bus (`gyre migrate`: deploy/'s migrations job is
+    told only its database); resolved as `resolve_urls` resolves it, password included."""
+    url = _one_url(settings, settings.database_url, "database_url", "GYRE_DATABASE_URL")
+    return _with_password(url, settings.database_password_file, "GYRE_DATABASE_PASSWORD_FILE")
+
+
+def resolve_nats_url(settings: KernelSettings) -> str:
+    """The bus alone, for what owns no tables (the engine); password included."""
+    url = _one_url(settings, settings.nats_url, "nats_url", "GYRE_NATS_URL")
+    return _with_password(url, settings.nats_password_file, "GYRE_NATS_PASSWORD_FILE")
+
+
+def _one_url(settings: KernelSettings, url: str | None, key: str, setting: str) -> str:
+    state_path = stack_state_path(settings.state_dir)
+    if url is None and state_path.exists():
+        url = json.loads(state_path.read_text()).get(key)
+    if url is None:
+        raise Unavailable(f"{setting} unset and no local stack at {state_path}: run `gyre up`")
+    return url
+
+
 def _with_password(url: str, password_file: Path | None, setting: str) -> str:
     """`url` with the password read from `password_file` (and its user, `gyre` when it names none).
 

@@ -141,10 +141,10 @@ def restart(
 @app.command()
 def migrate() -> None:
     """Bring every service's schema up to date."""
-    from gyre.settings import resolve_urls
+    from gyre.settings import resolve_database_url
     from gyre_app.migrations import upgrade_all
 
-    print("migrated:", ", ".join(upgrade_all(resolve_urls(KernelSettings()).database_url)))
+    print("migrated:", ", ".join(upgrade_all(resolve_database_url(KernelSettings()))))
 
 
 @app.command()

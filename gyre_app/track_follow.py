@@ -5,6 +5,8 @@ durable consumer is touched, and the services know nothing of it), folds each ev
 `RunLedger`, and at each `StepCompleted` hands the step's row and sample table to the `Tracker`
 and, with `atif`, writes the step's executions as ATIF files. Every stream but the trainer's is
 read first at each poll, so a step's rewards, ends and calls are in before its row is made.
+Live, it also asks each registered engine for its stats once a poll (`sample_engines`): KV use
+and prefix hits are no event, only the engine's present state.
 
 `gyre up` starts it detached (`python -m gyre_app.track_follow`, pid in `<state>/tracker.json`);
 it exits when the stack is gone. `gyre track` runs `follow` once over a stack's history instead.
@@ -18,7 +20,7 @@ import dataclasses
 import json
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +33,7 @@ from nats.js.errors import NotFoundError
 
 from gyre.bus import Bus, BusConfig
 from gyre.devstack.processes import is_our_process, read_json, spawn_detached, terminate, write_json
+from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.engine.v1 import events_pb2 as engine_events
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
 from gyre.events import UndecodableEvent, parse_envelope, stream_name, subject_for, unpack_payload
@@ -42,10 +45,11 @@ from gyre.runner.v1 import runner_pb2
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings, resolve_urls, stack_state_path
+from gyre.tls import aio_channel
 from gyre.trainer.v1 import events_pb2 as trainer_events
 from gyre_app.track_config import TrackSettings
 from gyre_app.track_ledger import CallFacts, RunLedger, ToolCallFacts
-from gyre_app.track_rows import StepFacts
+from gyre_app.track_rows import EngineSample, StepFacts
 from gyre_app.track_sinks import Tracker, parse_sinks
 
 log = structlog.get_logger(__name__)
@@ -54,6 +58,9 @@ PID_FILE = "tracker.json"
 FETCH_BATCH = 256
 FETCH_TIMEOUT_S = 0.5
 STATUS_FILE = "status.json"
+ENGINE_STATS_TIMEOUT_S = 2.0
+EngineSampler = Callable[[Sequence[str]], Awaitable[list[EngineSample]]]
+"""Engine addresses in, one sample per engine that answered out."""
 
 FED: tuple[tuple[str, type[message.Message]], ...] = (
     ("scheduler", scheduler_events.CellRegistered),
@@ -236,11 +243,38 @@ def apply(ledger: RunLedger, event: message.Message, decoder: Decoder) -> StepFa
         ledger.record_weight_load(event.duration_s)
     elif isinstance(event, scheduler_events.CellRegistered):
         ledger.record_cell_role(event.cell.cell_id, ROLES.get(event.cell.role, "switching"))
+        ledger.record_engine_address(event.cell.cell_id, event.cell.engine_address)
     elif isinstance(event, scheduler_events.CellRoleChanged):
         ledger.record_cell_role(event.switch.cell_id, ROLES.get(event.switch.to_role, "switching"))
     elif isinstance(event, scheduler_events.CellLost):
         ledger.record_cell_role(event.cell_id, "lost")
     return None
+
+
+async def sample_engines(addresses: Sequence[str]) -> list[EngineSample]:
+    """Each engine's `GetEngineStats` now; one that does not answer in time is skipped (it may be
+    restarting: the run goes on, and so does the tracker)."""
+
+    async def one(address: str) -> EngineSample | None:
+        try:
+            async with aio_channel(address) as channel:
+                stub = engine_pb2_grpc.EngineServiceStub(channel)
+                stats = await stub.GetEngineStats(
+                    engine_pb2.GetEngineStatsRequest(), timeout=ENGINE_STATS_TIMEOUT_S
+                )
+        except Exception as exc:
+            log.debug("tracker_engine_stats_failed", address=address, error=repr(exc))
+            return None
+        return EngineSample(
+            engine_id=stats.engine_id or address,
+            kv_tokens_used=stats.num_kv_cache_tokens_used,
+            kv_tokens_total=stats.num_kv_cache_tokens_total,
+            prefill_tokens=stats.num_prefill_tokens,
+            prefix_hit_tokens=stats.num_prefix_cache_hit_tokens,
+        )
+
+    answers = await asyncio.gather(*(one(a) for a in sorted(set(addresses))))
+    return [a for a in answers if a is not None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,8 +292,13 @@ async def follow(
     sinks: Sequence[str],
     tokenizer_dir: Path | None,
     keep_going: Callable[[list[int]], bool],
+    engine_sampler: EngineSampler | None = None,
 ) -> FollowResult:
-    """Poll the bus and log each step until `keep_going(steps so far)` says stop."""
+    """Poll the bus and log each step until `keep_going(steps so far)` says stop.
+
+    With `engine_sampler`, the engines the cells registered are sampled once a poll: before the
+    poll's first step row (after the registrations read with it), else at the poll's end.
+    """
     run_name = settings.resolved_run_name()
     tracker = Tracker.open(sinks, folder, project=settings.project, run_name=run_name)
     ledger = RunLedger(samples_per_step=settings.samples_per_step, run_name=run_name)
@@ -274,10 +313,14 @@ async def follow(
             except Exception as exc:  # the bus restarting: the run goes on, so does the tracker
                 log.warning("tracker_poll_failed", error=repr(exc))
                 events = []
+            sampled = engine_sampler is None
             for _, event in events:
                 step = apply(ledger, event, decoder)
                 if step is None:
                     continue
+                if not sampled:
+                    ledger.record_engine_samples(await _sample(engine_sampler, ledger))
+                    sampled = True
                 out = ledger.complete_step(step)
                 tracker.log_row(out.row)
                 tracker.log_samples(step.step, out.samples)
@@ -285,6 +328,8 @@ async def follow(
                     _write_atif(folder / "atif" / f"step-{step.step:08d}", out.trajectories)
                 steps.append(step.step)
                 _write_status(folder, tracker, steps)
+            if not sampled:
+                ledger.record_engine_samples(await _sample(engine_sampler, ledger))
             if keep_going(steps):
                 await asyncio.sleep(settings.poll_s)
     finally:
@@ -292,6 +337,16 @@ async def follow(
         await feed.close()
         _write_status(folder, tracker, steps)
     return FollowResult(steps=steps, failures=dict(tracker.failures), rows_logged=dict(tracker.rows_logged))
+
+
+async def _sample(sampler: EngineSampler | None, ledger: RunLedger) -> list[EngineSample]:
+    if sampler is None or not ledger.engine_addresses:
+        return []
+    try:
+        return await sampler(list(ledger.engine_addresses.values()))
+    except Exception as exc:  # a sampler's own failure costs the figures, never the row
+        log.warning("tracker_engine_sampling_failed", error=repr(exc))
+        return []
 
 
 def _write_atif(folder: Path, trajectories: dict[str, dict[str, Any]]) -> None:
@@ -379,6 +434,7 @@ def main() -> int:
                 sinks=sinks,
                 tokenizer_dir=tokenizer_dir,
                 keep_going=lambda _: state_path.exists(),
+                engine_sampler=sample_engines,
             )
         finally:
             with contextlib.suppress(Exception):

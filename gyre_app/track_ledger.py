@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre_app.atif import atif_trajectory
-from gyre_app.track_rows import ExecutionFacts, StepFacts, StepRow, step_row
+from gyre_app.track_rows import EngineSample, ExecutionFacts, StepFacts, StepRow, step_row
 
 PROMPT_CHARS = 2000
 """A sample row's prompt is cut to this many characters (its end: the task comes last)."""
@@ -71,6 +71,12 @@ class RunLedger:
     calls: dict[str, list[CallFacts]] = field(default_factory=dict)
     weight_loads_s: list[float] = field(default_factory=list)
     cell_roles: dict[str, str] = field(default_factory=dict)
+    engine_addresses: dict[str, str] = field(default_factory=dict)
+    """Each satellite cell's engine `host:port`, as it registered: where the shell samples stats."""
+    engine_samples: list[EngineSample] = field(default_factory=list)
+    """Sampled since the previous row."""
+    engine_baseline: dict[str, EngineSample] = field(default_factory=dict)
+    """Each engine's last sample at the previous row (its counters' starting point for the next)."""
 
     def _facts(self, execution_id: str, task_id: str) -> ExecutionFacts:
         return self.executions.get(execution_id) or ExecutionFacts(execution_id=execution_id, task_id=task_id)
@@ -92,6 +98,13 @@ class RunLedger:
     def record_cell_role(self, cell_id: str, role: str) -> None:
         self.cell_roles[cell_id] = role
 
+    def record_engine_address(self, cell_id: str, address: str) -> None:
+        if address:
+            self.engine_addresses[cell_id] = address
+
+    def record_engine_samples(self, samples: Sequence[EngineSample]) -> None:
+        self.engine_samples.extend(samples)
+
     def forget_task(self, task_id: str) -> None:
         """A group the trainer set aside is never trained: its executions would never leave."""
         for execution_id in [e for e, facts in self.executions.items() if facts.task_id == task_id]:
@@ -112,6 +125,8 @@ class RunLedger:
             weight_sync_s=self.weight_loads_s,
             cell_roles=self.cell_roles,
             tool_call_parse_errors=parse_errors,
+            engine_samples=self.engine_samples,
+            engine_baseline=self.engine_baseline,
         )
         samples = [self._sample(step.step, e) for e in pick_samples(mine, self.samples_per_step)]
         trajectories = {
@@ -128,6 +143,8 @@ class RunLedger:
             self.executions.pop(e.execution_id, None)
             self.calls.pop(e.execution_id, None)
         self.weight_loads_s = []
+        self.engine_baseline |= {s.engine_id: s for s in self.engine_samples}
+        self.engine_samples = []
         return StepOutput(row=row, samples=samples, trajectories=trajectories)
 
     def _with_calls(self, facts: ExecutionFacts) -> ExecutionFacts:

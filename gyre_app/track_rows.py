@@ -11,10 +11,11 @@ for them reads Gyre's runs. Everything here is computed from public events alone
 - the engines' `EngineWeightsUpdated` since the previous row (weight sync) and the scheduler's
   cell roles at the step (`CellRegistered` / `CellRoleChanged` / `CellLost`).
 
-Tool-call parse errors are counted where the tracker could decode the calls' tokens (the proxy's
-own parser on the decoded output). Figures no event carries yet (engine KV use and prefix hit
-rate) are not in the row; `NOT_AVAILABLE` names them, so the docs say so instead of logging a
-made-up zero.
+Two figures come from no event: engine KV use and the prefix hit rate are the engines' own
+`GetEngineStats`, which the live tracker samples at each poll (`EngineSample`); a row made from
+history alone (`gyre track`) has no samples and leaves them out. Tool-call parse errors are
+counted where the tracker could decode the calls' tokens (the proxy's own parser on the decoded
+output).
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ ENDINGS = ("done", "timeout", "turn_budget", "context", "crashed", "infrastructu
 harness's turn budget; a model call hit the context window (whatever the runner saw next); the
 harness crashed; the infrastructure failed it (nothing ran, or the model was unavailable); it was
 cancelled."""
-NOT_AVAILABLE = ("engine/kv_use", "engine/prefix_hit_rate")
-"""Peers' figures no Gyre event or RPC exposes per step today."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +73,20 @@ class StepFacts:
     loss: float
     grad_norm: float
     duration_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSample:
+    """One engine's `GetEngineStats` as the tracker sampled it; the token counters run from the
+    engine's start."""
+
+    engine_id: str
+    kv_tokens_used: int
+    kv_tokens_total: int
+    prefill_tokens: int
+    """Prompt positions the engine computed."""
+    prefix_hit_tokens: int
+    """Prompt positions whose KV it reused from its prefix cache."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,12 +153,14 @@ def step_row(
     weight_sync_s: Sequence[float] = (),
     cell_roles: Mapping[str, str] | None = None,
     tool_call_parse_errors: int | None = None,
+    engine_samples: Sequence[EngineSample] = (),
+    engine_baseline: Mapping[str, EngineSample] | None = None,
 ) -> StepRow:
     """The row of `step` from its tasks' executions (those of `step.task_ids`).
 
     A figure whose inputs are absent is left out rather than logged as 0 (no rewarded execution:
     no reward figures; no weight load since the last row: no `perf/weight_sync_s`; calls not
-    decoded: no `tool_call/parse_errors`).
+    decoded: no `tool_call/parse_errors`; no engine sampled: no `engine/*`).
     """
     tasks = set(step.task_ids)
     mine = [e for e in executions if e.task_id in tasks]
@@ -183,6 +198,7 @@ def step_row(
     if weight_sync_s:
         scalars["perf/weight_sync_s"] = _mean(weight_sync_s)
         scalars["perf/weight_sync_max_s"] = max(weight_sync_s)
+    scalars |= engine_figures(engine_samples, engine_baseline or {})
     if cell_roles:
         live = [r for r in cell_roles.values() if r != "lost"]
         for role in ("rollout", "training"):
@@ -229,4 +245,37 @@ def _execution_shape(mine: Sequence[ExecutionFacts]) -> dict[str, float]:
     ends = [e.last_call_s for e in mine if e.last_call_s is not None]
     if starts and ends and max(ends) > min(starts):
         out["perf/rollout_tokens_per_s"] = sum(e.num_output_tokens for e in mine) / (max(ends) - min(starts))
+    return out
+
+
+def engine_figures(samples: Sequence[EngineSample], baseline: Mapping[str, EngineSample]) -> dict[str, float]:
+    """KV use and prefix hit rate over the samples taken since the previous row.
+
+    `engine/kv_use` (mean) and `engine/kv_use_max`: the share of KV cache positions in use, over
+    every sample of every engine. `engine/prefix_hit_rate`: prompt positions reused from the
+    prefix cache over all prompt positions, from each engine's counters' growth since `baseline`
+    (its last sample at the previous row). An engine absent from `baseline`, or whose counters
+    went back (it restarted), counts from 0: its counters run from its start. Left out without
+    samples, and the hit rate without prompt positions.
+
+    Example: engine a at the previous row (prefill 100, hits 0), now (prefill 130, hits 90):
+    hit rate 90 / (30 + 90) = 0.75.
+    """
+    out: dict[str, float] = {}
+    shares = [s.kv_tokens_used / s.kv_tokens_total for s in samples if s.kv_tokens_total > 0]
+    if shares:
+        out["engine/kv_use"] = _mean(shares)
+        out["engine/kv_use_max"] = max(shares)
+    latest = {s.engine_id: s for s in samples}  # the last sample of each engine
+    hits = prompt = 0
+    for engine_id, now in latest.items():
+        before = baseline.get(engine_id)
+        base_prefill, base_hits = (before.prefill_tokens, before.prefix_hit_tokens) if before else (0, 0)
+        if now.prefill_tokens < base_prefill or now.prefix_hit_tokens < base_hits:
+            base_prefill, base_hits = 0, 0  # it restarted: its counters run from that start
+        new_hits = now.prefix_hit_tokens - base_hits
+        hits += new_hits
+        prompt += new_hits + now.prefill_tokens - base_prefill
+    if prompt > 0:
+        out["engine/prefix_hit_rate"] = hits / prompt
     return out

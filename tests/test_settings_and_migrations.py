@@ -13,7 +13,13 @@ from alembic.script import ScriptDirectory
 
 from gyre.db.engine import async_url, make_engine
 from gyre.errors import Unavailable
-from gyre.settings import KernelSettings, resolve_urls, stack_state_path
+from gyre.settings import (
+    KernelSettings,
+    resolve_database_url,
+    resolve_nats_url,
+    resolve_urls,
+    stack_state_path,
+)
 from gyre_app.migrations import migrations_dir, services_with_migrations, upgrade
 
 
@@ -30,6 +36,36 @@ def test_environment_wins_then_the_local_stack(tmp_path: Path) -> None:
 def test_no_urls_and_no_stack_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(Unavailable, match=r"GYRE_NATS_URL and GYRE_DATABASE_URL unset .* run `gyre up`"):
         resolve_urls(KernelSettings(nats_url=None, database_url=None, state_dir=tmp_path))
+
+
+def test_the_database_alone_resolves_without_a_bus_and_takes_its_password_file(tmp_path: Path) -> None:
+    """`gyre migrate` in deploy/'s migrations job is told its database and nothing else."""
+    password = tmp_path / "pw"
+    password.write_text("s3cret\n")
+    settings = KernelSettings(
+        nats_url=None,
+        database_url="postgresql+asyncpg://postgres@db:5432/gyre",
+        database_password_file=password,
+        state_dir=tmp_path,
+    )
+    assert resolve_database_url(settings) == "postgresql+asyncpg://postgres:s3cret@db:5432/gyre"
+    with pytest.raises(Unavailable, match=r"^GYRE_DATABASE_URL unset .* run `gyre up`"):
+        resolve_database_url(KernelSettings(nats_url="nats://x", database_url=None, state_dir=tmp_path))
+
+
+def test_the_bus_alone_resolves_without_a_database_and_takes_its_password_file(tmp_path: Path) -> None:
+    """The engine in deploy/ is told the bus and a password file, no database."""
+    password = tmp_path / "pw"
+    password.write_text("s3cret\n")
+    settings = KernelSettings(
+        nats_url="nats://gyre@nats:4222", database_url=None, nats_password_file=password, state_dir=tmp_path
+    )
+    assert resolve_nats_url(settings) == "nats://gyre:s3cret@nats:4222"
+    stack_state_path(tmp_path).write_text(json.dumps({"nats_url": "nats://stack"}))
+    assert (
+        resolve_nats_url(KernelSettings(nats_url=None, database_url=None, state_dir=tmp_path))
+        == "nats://stack"
+    )
 
 
 def test_plain_postgres_urls_are_driven_by_asyncpg() -> None:

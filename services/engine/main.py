@@ -11,7 +11,7 @@ from gyre.consume import Consumer
 from gyre.engine.v1 import engine_pb2, engine_pb2_grpc
 from gyre.rpc import GrpcServer
 from gyre.runtime import ServiceHost
-from gyre.settings import KernelSettings, resolve_urls
+from gyre.settings import KernelSettings, resolve_nats_url
 from services.engine import metrics
 from services.engine.config import EngineSettings
 from services.engine.events import EnginePublisher
@@ -56,9 +56,9 @@ async def build(settings: EngineSettings, kernel: KernelSettings) -> ServiceHost
     torch.set_num_threads(settings.num_threads)
     bus = None
     if settings.publish_events or settings.follow_weights:
-        nats_url = kernel.nats_url or resolve_urls(kernel).nats_url
+        # The bus alone (the engine owns no tables), with its password file where one is named.
         config = BusConfig(
-            url=nats_url,
+            url=resolve_nats_url(kernel),
             prefix=kernel.bus_prefix,
             max_age_s=kernel.stream_max_age_s,
             max_bytes=kernel.stream_max_bytes,
