@@ -257,6 +257,8 @@ async def measure(nats_url: str, database_url: str, *, prefix: str, ns: argparse
     }
     if ns.renders_per_execution:
         env["GYRE_PROXY_RENDERS_PER_EXECUTION"] = str(ns.renders_per_execution)
+    if ns.refusal_wait_max_s is not None:
+        env["GYRE_PROXY_REFUSAL_WAIT_MAX_S"] = str(ns.refusal_wait_max_s)
     procs = _spawn(
         env,
         engine_port=engine_port,
@@ -281,7 +283,11 @@ async def measure(nats_url: str, database_url: str, *, prefix: str, ns: argparse
         )
         (fuzzer, _), (calm, _), (noisy, _) = await _register(proxy, 3)
         requests, failures, statuses = await asyncio.to_thread(fuzz, url, fuzzer, examples=ns.examples)
-        result: dict[str, Any] = {"requests": requests, "responses_5xx": failures}
+        result: dict[str, Any] = {
+            "requests": requests,
+            "responses_5xx": failures,
+            "load_average": os.getloadavg()[0],
+        }
         result.update(
             await neighbour(
                 url,
@@ -317,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood-connections", type=int, default=32, help="B's requests open at once")
     parser.add_argument(
         "--renders-per-execution", type=int, default=0, help="the proxy's setting (0: its default)"
+    )
+    parser.add_argument(
+        "--refusal-wait-max-s",
+        type=float,
+        default=None,
+        help="the proxy's setting (0: a refused execution never waits; default: the proxy's)",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     ns = parser.parse_args(argv)

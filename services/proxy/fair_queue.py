@@ -9,19 +9,23 @@ the clock, the virtual time of the job started last: idling earns no credit to s
 
 Example (one worker): H's jobs have held it 0.5 s, L's 0.01 s; both wait -> L's goes first.
 
-Refusal backoff: a request the proxy refuses for its input (a 4xx) cost the proxy work and bought
-the sender nothing. A harness rarely sends one; a policy flooding the proxy with bodies just over
-a bound sends little else. So each refusal in a row makes the execution's next request wait longer
-before it is read (doubling, capped), and an accepted request resets it: refusals cost the
-sender's time, not the neighbours'.
+Refusal wait: a request the proxy refuses for its input (a 4xx) cost the proxy work and bought the
+sender nothing. A harness rarely sends one; a policy flooding the proxy with bodies made to be
+refused after the most work sends little else. So after a refusal the execution's next request is
+read only once it has waited a multiple of the worker CPU seconds the refused request used: 2x
+after one refusal, doubling with each refusal in a row up to 16x, never more than `max_s`. An
+accepted request clears it. Refusals then cost the sender's time, not its neighbours': a flood of
+them gets at most about 1/17 of a worker, and a harness's odd bad request waits a few
+milliseconds.
 
-Example: base 0.01 s, cap 1 s -> waits 0.01, 0.02, 0.04, ... 0.64, 1, 1 s after 1, 2, 3, ... refusals.
+Example: the refused request used 0.02 s of CPU, max_s 1 -> 0.04 s after 1 refusal in a row,
+0.08 after 2, 0.16 after 3, 0.32 after 4 and more; 0.2 s of CPU after 4 -> 1.0 (the cap).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -30,30 +34,37 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class FairQueue(Generic[T]):
-    """Jobs of many executions over `workers` workers, least worker time first."""
+    """Jobs of many executions over `workers` workers, least worker time first (ties: the job
+    queued first). The pick scans the executions with jobs waiting: a few hundred per proxy."""
 
     workers: int
     busy: int = 0
     clock: float = 0.0
-    """The virtual time of the job started last."""
+    """The virtual time of the execution whose job started last."""
     used: dict[str, float] = field(default_factory=dict)
     """Each execution's virtual time: where its worker seconds have brought it."""
-    _waiting: list[tuple[float, int, str, T]] = field(default_factory=list)
+    _waiting: dict[str, deque[tuple[int, T]]] = field(default_factory=dict)
     _order: itertools.count[int] = field(default_factory=itertools.count)
 
     def submit(self, execution_id: str, item: T) -> None:
-        """Queue a job; `start_next` says when it may run."""
-        tag = max(self.used.get(execution_id, self.clock), self.clock)
-        heapq.heappush(self._waiting, (tag, next(self._order), execution_id, item))
+        """Queue a job; `start_next` says when it may run. An execution behind the clock (new,
+        or back from idling) is brought up to it."""
+        self.used[execution_id] = max(self.used.get(execution_id, self.clock), self.clock)
+        self._waiting.setdefault(execution_id, deque()).append((next(self._order), item))
 
     def start_next(self) -> tuple[str, T] | None:
         """The job to run now, if a worker is free and one waits (the worker is then taken)."""
         if self.busy >= self.workers or not self._waiting:
             return None
-        tag, _, execution_id, item = heapq.heappop(self._waiting)
+        execution_id = min(
+            self._waiting, key=lambda e: (self.used.get(e, self.clock), self._waiting[e][0][0])
+        )
+        jobs = self._waiting[execution_id]
+        _, item = jobs.popleft()
+        if not jobs:
+            del self._waiting[execution_id]
         self.busy += 1
-        self.clock = max(self.clock, tag)
-        self.used[execution_id] = max(self.used.get(execution_id, tag), tag)
+        self.clock = max(self.clock, self.used.get(execution_id, self.clock))
         return execution_id, item
 
     def done(self, execution_id: str, worker_s: float) -> None:
@@ -64,18 +75,24 @@ class FairQueue(Generic[T]):
 
     def forget(self, execution_id: str) -> None:
         """The execution ended; jobs of it still queued keep their place."""
-        self.used.pop(execution_id, None)
+        if execution_id not in self._waiting:
+            self.used.pop(execution_id, None)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return sum(len(jobs) for jobs in self._waiting.values())
 
 
-def refusal_wait_s(refusals_in_a_row: int, *, base_s: float, cap_s: float) -> float:
-    """How long an execution's next request waits before it is read, after that many refusals.
+MAX_REFUSAL_FACTOR = 16
 
-    Example: base_s=0.01, cap_s=1.0 -> 0 refusals: 0; 1: 0.01; 3: 0.04; 20: 1.0
+
+def refusal_wait_s(refusals_in_a_row: int, cpu_s: float, *, max_s: float) -> float:
+    """How long an execution's next request waits before it is read, after `refusals_in_a_row`
+    refusals of which the last used `cpu_s` of worker CPU.
+
+    Example: (1, 0.02, max_s=1.0) -> 0.04; (5, 0.02, max_s=1.0) -> 0.32; (0, 0.02, ...) -> 0
     """
-    if refusals_in_a_row <= 0 or base_s <= 0:
+    if refusals_in_a_row <= 0 or max_s <= 0:
         return 0.0
-    return min(cap_s, base_s * 2 ** min(refusals_in_a_row - 1, 62))
+    factor: int = min(2 ** min(refusals_in_a_row, 8), MAX_REFUSAL_FACTOR)
+    return float(min(max_s, max(0.0, cpu_s) * factor))
