@@ -113,7 +113,7 @@ def _flood(url: str, token: str, heavy: bool, connections: int, on: Any, quit: A
     whole run: while `on` is set, keep `connections` requests in flight, each the largest body the
     early bound lets through (`heavy`), or for the control one just over it (refused before any
     rendering); idle while it is clear; gone once `quit` is set. `answers[0]` counts answers below
-    500, `answers[1]` the others."""
+    500, `answers[1]` the others, `answers[2]` is the requests in flight."""
     max_chars = MAX_CHARS if heavy else MAX_CHARS + 400
     payloads = {d: largest_accepted(d, max_chars=max_chars) for d in ("openai", "anthropic")}  # type: ignore[arg-type]
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -124,10 +124,17 @@ def _flood(url: str, token: str, heavy: bool, connections: int, on: Any, quit: A
             if not on.is_set():
                 await asyncio.sleep(0.02)
                 continue
-            async with http.post(f"{url}{PATHS[dialect]}", data=payloads[dialect], headers=headers) as r:
-                await r.read()
+            with answers.get_lock():
+                answers[2] += 1
+            try:
+                async with http.post(f"{url}{PATHS[dialect]}", data=payloads[dialect], headers=headers) as r:
+                    await r.read()
+                    status = r.status
+            finally:
                 with answers.get_lock():
-                    answers[0 if r.status < 500 else 1] += 1
+                    answers[2] -= 1
+            with answers.get_lock():
+                answers[0 if status < 500 else 1] += 1
 
     async def run() -> None:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -160,7 +167,7 @@ async def neighbour(
     round hit by a neighbour on the machine moves them little."""
     spawn = multiprocessing.get_context("spawn")
     quit = spawn.Event()
-    answers = {kind: spawn.Array("q", 2) for kind in ("heavy", "cheap")}
+    answers = {kind: spawn.Array("q", 3) for kind in ("heavy", "cheap")}
     switches = {kind: spawn.Event() for kind in ("heavy", "cheap")}
     flooders = {
         kind: spawn.Process(
@@ -215,25 +222,22 @@ async def neighbour(
 
 
 async def _drained(answers: Any) -> None:
-    """Wait until a flood switched off has had its last requests answered (none for 0.3 s)."""
-    last = -1
-    for _ in range(400):  # bounded: 120 s
-        now = answers[0] + answers[1]
-        if now == last:
+    """Wait until a flood switched off has had its last requests answered."""
+    for _ in range(1200):  # bounded: 120 s
+        if answers[2] == 0:
             return
-        last = now
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.1)
 
 
-async def _flowing(switch: Any, answers: Any, connections: int) -> None:
-    """Turn a flood on and wait until it answers at its pace: as many answers as connections."""
+async def _flowing(switch: Any, answers: Any, connections: int, *, at_most_s: float = 5.0) -> None:
+    """Turn a flood on and wait until it answers at its pace: as many answers as connections, or
+    `at_most_s` (a proxy that makes a refused execution wait answers it slowly: that is its pace)."""
     before = answers[0] + answers[1]
     switch.set()
-    for _ in range(1200):  # bounded: 120 s
+    for _ in range(int(at_most_s / 0.1)):  # bounded
         if answers[0] + answers[1] - before >= connections:
             return
         await asyncio.sleep(0.1)
-    raise RuntimeError("the flood never got its answers")
 
 
 async def measure(nats_url: str, database_url: str, *, prefix: str, ns: argparse.Namespace) -> dict[str, Any]:
