@@ -158,11 +158,21 @@ CHECK = (
 """A check that runs the workspace's program, with declared verdicts (the class under attack)."""
 
 GRADER_PAYLOADS = {
-    "unassessable:killed_check": ("runcheck", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"),
-    "unassessable:silenced_check": ("runcheck", "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"),
+    # Wrong in both verdicts (no 42, not quiet) and then kills or stops its check: the check, its
+    # sandbox's first process, survives both and fails them.
+    "unassessable:killed_check": (
+        "runcheck",
+        "import os, signal, sys\nsys.stderr.write('x')\nos.kill(os.getppid(), signal.SIGKILL)\n",
+    ),
+    "unassessable:silenced_check": (
+        "runcheck",
+        "import os, signal, sys\nsys.stderr.write('x')\nos.kill(os.getppid(), signal.SIGSTOP)\n",
+    ),
     "forge:stolen_check_output": (
         "runcheck",
-        STEAL + "write_everywhere(b'PASS answer\\nPASS quiet\\n')\nos.kill(os.getppid(), signal.SIGKILL)\n",
+        STEAL
+        + "sys.stderr.write('x')\nwrite_everywhere(b'PASS answer\\nPASS quiet\\n')\n"
+        + "os.kill(os.getppid(), signal.SIGKILL)\n",
     ),
     "unassessable:forged_setup_grader_script": (
         "runcheck",

@@ -179,10 +179,8 @@ def pids():
 """
 
 ATTACKS = {
-    # Kills its check script before it printed anything: was `not assessable`.
-    "kill_the_check": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
     # Writes PASS lines into every output of every process it can reach (the check's included),
-    # then kills the check before its FAIL lines come.
+    # then tries to kill the check before its FAIL lines come.
     "steal_the_check_output": STEAL
     + (
         "lines = b'PASS answer\\nPASS quiet\\n'\n"
@@ -218,6 +216,43 @@ def test_a_check_script_attacked_by_the_code_it_runs_is_an_assessable_zero(
     graded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert graded["assessable"] is True, graded
     assert graded["score"] == 0.0, graded
+
+
+REACH_THE_CHECK = """
+import os, signal
+check = os.getppid()
+reached = []
+for path in (f"/proc/{check}/environ", f"/proc/{check}/mem", f"/proc/{check}/fd/1"):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        reached.append(path)
+    except OSError:
+        pass
+for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
+    for pid in [check] + [int(d) for d in os.listdir("/proc") if d.isdigit()]:
+        if pid != os.getpid():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+print(42 if not reached else "reached " + " ".join(reached))
+"""
+"""Right answer, hostile: reads its check's environment (where the check's text came), memory and
+stdout, then stops, terminates and kills it (was: the check killed, every verdict failed)."""
+
+
+def test_the_code_a_check_runs_can_neither_read_nor_signal_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = check_task(tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "run.py").write_text(REACH_THE_CHECK)
+    assert evaluate(["--task", str(task), "--workspace", str(ws), "--json"]) == 0
+    graded = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # Both verdicts came from a check that ran to its end and read 42: nothing reached it.
+    assert (graded["assessable"], graded["score"]) == (True, 1.0), graded
 
 
 def test_the_check_still_grades_honest_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

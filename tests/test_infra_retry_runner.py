@@ -59,6 +59,7 @@ class Stack:
     scheduler: Any
     trajectory: Any
     runs: Any
+    trajectory_address: str = ""
 
     async def replaced_by(self, task_id: str, execution_id: str) -> str:
         """The execution that replaced `execution_id`, or "" while none does."""
@@ -102,6 +103,7 @@ async def retry_stack(kernel: KernelSettings, tmp_path: Path, runner: RunnerSett
             scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels[0]),
             trajectory=trajectory_pb2_grpc.TrajectoryServiceStub(channels[1]),
             runs=runner_pb2_grpc.RunnerServiceStub(channels[2]),
+            trajectory_address=hosts[2].address,
         )
     finally:
         for channel in channels:
@@ -234,36 +236,4 @@ FORGE = (
     "echo 'gyre-sandbox: setup failed: [Errno 2] No such file' >&2; kill -SEGV $PPID"
 )
 """The agent's shell tells the host, through every stderr it can reach, that set-up failed, then
-kills the agent (issue 27)."""
-
-
-async def test_a_group_whose_members_forge_a_setup_failure_is_scored_not_replaced(
-    server_urls: tuple[str, str], tmp_path: Path
-) -> None:
-    """Leaving the baseline would pay a failing policy: the forgers' crashes are graded (0, as they
-    earned), no replacement runs, and the group is ready with every member assessable."""
-    model = ScriptedModel(script={"main": [{"tool": "shell", "args": {"command": FORGE}}]})
-    url = model.start()
-    try:
-        async with (
-            scratch_kernel(*server_urls, label="forged-setup") as kernel,
-            retry_stack(
-                kernel, tmp_path, RunnerSettings(sandbox_root=sandbox_root(), proxy_base_url=url)
-            ) as stack,
-        ):
-            await stack.runner.start()
-            task = await submit(stack, request_id="forged-1", group_size=2)
-
-            async def ready() -> bool:
-                return (await stack.group(task.task_id)).ready
-
-            await eventually(ready, timeout_s=120, what="the group ready")
-            group = await stack.group(task.task_id)
-            assert [e.execution_id for e in group.executions] == [e.execution_id for e in task.executions]
-            for member in group.executions:
-                assert member.assessable and member.has_reward, member
-                assert not await stack.replaced_by(task.task_id, member.execution_id)
-                ran = await stack.ran(member.execution_id)
-                assert ran.failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_HARNESS_CRASHED, ran.failure
-    finally:
-        model.stop()
+kills the agent (issue 27): `test_forgery_trained_live` trains on such a member's 0."""

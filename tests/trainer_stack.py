@@ -134,9 +134,13 @@ async def events_on_bus(kernel: KernelSettings, service: str, event_cls: type[M]
     try:
         js = nc.jetstream()
         name = event_cls.DESCRIPTOR.name
-        sub = await js.pull_subscribe(
-            f"{kernel.bus_prefix}.{service}.v1.{name}", stream=stream_name(service, prefix=kernel.bus_prefix)
-        )
+        try:
+            sub = await js.pull_subscribe(
+                f"{kernel.bus_prefix}.{service}.v1.{name}",
+                stream=stream_name(service, prefix=kernel.bus_prefix),
+            )
+        except nats.js.errors.NotFoundError:  # its stream is made by its first publish: none yet
+            return []
         out: list[M] = []
         for _ in range(20):  # bounded: 20 batches of 100
             try:

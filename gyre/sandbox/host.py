@@ -283,11 +283,15 @@ class Sandbox:
         pass_fds: Sequence[int] = (),
         read_only: Sequence[Path] = (),
         stdout_fd: int | None = None,
+        as_first_process: bool = False,
     ) -> None:
         """Start argv as the sandbox user; `pass_fds` (e.g. a pipe's write end whose read end only
         the host holds) are inherited at the same numbers; `stdout_fd`: such a pipe as its stdout
         instead of the log (its stderr still goes to the log); `read_only`: host-written folders
-        of this sandbox (the grader's files) the process may read but not change."""
+        of this sandbox (the grader's files) the process may read but not change.
+        `as_first_process` (with namespaces, no forward): argv replaces the sandbox's first process
+        (`init._become`), so the programs it starts cannot signal it; pair it with a program the
+        sandbox user cannot read, so that they cannot read it either."""
         if self.keeper is not None:
             raise RuntimeError(f"sandbox {self.name} already ran a process")
         spec: dict[str, object] = {
@@ -300,6 +304,7 @@ class Sandbox:
             "namespaces": self.isolation.namespaces,
             "pass_fds": list(pass_fds),
             "stdout_fd": stdout_fd,
+            "as_first_process": as_first_process,
         }
         own_fds: list[int] = []  # closed here once the keeper holds them (or on failure)
         caller_fds = [*pass_fds, *([stdout_fd] if stdout_fd is not None else [])]

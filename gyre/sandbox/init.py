@@ -114,6 +114,8 @@ def run(spec: dict[str, Any]) -> int:
     if namespaces and spec.get("forward"):
         fwd = spec["forward"]
         relay = Relay(listen_port=fwd["listen_port"], socket_path=fwd["socket_path"])
+    if namespaces and spec.get("as_first_process") and relay is None:
+        _become(spec)  # does not return
     log = os.fdopen(spec["log_fd"], "ab", buffering=0)  # a pipe the keeper drains
     stdout_fd = spec.get("stdout_fd")  # a pipe the caller alone reads (a check's verdicts)
     uid = None if namespaces else spec.get("uid")
@@ -150,6 +152,43 @@ def run(spec: dict[str, Any]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(-1, signal.SIGKILL)
     return code
+
+
+def _become(spec: dict[str, Any]) -> None:
+    """Replace this process with the program (`as_first_process`, e.g. a check script): it is then
+    the pid namespace's first process, which the kernel shields from the rest of the namespace.
+    A signal its own processes send it is dropped unless it installed a handler for it, and
+    SIGKILL and SIGSTOP always are, so the programs it starts can neither kill nor stop it; it
+    reaps its own orphans, and its end takes every other process of the sandbox with it."""
+    argv = spec["argv"]
+    program = argv[0] if os.sep in argv[0] else _which(argv[0], spec["env"].get("PATH", os.defpath))
+    if not os.access(program, os.X_OK):  # before `started`: a missing program is set-up's failure
+        raise OSError(errno.ENOENT, f"cannot execute {program}")
+    for name, (soft, hard) in spec["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    os.chdir(spec["cwd"])
+    stdout_fd = spec.get("stdout_fd")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(stdout_fd if stdout_fd is not None else spec["log_fd"], 1)
+    os.dup2(spec["log_fd"], 2)
+    keep = {0, 1, 2, *spec.get("pass_fds", ())}
+    _report(spec, b"started\n")  # from here on, whatever happens is the program's doing
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    for fd in keep - {0, 1, 2}:
+        os.set_inheritable(fd, True)
+    os.execve(program, argv, spec["env"])
+
+
+def _which(name: str, path: str) -> str:
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return name
 
 
 def _reap(main_pid: int) -> int | None:

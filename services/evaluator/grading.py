@@ -17,11 +17,13 @@ reported `not assessable`. Nothing the graded code prints or does can trigger a 
 
 A check script (terminal tasks) runs as an execute-only copy of the shell, so the kernel makes
 it non-dumpable: the programs it starts, under the same uid, cannot read its memory,
-environment or descriptors. Its text reaches it in its environment, which it drops before it
-runs, never as a file in the sandbox. Its verdicts travel on its stdout, a pipe only this
-process reads; a check that does not exit 0 by itself (killed, or cut short by a program it ran)
-has every verdict failed: a program can print PASS lines into its stdout, never keep a FAIL
-line out of it.
+environment or descriptors. It runs as its sandbox's first process (pid 1 of the pid namespace),
+so they cannot signal it either: the kernel drops a signal sent to a namespace's first process
+from inside it unless that process handles it, and SIGKILL and SIGSTOP always. Its text reaches
+it in its environment, which it drops before it runs, never as a file in the sandbox. Its
+verdicts travel on its stdout, a pipe only this process reads; a check that does not exit 0 by
+itself has every verdict failed: a program can print PASS lines into its stdout, never keep a
+FAIL line out of it.
 """
 
 from __future__ import annotations
@@ -213,7 +215,11 @@ class Grader:
         verdicts = _PipeReader(read_end)
         try:
             await box.launch(
-                [str(shell), "-c", CHECK_WRAPPER], env=env, read_only=[trusted], stdout_fd=write_end
+                [str(shell), "-c", CHECK_WRAPPER],
+                env=env,
+                read_only=[trusted],
+                stdout_fd=write_end,
+                as_first_process=True,
             )
         except BaseException:
             os.close(write_end)

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -198,6 +199,7 @@ class Calls:
         load_model: Callable[[], ServedModel | None] | None = None,
         engine_stall_s: float = 0.0,
         renders_per_execution: int = 1,
+        refusal_wait_max_s: float = 1.0,
     ) -> None:
         self._model = model
         self._load_model = load_model
@@ -208,7 +210,9 @@ class Calls:
         self.recorder = recorder
         self.engine_stall_s = engine_stall_s
         """A call's engine silent this long counts as failed (`Generation.stall_s`)."""
-        self.workers = RenderWorkers(per_execution=renders_per_execution)
+        self.workers = RenderWorkers(
+            per_execution=renders_per_execution, refusal_wait_max_s=refusal_wait_max_s
+        )
         self.executions: dict[str, ExecutionState] = {}
         self.in_flight: dict[str, CallRun] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
@@ -234,11 +238,11 @@ class Calls:
             context_window_tokens=model.context_window_tokens, max_token_chars=model.max_token_chars
         )
 
-    def cpu_slot(self, execution_id: str) -> asyncio.Semaphore:
-        return self.workers.slot(execution_id)
+    def cpu_slot(self, execution_id: str, *, accepts: bool = False) -> AbstractAsyncContextManager[None]:
+        return self.workers.slot(execution_id, accepts=accepts)
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self.workers.run(fn, *args)
+    async def off_loop(self, execution_id: str, fn: Callable[..., T], *args: Any) -> T:
+        return await self.workers.run(execution_id, fn, *args)
 
     def shutdown(self) -> None:
         self.workers.shutdown()
@@ -266,8 +270,8 @@ class Calls:
         tokens than the context window holds is refused before any rendering (`request_size`)."""
         model = self.model
         memory = (await self.load_state(execution_id)).memory.snapshot()
-        async with self.cpu_slot(execution_id):
-            return await self.off_loop(self._render, model, request, memory)
+        async with self.cpu_slot(execution_id, accepts=True):
+            return await self.off_loop(execution_id, self._render, model, request, memory)
 
     @staticmethod
     def _render(model: ServedModel, request: ChatRequest, memory: OutputMemory) -> RenderedPrompt:

@@ -28,6 +28,10 @@ class ProxySettings(BaseSettings):
     renders_per_execution: int = Field(default=1, ge=1)
     """Requests of one execution decoded, parsed or rendered at once (the others wait their turn):
     one execution's many connections cannot take the workers every other execution needs."""
+    refusal_wait_max_s: float = Field(default=1.0, ge=0)
+    """After a request refused for its input (4xx), the execution's next request waits 2 to 16
+    times the worker CPU the refused one used, at most this long (0: never): a flood of refusals
+    costs its sender's time, not its neighbours' (`fair_queue.refusal_wait_s`)."""
     token_cache_s: float = 5.0
     """How long a token lookup is trusted before Postgres is asked again."""
     weights_wait_s: float = 30.0

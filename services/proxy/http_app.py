@@ -128,7 +128,7 @@ async def _read_chat(
             raw = await _read_raw(request, limit=body_limit(bound, ceiling=request.app[MAX_BODY_KEY]))
         except (OSError, aiohttp.ClientError) as exc:  # the harness hung up mid-body: its doing
             raise InvalidArgument("body", f"was cut short: {type(exc).__name__}") from exc
-        return await calls.off_loop(_parse_chat, raw, parse, bound)
+        return await calls.off_loop(execution_id, _parse_chat, raw, parse, bound)
 
 
 async def _read_raw(request: web.Request, *, limit: int) -> bytes:

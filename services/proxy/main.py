@@ -72,6 +72,7 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         load_model=lambda: _load_or_none(settings),
         engine_stall_s=settings.engine_stall_s,
         renders_per_execution=settings.renders_per_execution,
+        refusal_wait_max_s=settings.refusal_wait_max_s,
     )
     recorder.on_lost = calls.forget_lost
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
