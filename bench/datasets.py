@@ -115,12 +115,11 @@ async def grade_imported(out: Path, grader: ContainerGrader) -> list[dict[str, A
         if task.source_format == "harbor":
             cases = {"gold": (await solution_diff(task, grader.backend), 1.0, 1.0), "empty": (b"", 0.0, 0.0)}
         else:
-            # R2E-Gym rows name no FAIL_TO_PASS / PASS_TO_PASS split: every test the fix passes is
-            # one to pass, some of which pass before it too, so no change earns some, never all.
-            none = (0.0, 1.0 - 1e-6) if task.source_format == "r2e" else (empty, empty)
+            # R2E-Gym rows split FAIL_TO_PASS / PASS_TO_PASS by their old commit's test log, so
+            # no change earns exactly the PASS_TO_PASS weight there too.
             cases = {
                 "gold": (task.gold_patch.read_bytes(), 1.0, 1.0),
-                "empty": (b"", *none),
+                "empty": (b"", empty, empty),
                 "wrong": (str(row_of(task)["wrong_patch"]).encode(), empty + 1e-6, 1.0 - 1e-6),
                 "cheat": (cheat_diff(task), -1.0, -1.0),  # expected: what `empty` earned
             }

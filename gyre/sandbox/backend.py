@@ -89,7 +89,10 @@ class SandboxBox(Protocol):
         stdin: bytes | None = None,
         env: dict[str, str] | None = None,
         max_output: int = 8 << 20,
-    ) -> ExecResult: ...
+        user: str = "",
+    ) -> ExecResult:
+        """`user` ("uid:gid") runs it as that user inside; empty: the sandbox's own root."""
+        ...
 
     async def upload(self, source: str, dest: str) -> None:
         """Copy a host file or folder to `dest` inside (created, replacing nothing else)."""
