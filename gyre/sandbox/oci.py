@@ -189,12 +189,13 @@ class OciBackend:
             )
         return Container(name=name, engine=self.engine, limits=limits, staged=staged)
 
-    async def sweep(self, owner: str) -> int:
-        """Remove every container labelled with `owner` (what a killed process left); how many."""
+    async def sweep(self, owner: str, *, keep: frozenset[str] = frozenset()) -> int:
+        """Remove every container labelled with `owner` (what a killed process left) but those
+        named in `keep` (a restarted runner's re-attached ones); how many."""
         code, out, _ = await _run(
             [*self.engine, "ps", "-a", "--filter", f"label=gyre.owner={owner}", "--format", "{{.Names}}"]
         )
-        names = out.decode().split() if code == 0 else []
+        names = [n for n in out.decode().split() if n not in keep] if code == 0 else []
         if names:
             await _run([*self.engine, "rm", "-f", "-t", "0", *names])
         return len(names)

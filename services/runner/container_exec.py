@@ -11,15 +11,20 @@ deadline, when every process but the container's first is killed) the runner exp
 agent's binary diff against the base and the harness log to a host folder, the workspace the
 evaluator grades (`agent.diff`, `agent.log`), and the container is removed once graded.
 
-Not built: re-attaching to a container after a runner restart (such an execution ends as runner
-lost and its container is swept), and harnesses other than those whose command runs in the image
-as it is (the built-in agent needs the image's `python3` at 3.10 or newer).
+The harness runs as AGENT_UID inside, never as the container's root (`gyre.sandbox.oci_policy`:
+user namespace, capabilities, seccomp); the workdir and /tmp/gyre are handed to it, the agent's
+code stays root's. A runner restarted while the harness runs re-attaches to the container
+(`container_adopt`; the harness is the container's child, and its wrapper notes its pid and exit
+status inside). Not built: harnesses other than those whose command runs in the image as it is
+(the built-in agent needs the image's `python3` at 3.10 or newer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import shutil
 import tempfile
 import time
@@ -55,6 +60,18 @@ EXPORT = 'cd "$1" && git add -A >/dev/null 2>&1; git diff --cached --binary "$2"
 AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
 """The harness's user inside (no capabilities, `no-new-privileges`; `gyre.sandbox.oci_policy`)."""
 AGENT_TMP = "/tmp/gyre"
+WRAP = (
+    # The harness's pid and exit status inside, for a runner that re-attaches after a restart
+    # (it is not that runner's child). The agent could rewrite them: they only tell a finished
+    # run from a crashed one, both graded alike.
+    'echo $$ > /tmp/gyre/harness.pid; "$@"; status=$?; echo $status > /tmp/gyre/harness.exit; exit $status'
+)
+POLL = (
+    "cat /tmp/gyre/harness.exit 2>/dev/null && exit 0; pid=$(cat /tmp/gyre/harness.pid 2>/dev/null); "
+    '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo running || echo gone'
+)
+REATTACH_POLL_S = 1.0
+STATE_FILE = "container.json"
 HAND_OVER = (
     # The workdir and the agent's own folder become the agent's; the agent's code stays root's.
     'chown -R "$2" "$1" && mkdir -p /tmp/gyre/home && touch /tmp/gyre/git-commands.log && '
@@ -182,6 +199,20 @@ class ContainerSandbox:
         if handed.exit_code != 0:
             raise OSError(f"the workdir could not be handed to the agent's user: {handed.output[-300:]!r}")
         await self.box.mark_storage_base()
+        await asyncio.to_thread((self.path / STATE_FILE).write_text, json.dumps(self.state()))
+
+    def state(self) -> dict[str, object]:
+        """What a restarted runner needs to re-attach (`container_adopt`), kept in STATE_FILE."""
+        assert self.box is not None and self.spec is not None
+        return {
+            "image": self.spec.image,
+            "workdir": self.spec.workdir,
+            "base": self.base,
+            "limits": dataclasses.asdict(self.spec.limits),
+            "staged": self.box.staged,
+            "image_path": self.image_path,
+            "storage_base_mb": self.box.storage_base_mb,
+        }
 
     def base_url(self, forward: Forward) -> str:
         """The proxy as the harness inside sees it: the relay on the container's loopback."""
@@ -205,7 +236,11 @@ class ContainerSandbox:
         log = self.log_path.open("ab")
         try:
             self.proc = await self.box.spawn(
-                list(argv), workdir=self.spec.workdir, env_file=env_file, output=log, user=AGENT_USER
+                ["sh", "-c", WRAP, "harness", *argv],
+                workdir=self.spec.workdir,
+                env_file=env_file,
+                output=log,
+                user=AGENT_USER,
             )
         finally:
             log.close()
@@ -213,10 +248,12 @@ class ContainerSandbox:
 
     async def wait(self, *, timeout_s: float) -> Outcome:
         """The harness's end (or its deadline), then the diff exported; the container stays."""
-        assert self.proc is not None
         watch = asyncio.create_task(self._watch_storage())
+        # A harness this process started is its child; one a previous runner started (re-attached)
+        # is followed through the files its wrapper writes inside.
+        ended = self.proc.wait() if self.proc is not None else self._poll_harness()
         try:
-            code: int | None = await asyncio.wait_for(self.proc.wait(), timeout=max(0.1, timeout_s))
+            code: int | None = await asyncio.wait_for(ended, timeout=max(0.1, timeout_s))
         except TimeoutError:
             await self.kill("deadline")
             code = None
@@ -225,15 +262,27 @@ class ContainerSandbox:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
         if self.killed:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+            if self.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
             code = None
         duration = time.monotonic() - self.started_at
         (self.path / "harness.env").unlink(missing_ok=True)
         await self.export()
         # The harness command was started (`launch` returned), so what follows is its outcome.
         return Outcome(exit_code=code, killed=self.killed, duration_s=duration, started=True)
+
+    async def _poll_harness(self) -> int | None:
+        """Wait for a re-attached harness: its exit status once its wrapper wrote one, None when
+        its process is gone without one (killed inside, or the container restarted)."""
+        assert self.box is not None
+        while True:
+            done = await self.box.exec(["sh", "-c", POLL], timeout_s=30)
+            text = done.output.decode(errors="replace").strip()
+            if text != "running":
+                return int(text) if text.lstrip("-").isdigit() else None
+            await asyncio.sleep(REATTACH_POLL_S)
 
     async def _watch_storage(self) -> None:
         """The disk quota, by measurement: overlay on ext4 cannot cap a writable layer, so the
