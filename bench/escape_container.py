@@ -33,7 +33,7 @@ from bench.escape_attacks import (
 from gyre.sandbox.backend import ContainerLimits
 from gyre.sandbox.host import Forward
 from gyre.sandbox.limits import MIB
-from gyre.sandbox.oci import Container, OciBackend, find_engine
+from gyre.sandbox.oci import Container, OciBackend, _run, find_engine
 from gyre.sandbox.oci_policy import AGENT_UID
 from services.evaluator.container_grading import ContainerGrader
 from services.evaluator.container_task import ContainerTask, load_container_task
@@ -127,14 +127,18 @@ async def through_container(
 async def through_grader(
     grader: ContainerGrader, task: ContainerTask, base: Any, name: str, t: Targets, listener: Listener
 ) -> dict[str, Any]:
-    """The attack as a conftest.py of the diff: pytest imports it as the grading container's root."""
+    """The attack in the package the tests import (a conftest.py would be reset before the run):
+    it runs as the grading container's root while pytest collects."""
     report = f"import sys\nsys.stdout = open({GRADER_OUT!r}, 'w', buffering=1)\n"
-    diff = make_diff(base, {"conftest.py": report + attack_code(name, t)})
+    package = next(f for f in base if f.endswith("/__init__.py") and not f.startswith("tests/"))
+    diff = make_diff(base, {package: str(base[package]) + "\n" + report + attack_code(name, t)})
     seen: dict[str, Any] = {}
     original = grader.backend.create
 
     async def spy(**kwargs: Any) -> Container:  # watch the grading container from the host side
         box = await original(**kwargs)
+        code, out, _ = await _run([*box.engine, "container", "inspect", "--format", "{{.Id}}", box.name])
+        seen["id"] = out.decode().strip() if code == 0 else ""
         original_exec = box.exec
 
         async def exec_and_look(argv: Sequence[str], **kw: Any) -> Any:
@@ -160,9 +164,7 @@ async def through_grader(
         name,
         seen.get("output", ""),
         t,
-        # after the grade, its container removed: nothing of the container's users may be left
-        leftover=uid_processes(grader.backend.host_uid(0))
-        + uid_processes(grader.backend.host_uid(AGENT_UID)),
+        leftover=cgroup_processes(seen.get("id", "")),  # after the grade: none may be left
         used_bytes=int(seen.get("used", 0.0) * MIB),
         listener_hits=listener.hits - before,
     )
@@ -174,6 +176,18 @@ async def through_grader(
         "detail": detail,
         "ended": ended,
     }
+
+
+def cgroup_processes(container_id: str) -> int:
+    """Host processes still in the cgroup of the container with this id (it was removed)."""
+    if not container_id:
+        return 0
+    n = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                n += container_id in (d / "cgroup").read_text()
+    return n
 
 
 def judge_here(name: str, output: str, t: Targets, **facts: Any) -> tuple[bool, str]:
