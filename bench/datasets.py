@@ -7,8 +7,8 @@ edits the tests is graded as if it had not: the test patch wins) plus three that
 the grade (`FORGERIES`: a printed summary and an early exit, pytest's reports rewritten from the
 package, the same from a conftest.py hook; none may earn more than no change). It starts
 `--concurrent` containers at once and checks they all run together, and runs the container
-backend's containment probes (network, host files, host processes, limits, mounts). Prints one line per case and, last, one
-JSON object:
+backend's containment probes (network, host files, host processes, limits, mounts). Prints one
+line per case and, last, one JSON object:
     instances, cases, grading_agreement (target 1.0), container_start_p50_s, grade_p50_s,
     concurrent_containers, escapes, forged_grades.
 """
