@@ -358,6 +358,9 @@ class Container:
             return
         self.closed = True
         code, _, err = await _run([*self.engine, "rm", "-f", "-t", "0", self.name])
+        if code != 0:  # Podman 4.3 can race its own clean-up of the shm mount ("busy"): once more
+            await asyncio.sleep(1.0)
+            code, _, err = await _run([*self.engine, "rm", "-f", "-t", "0", "--ignore", self.name])
         if code != 0:
             log.warning(
                 "container_remove_failed", container=self.name, error=err.decode(errors="replace")[-300:]
