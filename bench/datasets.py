@@ -3,12 +3,12 @@
 `python -m bench.datasets --json` builds the fixtures' images offline (`bench.dataset_fixtures`,
 FROM the base `gyre images base` builds), then for each instance grades four diffs whose
 verdict is known (gold resolves, empty fails F2P and passes P2P, wrong is partial, a diff that
-edits the tests is graded as if it had not: the test patch wins) plus one that tries to forge
-the log (a conftest.py printing PASSED lines for the F2P tests, then exiting before any test
-runs: the grader's canary test must catch it, scoring 0). It starts `--concurrent` containers
-at once and checks they all run together, and runs the container backend's containment probes
-(network, host files, host processes, limits, mounts). Prints one line per case and, last, one
-JSON object:
+edits the tests is graded as if it had not: the test patch wins) plus three that try to forge
+the grade (`FORGERIES`: a printed summary and an early exit, pytest's reports rewritten from the
+package, the same from a conftest.py hook; none may earn more than no change). It starts
+`--concurrent` containers at once and checks they all run together, and runs the container
+backend's containment probes (network, host files, host processes, limits, mounts). Prints one
+line per case and, last, one JSON object:
     instances, cases, grading_agreement (target 1.0), container_start_p50_s, grade_p50_s,
     concurrent_containers, escapes, forged_grades.
 """
@@ -43,11 +43,29 @@ from gyre_app.images import DEFAULT_BASE, build_base
 from services.evaluator.container_grading import ContainerGrader
 from services.evaluator.container_task import load_container_task
 
-FORGED_CONFTEST = (
-    "import os, sys\n\n\ndef pytest_configure(config):\n"
-    "    for test in {tests!r}:\n        print('PASSED ' + test)\n"
-    "    sys.stdout.flush()\n    os._exit(0)\n"
-)
+FORGERIES = {
+    # the package the tests import prints PASSED lines for the FAIL_TO_PASS tests and exits
+    # before any test runs: the passing canary is missing, scored 0
+    "forged_log": (
+        "import os, sys\n\nfor test in {tests!r}:\n    print('PASSED ' + test)\n"
+        "sys.stdout.flush()\nos._exit(0)\n"
+    ),
+    # the package rewrites every pytest report to passed: the skipped canary shows PASSED, scored 0
+    "forged_reports": (
+        "from _pytest.reports import TestReport\n\n_made = TestReport.from_item_and_call.__func__\n\n\n"
+        "def _passed(cls, item, call):\n    report = _made(cls, item, call)\n"
+        "    report.outcome, report.longrepr = 'passed', None\n    return report\n\n\n"
+        "TestReport.from_item_and_call = classmethod(_passed)\n"
+    ),
+    # a conftest.py hook does the same: the grader resets the conftest, no change's grade
+    "forged_hook": (
+        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    report = outcome.get_result()\n"
+        "    report.outcome, report.longrepr = 'passed', None\n"
+    ),
+}
+"""Diffs that do not fix the bug but try to make the grade say so; none may earn more than no
+change does (forged_log and forged_reports: 0; forged_hook: exactly no change's grade)."""
 # Each probe runs inside a container and prints ESCAPED only when containment failed.
 PROBES = {
     "network_out": (
@@ -65,8 +83,13 @@ PROBES = {
 }
 
 
-def forged_diff(fixture: Fixture) -> bytes:
-    return make_diff(fixture.base, {"conftest.py": FORGED_CONFTEST.format(tests=list(fixture.fail_to_pass))})
+def forged_diff(fixture: Fixture, case: str = "forged_log") -> bytes:
+    """The forgery planted where it runs: a conftest.py, or the package's __init__.py the tests import."""
+    code = FORGERIES[case].format(tests=list(fixture.fail_to_pass))
+    if case == "forged_hook":
+        return make_diff(fixture.base, {"conftest.py": code})
+    package = next(f for f in fixture.base if f.endswith("/__init__.py") and not f.startswith("tests/"))
+    return make_diff(fixture.base, {package: str(fixture.base[package]) + "\n" + code})
 
 
 async def grade_all(out: Path, grader: ContainerGrader) -> tuple[list[dict[str, Any]], int]:
@@ -74,13 +97,15 @@ async def grade_all(out: Path, grader: ContainerGrader) -> tuple[list[dict[str, 
     forged = 0
     for fixture in FIXTURES:
         task = load_container_task(write_task(fixture, out))
-        cases = list(CASES) + (["forged_log"] if fixture.family == "swebench" else [])
+        cases = list(CASES) + (list(FORGERIES) if fixture.family == "swebench" else [])
         for case in cases:
-            diff = forged_diff(fixture) if case == "forged_log" else case_diff(fixture, case)
+            diff = forged_diff(fixture, case) if case in FORGERIES else case_diff(fixture, case)
             graded = await grader.grade(task, diff)
-            expected = fixture.expected.get(case, 0.0)  # forged_log: caught, scored 0
+            expected = fixture.expected.get(case, 0.0)  # forged_log, forged_reports: caught, 0
+            if case == "forged_hook":
+                expected = fixture.expected["empty"]
             agree = graded.scored.assessable and abs(graded.scored.score - expected) < 1e-6
-            if case == "forged_log" and graded.scored.score > fixture.expected["empty"] + 1e-6:
+            if case in FORGERIES and graded.scored.score > fixture.expected["empty"] + 1e-6:
                 forged += 1
             rows.append(
                 {
@@ -115,12 +140,11 @@ async def grade_imported(out: Path, grader: ContainerGrader) -> list[dict[str, A
         if task.source_format == "harbor":
             cases = {"gold": (await solution_diff(task, grader.backend), 1.0, 1.0), "empty": (b"", 0.0, 0.0)}
         else:
-            # R2E-Gym rows name no FAIL_TO_PASS / PASS_TO_PASS split: every test the fix passes is
-            # one to pass, some of which pass before it too, so no change earns some, never all.
-            none = (0.0, 1.0 - 1e-6) if task.source_format == "r2e" else (empty, empty)
+            # R2E-Gym rows split FAIL_TO_PASS / PASS_TO_PASS by their old commit's test log, so
+            # no change earns exactly the PASS_TO_PASS weight there too.
             cases = {
                 "gold": (task.gold_patch.read_bytes(), 1.0, 1.0),
-                "empty": (b"", *none),
+                "empty": (b"", empty, empty),
                 "wrong": (str(row_of(task)["wrong_patch"]).encode(), empty + 1e-6, 1.0 - 1e-6),
                 "cheat": (cheat_diff(task), -1.0, -1.0),  # expected: what `empty` earned
             }

@@ -6,7 +6,9 @@ with the proxy forwarded), as workspace code imported by the evaluator's grader,
 workspaces that try to write their own grade (`bench.forgery`), as workspaces that try to avoid a
 grade (too deep, too many files, hanging the grader), and through the real runner service
 (`bench.escape_service`), and the attacks that try to make a failure look like the
-infrastructure's (`bench.unassessable`). Containment is judged from the host side. A
+infrastructure's (`bench.unassessable`), then the same corpus against the container backend
+(`bench.escape_container`: a runner's container, a grading container, forged pytest reports;
+`by_backend` splits the figures). Containment is judged from the host side. A
 well-behaved execution runs beside the attacks and must finish normally. Limits are small on
 purpose, so a failure to contain cannot hurt this machine much. Prints one line per attack and,
 last, the JSON with `attempts`, `contained`, `escapes`, `forged_grades`, `ungraded_workspaces`
@@ -27,6 +29,7 @@ from typing import Any
 
 from bench.attack_cli import attack_main
 from bench.escape_attacks import ATTACKS, DEADLINE_S, LIMITS, Listener, Targets, alive, grader_targets
+from bench.escape_container import container_attacks
 from bench.escape_paths import UNGRADED, benign, forgery, through_evaluator, through_runner, ungraded_case
 from bench.escape_service import through_runner_service
 from bench.forgery import FORGERIES
@@ -109,6 +112,10 @@ async def main_async() -> dict[str, Any]:
             p.unlink(missing_ok=True)
         service_results, service_benign_ok = await through_runner_service(t, listener, model, url, root)
         results.extend(service_results)
+        for p in outside:
+            p.unlink(missing_ok=True)
+        container_results = await container_attacks(t, forward, listener, root)
+        results.extend(container_results)
         benign_ok = benign_ok and service_benign_ok
     finally:
         listener.stop = True
@@ -134,6 +141,7 @@ async def main_async() -> dict[str, Any]:
         "ungraded_workspaces": ungraded,
         "unassessable_by_agent": unassessable,
         "other_executions_unaffected": bool(benign_ok and canary_alive),
+        "by_backend": by_backend(results),
         "isolation": runner_host.isolation.describe(),
         "fallbacks": list(runner_host.isolation.fallbacks),
         "limits": {
@@ -147,6 +155,21 @@ async def main_async() -> dict[str, Any]:
         "wall_s": round(time.monotonic() - started, 1),
         "results": results,
     }
+
+
+def by_backend(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Attempts, escapes and forged grades per sandbox backend (container: `bench.escape_container`;
+    an empty `container` entry means no container engine was found)."""
+    out: dict[str, dict[str, int]] = {}
+    for backend in ("bubblewrap", "container"):
+        mine = [r for r in results if r["via"].startswith("container") == (backend == "container")]
+        forged = [r for r in mine if r["attack"].startswith("forge:")]
+        out[backend] = {
+            "attempts": len(mine),
+            "escapes": sum(not r["contained"] for r in mine if ":" not in r["attack"]),
+            "forged_grades": sum(not r["contained"] for r in forged),
+        }
+    return out
 
 
 def main() -> int:

@@ -69,12 +69,22 @@ def test_a_swebench_diff_gets_the_grade_its_tests_give(tasks: dict[str, Containe
         assert graded.signals == ("diff edits files the test patch overwrites: tests/test_calc.py",)
 
 
-def test_a_diff_that_prints_its_own_passing_summary_and_exits_scores_zero(
+@pytest.mark.parametrize(
+    ("case", "why"), [("forged_log", "never reported"), ("forged_reports", "skipped canary")]
+)
+def test_tested_code_that_forges_pytests_summary_or_reports_scores_zero(
+    tasks: dict[str, ContainerTask], case: str, why: str
+) -> None:
+    graded = grade(tasks["mini-calc-1"], forged_diff(BY_NAME["mini-calc-1"], case))
+    assert (graded.scored.score, graded.scored.assessable) == (0.0, True)
+    assert why in graded.scored.reason
+
+
+def test_a_conftest_hook_that_passes_every_test_is_reset_before_the_tests_run(
     tasks: dict[str, ContainerTask],
 ) -> None:
-    graded = grade(tasks["mini-calc-1"], forged_diff(BY_NAME["mini-calc-1"]))
-    assert (graded.scored.score, graded.scored.assessable) == (0.0, True)
-    assert "canary" in graded.scored.reason
+    graded = grade(tasks["mini-calc-1"], forged_diff(BY_NAME["mini-calc-1"], "forged_hook"))
+    assert graded.scored.score == pytest.approx(BY_NAME["mini-calc-1"].expected["empty"])  # no change's grade
     assert graded.signals == ("diff changes how tests run: conftest.py",)
 
 

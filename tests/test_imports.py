@@ -243,9 +243,31 @@ def test_r2e_row_grades_the_tests_its_reference_passes() -> None:
     assert task.files == {"hidden/test.patch": ""}
 
 
+def test_r2e_row_with_its_old_commit_log_tells_fail_to_pass_from_pass_to_pass() -> None:
+    old_log = (
+        "PASSED r2e_tests/test_1.py::test_b\n"
+        "FAILED r2e_tests/test_1.py::TestJoin::test_empty - assert 1 == 2\n"
+        "PASSED r2e_tests/test_1.py::test_flaky\n"
+    )
+    row = r2e_row(
+        execution_result_content=json.dumps({"old_commit_res_stdout": old_log, "new_commit_res_stdout": ""})
+    )
+    task = imported(import_r2e_row(row))
+    assert task.grading["fail_to_pass"] == ["TestJoin.test_empty"]
+    assert task.grading["pass_to_pass"] == ["test_b"]  # test_flaky: the reference fails it, dropped
+
+
+def test_r2e_row_with_an_empty_execution_result_keeps_every_passing_test_to_pass() -> None:
+    task = imported(import_r2e_row(r2e_row(execution_result_content="")))
+    assert task.grading["fail_to_pass"] == ["TestJoin.test_empty", "test_b"]
+    assert task.grading["pass_to_pass"] == []
+
+
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
+        ({"execution_result_content": "not json"}, "execution_result_content"),
+        ({"execution_result_content": '{"old_commit_res_stdout": 3}'}, "execution_result_content"),
         ({"docker_image": None}, "docker_image"),
         ({"parsed_commit_content": "{}"}, "parsed_commit_content"),
         ({"expected_output_json": "[1]"}, "expected_output_json"),

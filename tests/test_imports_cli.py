@@ -157,7 +157,9 @@ def test_r2e_fixture_reaches_its_expected_output_with_gold(row: dict[str, object
     shutil.copytree(DATA / "r2e" / str(row["repo_name"]) / "r2e_tests", repo / "r2e_tests")
     plain = task.grading | {"test_command": f"{sys.executable} -m pytest -rA -p no:cacheprovider r2e_tests"}
     before = run_tests(repo, ImportedTask(**{**_fields(task), "grading": plain}))
-    assert not all(passed(before, task.grading["fail_to_pass"]))
+    # The row's own old-commit log split them: FAIL_TO_PASS fail before the fix, PASS_TO_PASS pass.
+    assert task.grading["pass_to_pass"] and not any(passed(before, task.grading["fail_to_pass"]))
+    assert all(passed(before, task.grading["pass_to_pass"]))
     git_apply(repo, task.files["hidden/gold.patch"])
     after = run_tests(repo, ImportedTask(**{**_fields(task), "grading": plain}))
     assert {k: str(v) for k, v in after.items()} == json.loads(str(row["expected_output_json"]))

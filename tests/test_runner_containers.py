@@ -149,5 +149,6 @@ async def test_an_r2e_images_own_tests_are_hidden_from_the_agent_and_still_grade
     ended = await run_to_end(rig, prompt="[script: peek] fix it", timeout_s=60.0, folder=folder)
     assert ended.state == runner_pb2.EXECUTION_STATE_FINISHED, ended
     diff, _, graded = await grade(rig, ended, folder)
-    assert b"No such file or directory" in diff and b"+2" in diff  # ls found nothing, exit code 2
+    # ls found nothing (gone, and /root is not the agent's to read), exit code 2
+    assert b"/root/r2e_tests" in diff and b"+2" in diff and b"test_1.py" not in diff
     assert graded.scored.assessable and 0.0 < graded.scored.score < 1.0  # the tests ran at grading

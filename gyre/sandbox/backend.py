@@ -2,9 +2,9 @@
 
 A task picks its backend by family: Gyre's own families run in the bubblewrap root
 (`gyre.sandbox.host`), tasks that bring their own OCI image (`swebench`, `harbor`) run in that
-image on a local container engine (`gyre.sandbox.oci`). A Kubernetes backend (a pod with the
-task's image under the RuntimeClass in `deploy/`) is designed to the same interface and not
-built yet.
+image on a local container engine (`gyre.sandbox.oci`). A Kubernetes backend
+(`gyre.sandbox.k8s`: a pod of the task's image under the RuntimeClass in `deploy/k8s`) gives the
+same interface; it has not run against a cluster here.
 
 Example:
     limits = ContainerLimits(cpus=1.0, memory_mb=4096, storage_mb=10240).scaled(cpus=2.0)
@@ -89,7 +89,10 @@ class SandboxBox(Protocol):
         stdin: bytes | None = None,
         env: dict[str, str] | None = None,
         max_output: int = 8 << 20,
-    ) -> ExecResult: ...
+        user: str = "",
+    ) -> ExecResult:
+        """`user` ("uid:gid") runs it as that user inside; empty: the sandbox's own root."""
+        ...
 
     async def upload(self, source: str, dest: str) -> None:
         """Copy a host file or folder to `dest` inside (created, replacing nothing else)."""

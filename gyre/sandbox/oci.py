@@ -28,6 +28,7 @@ import structlog
 
 from gyre.errors import InvalidArgument, Unavailable
 from gyre.sandbox.backend import ContainerLimits, ExecResult
+from gyre.sandbox.oci_policy import DEFAULT_SECCOMP, engine_security_args, host_uid, seccomp_profile
 
 log = structlog.get_logger(__name__)
 GYRE_DIR = "/run/gyre"
@@ -90,6 +91,28 @@ class OciBackend:
         if not found:
             raise Unavailable("no container engine: install podman and runc (or run a docker daemon)")
         self.engine = found
+        self.podman = os.path.basename(found[0]).startswith("podman")
+        self._seccomp = ""
+
+    def seccomp_file(self) -> str:
+        """The container profile (`oci_policy.seccomp_profile`) written once per process; empty
+        where the engine's default profile is not on disk (Docker's own default then applies)."""
+        if self._seccomp and os.path.exists(self._seccomp):
+            return self._seccomp
+        try:
+            default = json.loads(Path(DEFAULT_SECCOMP).read_text())
+        except (OSError, ValueError):
+            log.warning("container_seccomp_default_missing", path=DEFAULT_SECCOMP)
+            return ""
+        fd, path = tempfile.mkstemp(prefix="gyre-seccomp-", suffix=".json")
+        with os.fdopen(fd, "w") as out:
+            json.dump(seccomp_profile(default), out)
+        self._seccomp = path
+        return path
+
+    def host_uid(self, inside: int) -> int:
+        """The host uid of a uid inside this engine's containers (the user namespace's map)."""
+        return host_uid(inside, podman=self.podman)
 
     async def image_present(self, image: str) -> bool:
         code, _, _ = await _run([*self.engine, "image", "inspect", "--format", "{{.Id}}", image])
@@ -122,10 +145,10 @@ class OciBackend:
             name,
             "--network",
             "none",
-            "--cap-drop",
-            "NET_RAW",
-            "--security-opt",
-            "no-new-privileges",
+            # A real init as pid 1 (the engine's catatonit or tini): it reaps orphans, so a fork
+            # bomb's zombies do not hold the pids limit after the harness is killed.
+            "--init",
+            *engine_security_args(podman=self.podman, seccomp_file=self.seccomp_file()),
             "--cpus",
             f"{limits.cpus:g}",
             "--memory",
@@ -149,6 +172,9 @@ class OciBackend:
             # to the socket but cannot replace either.
             staged = tempfile.mkdtemp(prefix="gyre-oci-")
             shutil.copy(INIT, Path(staged) / "init.py")
+            # The relay runs as the container's root, an unprivileged host uid: it must read these.
+            os.chmod(staged, 0o755)
+            os.chmod(Path(staged) / "init.py", 0o644)
             argv += ["-v", f"{staged}:{GYRE_DIR}:ro", "-v", f"{forward_folder}:{FORWARD_DIR}:ro"]
             argv += ["--entrypoint", "python3", image, "-I", "-S", "-c", RELAY, str(listen_port)]
         else:
@@ -163,12 +189,13 @@ class OciBackend:
             )
         return Container(name=name, engine=self.engine, limits=limits, staged=staged)
 
-    async def sweep(self, owner: str) -> int:
-        """Remove every container labelled with `owner` (what a killed process left); how many."""
+    async def sweep(self, owner: str, *, keep: frozenset[str] = frozenset()) -> int:
+        """Remove every container labelled with `owner` (what a killed process left) but those
+        named in `keep` (a restarted runner's re-attached ones); how many."""
         code, out, _ = await _run(
             [*self.engine, "ps", "-a", "--filter", f"label=gyre.owner={owner}", "--format", "{{.Names}}"]
         )
-        names = out.decode().split() if code == 0 else []
+        names = [n for n in out.decode().split() if n not in keep] if code == 0 else []
         if names:
             await _run([*self.engine, "rm", "-f", "-t", "0", *names])
         return len(names)
@@ -183,6 +210,13 @@ class Container:
         self.limits = limits
         self.staged = staged
         self.closed = False
+        self.storage_base_mb = 0.0
+        """What the set-up wrote (`mark_storage_base`): not the agent's, so not its quota."""
+
+    async def mark_storage_base(self) -> None:
+        """From now on only what is written past the current writable layer counts against
+        `storage_mb` (handing the workdir to the agent's uid copies its files up)."""
+        self.storage_base_mb = await self.storage_used_mb()
 
     async def exec(
         self,
@@ -193,12 +227,15 @@ class Container:
         stdin: bytes | None = None,
         env: dict[str, str] | None = None,
         max_output: int = 8 << 20,
+        user: str = "",
     ) -> ExecResult:
-        """Run a command; past `timeout_s` the whole container is stopped (nothing outlives its
-        deadline) and the result says `timed_out`."""
+        """Run a command (as the container's root, or `user` as "uid:gid"); past `timeout_s` the
+        whole container is stopped (nothing outlives its deadline) and the result says `timed_out`."""
         cmd = [*self.engine, "exec", *(["-i"] if stdin is not None else [])]
         if workdir:
             cmd += ["-w", workdir]
+        if user:
+            cmd += ["--user", user]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]
         cmd += [self.name, *argv]
@@ -235,7 +272,11 @@ class Container:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-        over = await self.storage_used_mb() > self.limits.storage_mb if not timed_out else False
+        over = (
+            await self.storage_used_mb() - self.storage_base_mb > self.limits.storage_mb
+            if not timed_out
+            else False
+        )
         return ExecResult(
             exit_code=None if timed_out else proc.returncode,
             output=b"".join(chunks),
@@ -245,14 +286,25 @@ class Container:
         )
 
     async def spawn(
-        self, argv: Sequence[str], *, workdir: str, env_file: Path, output: BinaryIO
+        self, argv: Sequence[str], *, workdir: str, env_file: Path, output: BinaryIO, user: str = ""
     ) -> asyncio.subprocess.Process:
         """Start a long command (a harness) inside, its output into `output`; the caller waits.
         The environment comes from a file, so no secret of it shows on the host's command lines."""
-        cmd = [*self.engine, "exec", "-w", workdir, "--env-file", str(env_file), self.name, *argv]
+        cmd = [*self.engine, "exec", "-w", workdir, "--env-file", str(env_file)]
+        cmd += [*(["--user", user] if user else []), self.name, *argv]
         return await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=asyncio.subprocess.STDOUT
         )
+
+    async def restart(self) -> None:
+        """Stop every process and start the container's first command again; the files stay.
+        For when no command can be started inside any more (its pids limit held by a fork bomb)."""
+        await _run([*self.engine, "kill", self.name])
+        code, _, err = await _run([*self.engine, "start", self.name])
+        if code != 0:
+            raise Unavailable(
+                f"container {self.name} did not start again: {err.decode(errors='replace')[-400:]}"
+            )
 
     async def storage_used_mb(self) -> float:
         code, out, _ = await _run(
@@ -306,6 +358,9 @@ class Container:
             return
         self.closed = True
         code, _, err = await _run([*self.engine, "rm", "-f", "-t", "0", self.name])
+        if code != 0:  # Podman 4.3 can race its own clean-up of the shm mount ("busy"): once more
+            await asyncio.sleep(1.0)
+            code, _, err = await _run([*self.engine, "rm", "-f", "-t", "0", "--ignore", self.name])
         if code != 0:
             log.warning(
                 "container_remove_failed", container=self.name, error=err.decode(errors="replace")[-300:]

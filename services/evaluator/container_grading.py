@@ -6,10 +6,14 @@ SWE-bench family, after the agent ended:
        `patch --fuzz=5` as SWE-bench's harness does); one that does not apply is an assessable 0
        with the reason;
     3. every file the dataset's test patch touches reset to the base, then the test patch applied,
-       so edits the agent made to those tests never count;
+       so edits the agent made to those tests never count; so are the `conftest.py` files the
+       agent's diff touched (their hooks run inside pytest and can rewrite its reports);
     4. the test command under `bash -lc` in the workdir, its log parsed by the task's parser and
-       scored (`container_scoring`). For pytest logs a canary test of random name rides along
-       (PYTEST_ADDOPTS); a log without its PASSED line was cut short or forged, and scores 0.
+       scored (`container_scoring`). For pytest logs two canary tests of random names ride along
+       (PYTEST_ADDOPTS): a log without the passing one's PASSED line was cut short or forged, a
+       log showing the skipped one PASSED had its reports rewritten; either scores 0. Tested
+       code that patches pytest from inside the package it imports is not caught (SWE-bench's
+       own harness shares this limit): the grade's signals name edits to how tests run.
 Harbor: the diff applied the same way, then the hidden tests uploaded into a wiped /tests and
 /logs/verifier only now, the verifier run, and the reward file read.
 
@@ -117,7 +121,7 @@ class ContainerGrader:
                     return patch_refused("agent's diff", applied)
             if task.family == "harbor":
                 return await self._verify_harbor(box, task, deadline=deadline)
-            reset = await self._reset_tested_files(box, task, test_patch)
+            reset = await self._reset_tested_files(box, task, test_patch, agent_diff=diff)
             if reset:
                 return not_assessable(f"resetting the test patch's files failed: {reset}")
             applied = await self._apply(box, task, test_patch, "test.patch")
@@ -146,19 +150,33 @@ class ContainerGrader:
                         "the test run never reported the grader's own canary test: it was cut short "
                         "or its report was written by the tested code"
                     )
-                statuses = {t: s for t, s in statuses.items() if t not in reported}
+                failing = [t for t in statuses if t.endswith(canary[2])]
+                if any(statuses[t] == TestStatus.PASSED for t in failing):
+                    return earned_zero(
+                        "the grader's skipped canary test was reported passed: the tested code "
+                        "rewrote pytest's reports"
+                    )
+                statuses = {t: s for t, s in statuses.items() if t not in reported and t not in failing}
             return score_tests(task, statuses)
         finally:
             await box.close()
 
-    async def _plant_canary(self, box: Container) -> tuple[str, str]:
-        """A passing test of random name outside the workdir, added to pytest's arguments: pytest
-        reports it in its end-of-run summary, so a run whose code printed a summary of its own and
-        exited early (or crashed) lacks it. (PYTEST_ADDOPTS path, node id suffix)."""
-        folder, name, test = secrets.token_hex(6), secrets.token_hex(6), secrets.token_hex(6)
+    async def _plant_canary(self, box: Container) -> tuple[str, str, str]:
+        """A passing and a skipped test of random names outside the workdir, added to pytest's
+        arguments: pytest reports both in its end-of-run summary, so a run whose code printed a
+        summary of its own and exited early (or crashed) lacks the first, and one whose code
+        rewrote every report to passed shows the second passed. (Skipped, not failing: a test
+        command with `-x` must not stop at it.) (PYTEST_ADDOPTS path, the passing test's node id
+        suffix, the skipped one's)."""
+        folder, name = secrets.token_hex(6), secrets.token_hex(6)
+        test, bad = secrets.token_hex(6), secrets.token_hex(6)
         path = f"/tmp/gyre-canary-{folder}/test_{name}.py"
-        await box.write_file(path, f"def test_{test}():\n    pass\n".encode())
-        return path, f"test_{name}.py::test_{test}"
+        code = (
+            f"def test_{test}():\n    pass\n\n\n"
+            f"def test_{bad}():\n    import pytest\n\n    pytest.skip('gyre canary')\n"
+        )
+        await box.write_file(path, code.encode())
+        return path, f"test_{name}.py::test_{test}", f"test_{name}.py::test_{bad}"
 
     async def _apply(self, box: Container, task: ContainerTask, patch: bytes, name: str) -> str | None:
         """None when `patch` applied in the workdir; else the tools' output."""
@@ -171,10 +189,19 @@ class ContainerGrader:
             return None
         return done.output.decode(errors="replace") or f"exit code {done.exit_code}"
 
-    async def _reset_tested_files(self, box: Container, task: ContainerTask, test_patch: bytes) -> str:
+    async def _reset_tested_files(
+        self, box: Container, task: ContainerTask, test_patch: bytes, *, agent_diff: bytes = b""
+    ) -> str:
         """Put every file the test patch touches back to the base (or remove it when the base
-        has none), so the patch applies over the agent's edits; "" on success."""
+        has none), so the patch applies over the agent's edits; "" on success. So are the
+        `conftest.py` files the agent's diff touched: pytest runs their hooks in the test run, and
+        one hook (`pytest_runtest_makereport`) can report every test passed."""
         files = diff_files(test_patch.decode(errors="replace"))
+        files += [
+            f
+            for f in diff_files(agent_diff.decode(errors="replace"))
+            if f.rsplit("/", 1)[-1] == "conftest.py" and f not in files
+        ]
         if not files:
             return ""
         script = (

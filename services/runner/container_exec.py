@@ -11,15 +11,20 @@ deadline, when every process but the container's first is killed) the runner exp
 agent's binary diff against the base and the harness log to a host folder, the workspace the
 evaluator grades (`agent.diff`, `agent.log`), and the container is removed once graded.
 
-Not built: re-attaching to a container after a runner restart (such an execution ends as runner
-lost and its container is swept), and harnesses other than those whose command runs in the image
-as it is (the built-in agent needs the image's `python3` at 3.10 or newer).
+The harness runs as AGENT_UID inside, never as the container's root (`gyre.sandbox.oci_policy`:
+user namespace, capabilities, seccomp); the workdir and /tmp/gyre are handed to it, the agent's
+code stays root's. A runner restarted while the harness runs re-attaches to the container
+(`container_adopt`; the harness is the container's child, and its wrapper notes its pid and exit
+status inside). Not built: harnesses other than those whose command runs in the image as it is
+(the built-in agent needs the image's `python3` at 3.10 or newer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import shutil
 import tempfile
 import time
@@ -34,6 +39,7 @@ from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.host import Forward, Outcome
 from gyre.sandbox.keeper import read_tail
 from gyre.sandbox.oci import Container, OciBackend
+from gyre.sandbox.oci_policy import AGENT_UID
 from services.runner.config import AGENT_FILES
 from services.runner.git_scrub import scrub_future_history
 
@@ -45,11 +51,32 @@ AGENT_HOME = "/opt/gyre-agent"
 PROMPT_FILE = "/tmp/gyre/prompt.md"
 GIT_LOG = "/tmp/gyre/git-commands.log"
 MAX_DIFF_BYTES = 64 << 20
+STORAGE_POLL_S = 1.0
 ENSURE_REPO = (
     'cd "$1" && { git rev-parse --git-dir >/dev/null 2>&1 || { git init -q && git add -A && '
     "git -c user.email=gyre@localhost -c user.name=gyre commit -q --allow-empty -m base; }; }"
 )
 EXPORT = 'cd "$1" && git add -A >/dev/null 2>&1; git diff --cached --binary "$2"'
+AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
+"""The harness's user inside (no capabilities, `no-new-privileges`; `gyre.sandbox.oci_policy`)."""
+AGENT_TMP = "/tmp/gyre"
+WRAP = (
+    # The harness's pid and exit status inside, for a runner that re-attaches after a restart
+    # (it is not that runner's child). The agent could rewrite them: they only tell a finished
+    # run from a crashed one, both graded alike.
+    'echo $$ > /tmp/gyre/harness.pid; "$@"; status=$?; echo $status > /tmp/gyre/harness.exit; exit $status'
+)
+POLL = (
+    "cat /tmp/gyre/harness.exit 2>/dev/null && exit 0; pid=$(cat /tmp/gyre/harness.pid 2>/dev/null); "
+    '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo running || echo gone'
+)
+REATTACH_POLL_S = 1.0
+STATE_FILE = "container.json"
+HAND_OVER = (
+    # The workdir and the agent's own folder become the agent's; the agent's code stays root's.
+    'chown -R "$2" "$1" && mkdir -p /tmp/gyre/home && touch /tmp/gyre/git-commands.log && '
+    'chown -R "$2" /tmp/gyre && chmod -R a+rX /opt/gyre-agent'
+)
 
 
 R2E_TESTS = ("/root/r2e_tests", "/r2e_tests")
@@ -110,6 +137,8 @@ class ContainerSandbox:
         self.killed = ""
         self.started_at = 0.0
         self.image_path = ""
+        self.storage_peak_mb = 0.0
+        """The most the agent had written over the set-up, as last measured."""
         """The image's own PATH, which the harness keeps (behind the git shim's folder)."""
 
     async def start(
@@ -123,7 +152,7 @@ class ContainerSandbox:
             host=forward.host,
             port=forward.port,
             max_connections=max_connections,
-            uid=None,
+            uid=backend.host_uid(0),  # the relay: the container's root, an unprivileged host uid
         )
         await self.forwarder.start()
         self.box = await backend.create(
@@ -164,6 +193,26 @@ class ContainerSandbox:
         real_git, _, self.image_path = found.output.decode().strip().partition("\n")
         shim = f'#!/bin/sh\necho "git $*" >> {GIT_LOG}\nexec {real_git or "/usr/bin/git"} "$@"\n'
         await self.box.write_file(f"{AGENT_HOME}/bin/git", shim.encode(), mode="755")
+        handed = await self.box.exec(
+            ["sh", "-c", HAND_OVER, "hand-over", spec.workdir, AGENT_USER], timeout_s=300
+        )
+        if handed.exit_code != 0:
+            raise OSError(f"the workdir could not be handed to the agent's user: {handed.output[-300:]!r}")
+        await self.box.mark_storage_base()
+        await asyncio.to_thread((self.path / STATE_FILE).write_text, json.dumps(self.state()))
+
+    def state(self) -> dict[str, object]:
+        """What a restarted runner needs to re-attach (`container_adopt`), kept in STATE_FILE."""
+        assert self.box is not None and self.spec is not None
+        return {
+            "image": self.spec.image,
+            "workdir": self.spec.workdir,
+            "base": self.base,
+            "limits": dataclasses.asdict(self.spec.limits),
+            "staged": self.box.staged,
+            "image_path": self.image_path,
+            "storage_base_mb": self.box.storage_base_mb,
+        }
 
     def base_url(self, forward: Forward) -> str:
         """The proxy as the harness inside sees it: the relay on the container's loopback."""
@@ -178,6 +227,7 @@ class ContainerSandbox:
         env = {k: v for k, v in env.items() if k != "PATH"} | {
             "PYTHONPATH": AGENT_HOME,
             "PATH": f"{AGENT_HOME}/bin:{self.image_path or '/usr/local/bin:/usr/bin:/bin'}",
+            "HOME": f"{AGENT_TMP}/home",
         }
         # Through a file only root reads, never the command line: the token is in it.
         env_file = self.path / "harness.env"
@@ -186,7 +236,11 @@ class ContainerSandbox:
         log = self.log_path.open("ab")
         try:
             self.proc = await self.box.spawn(
-                list(argv), workdir=self.spec.workdir, env_file=env_file, output=log
+                ["sh", "-c", WRAP, "harness", *argv],
+                workdir=self.spec.workdir,
+                env_file=env_file,
+                output=log,
+                user=AGENT_USER,
             )
         finally:
             log.close()
@@ -194,16 +248,24 @@ class ContainerSandbox:
 
     async def wait(self, *, timeout_s: float) -> Outcome:
         """The harness's end (or its deadline), then the diff exported; the container stays."""
-        assert self.proc is not None
+        watch = asyncio.create_task(self._watch_storage())
+        # A harness this process started is its child; one a previous runner started (re-attached)
+        # is followed through the files its wrapper writes inside.
+        ended = self.proc.wait() if self.proc is not None else self._poll_harness()
         try:
-            code: int | None = await asyncio.wait_for(self.proc.wait(), timeout=max(0.1, timeout_s))
+            code: int | None = await asyncio.wait_for(ended, timeout=max(0.1, timeout_s))
         except TimeoutError:
             await self.kill("deadline")
             code = None
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         if self.killed:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+            if self.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
             code = None
         duration = time.monotonic() - self.started_at
         (self.path / "harness.env").unlink(missing_ok=True)
@@ -211,22 +273,54 @@ class ContainerSandbox:
         # The harness command was started (`launch` returned), so what follows is its outcome.
         return Outcome(exit_code=code, killed=self.killed, duration_s=duration, started=True)
 
+    async def _poll_harness(self) -> int | None:
+        """Wait for a re-attached harness: its exit status once its wrapper wrote one, None when
+        its process is gone without one (killed inside, or the container restarted)."""
+        assert self.box is not None
+        while True:
+            done = await self.box.exec(["sh", "-c", POLL], timeout_s=30)
+            text = done.output.decode(errors="replace").strip()
+            if text != "running":
+                return int(text) if text.lstrip("-").isdigit() else None
+            await asyncio.sleep(REATTACH_POLL_S)
+
+    async def _watch_storage(self) -> None:
+        """The disk quota, by measurement: overlay on ext4 cannot cap a writable layer, so the
+        layer is measured every STORAGE_POLL_S and the harness killed (`disk_quota`, the agent's
+        own doing) once it wrote more than its task's storage_mb. What it writes within one poll
+        still reaches the host's disk."""
+        assert self.box is not None and self.spec is not None
+        while True:
+            await asyncio.sleep(STORAGE_POLL_S)
+            used = await self.box.storage_used_mb() - self.box.storage_base_mb
+            self.storage_peak_mb = max(self.storage_peak_mb, used)
+            if used > self.spec.limits.storage_mb:
+                await self.kill("disk_quota")
+                return
+
     async def log_tail(self, limit: int = 2000, *, name: str = "harness.log") -> str:
         """The last `limit` bytes of the harness's log (the only log a container execution has)."""
         return await asyncio.to_thread(read_tail, self.log_path.parent / name, limit)
 
     async def kill(self, reason: str) -> None:
-        """Every process in the container but its first (the relay) ends; the files stay for the diff."""
+        """Every process of the agent's user ends (the relay, root's, stays); the files stay for
+        the diff. When no command can start inside (a fork bomb holds the pids limit) the whole
+        container is stopped and started again instead."""
         self.killed = self.killed or reason
         if self.box is not None:
-            await self.box.exec(["sh", "-c", "kill -9 -1"], timeout_s=30)
+            done = await self.box.exec(["sh", "-c", "kill -9 -1"], timeout_s=30, user=AGENT_USER)
+            if done.exit_code not in (0, 1):  # 1: nothing left to kill
+                await self.box.restart()
 
     async def export(self) -> None:
         assert self.box is not None and self.spec is not None
+        # As the agent's user: git reads the repository's config and hooks, which the agent
+        # could have written (core.fsmonitor runs a command), so root never runs git there.
         done = await self.box.exec(
             ["sh", "-c", EXPORT, "export", self.spec.workdir, self.base],
             timeout_s=300,
             max_output=MAX_DIFF_BYTES,
+            user=AGENT_USER,
         )
         await asyncio.to_thread(
             (self.work / AGENT_DIFF).write_bytes, done.output if done.exit_code == 0 else b""

@@ -18,7 +18,6 @@ from gyre.settings import KernelSettings
 from services.runner import metrics, repo
 from services.runner.config import AGENT_FILES, RunnerSettings
 from services.runner.consumer import GradedEvents, ScheduledEvents
-from services.runner.container_exec import owner_label
 from services.runner.registration import Registration
 from services.runner.service import RunnerServicer
 from services.runner.supervisor import Supervisor
@@ -54,9 +53,7 @@ async def build_with_supervisor(
     )
     engine = find_engine()
     supervisor.containers = OciBackend(engine) if engine else None
-    if supervisor.containers is not None:  # a killed runner's containers: their executions end as lost
-        await supervisor.containers.sweep(owner_label(settings.sandbox_root))
-    await supervisor.recover()
+    await supervisor.recover()  # re-attaches to running containers, sweeps the others
     metrics.register(supervisor)
     scheduled = Consumer(conns.bus, ScheduledEvents(conns.sessions, relay, supervisor).spec())
     server = GrpcServer(

@@ -38,6 +38,7 @@ from gyre.sandbox.oci import OciBackend
 from services.runner import repo
 from services.runner.codec import FAILURE_VALUES, execution_ref
 from services.runner.config import RunnerSettings
+from services.runner.container_adopt import adopt_container, adopt_running, sweep_containers
 from services.runner.container_exec import CONTAINER_FAMILIES, PROMPT_FILE, ContainerSandbox
 from services.runner.executions import Launch, recovered_launch
 from services.runner.harness import HarnessInput, crash_reason, plan_launch, spent_own_budget
@@ -392,9 +393,13 @@ class Supervisor:
         lost = 0
         for row in rows:
             launch = recovered_launch(row)
-            box = adopt(self.host, launch.execution_id, self.settings.limits())
+            box: Sandbox | ContainerSandbox | None
+            if launch.family in CONTAINER_FAMILIES:
+                box = await adopt_running(self.settings, launch.execution_id, self.containers, self.forward)
+            else:
+                box = adopt(self.host, launch.execution_id, self.settings.limits())
             if row.state == "running" and box is not None and row.deadline is not None:
-                keep.add(launch.execution_id)
+                keep.add(box.path.name)
                 left_s = (row.deadline - datetime.now(UTC)).total_seconds()
                 ran_s = (datetime.now(UTC) - (row.started_at or datetime.now(UTC))).total_seconds()
                 self.start(
@@ -404,21 +409,29 @@ class Supervisor:
             run = Running(launch=launch, task=None, started=asyncio.get_running_loop().create_future())  # type: ignore[arg-type]
             run.registered = True  # it may have been: revoking answers the count either way
             run.revoke_retry_s = min(RECOVER_REVOKE_RETRY_S, self.settings.revoke_retry_s)  # start-up waits
-            await self._end_failed(run, "runner_lost", "the runner restarted before the harness started")
+            gone = "and its sandbox or container was gone" if row.state == "running" else "before it started"
+            await self._end_failed(run, "runner_lost", f"the runner restarted {gone}")
             lost += 1
         for row in ended:
-            box = adopt(self.host, str(row.execution_id), self.settings.limits())
+            eid = str(row.execution_id)
+            box = adopt(self.host, eid, self.settings.limits()) or adopt_container(
+                self.settings.sandbox_root, eid, self.containers
+            )
             if box is not None:
-                keep.add(str(row.execution_id))
+                keep.add(box.path.name)
                 age_s = (datetime.now(UTC) - row.ended_at).total_seconds()
                 self.ended[str(row.execution_id)] = (box, time.monotonic() - age_s)
         await asyncio.to_thread(self.host.sweep, keep=frozenset(keep))
+        await sweep_containers(self.containers, self.settings.sandbox_root, keep=frozenset(keep))
         return lost
 
-    async def _reattach(self, run: Running, *, box: Sandbox, left_s: float, ran_s: float) -> None:
+    async def _reattach(
+        self, run: Running, *, box: Sandbox | ContainerSandbox, left_s: float, ran_s: float
+    ) -> None:
         run.box, run.registered = box, True
         run.started.set_result(None)
-        log.info("execution_reattached", left_s=round(left_s, 1), keeper_alive=box.keeper_alive())
+        alive = box.keeper_alive() if isinstance(box, Sandbox) else True
+        log.info("execution_reattached", left_s=round(left_s, 1), keeper_alive=alive)
         await self._wait_and_finish(run, box, timeout_s=max(left_s, 0.0), ran_before_s=ran_s)
 
     async def run(self, stop: asyncio.Event) -> None:

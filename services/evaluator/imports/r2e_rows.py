@@ -6,10 +6,14 @@ diffs) and `expected_output_json`: test name -> the status the reference solutio
 live in the image (`/root/r2e_tests`, run by `/root/run_tests.sh` from the repository), and
 R2E-Gym names a test `Class.test` (the pytest node id without its file).
 
-Converted to the SWE-bench family's grading: the tests the reference solution passes become
-FAIL_TO_PASS (R2E-Gym does not say which passed before the change; a row that carries
-FAIL_TO_PASS / PASS_TO_PASS lists, as converted copies do, keeps its own). Tests the reference
-solution fails are dropped: no patch can be asked to fail them. The row's id is its
+Converted to the SWE-bench family's grading. A row of R2E-Gym's own datasets also carries
+`execution_result_content` (JSON: the test logs of the commit before and after the fix,
+`old_commit_res_stdout` and `new_commit_res_stdout`); a test the reference passes that already
+passed before the fix is PASS_TO_PASS, the others FAIL_TO_PASS, as R2E-Gym itself told them apart
+when it built the row. Without that log (or when it parses to nothing) every test the reference
+passes is FAIL_TO_PASS. A row that carries FAIL_TO_PASS / PASS_TO_PASS lists, as converted
+copies do, keeps its own. Tests the reference solution fails are dropped: no patch can be asked
+to fail them. The row's id is its
 `instance_id` when present, else `<repo_name>__<commit_hash>`.
 """
 
@@ -27,6 +31,7 @@ from services.evaluator.imports.imported import (
 )
 from services.evaluator.imports.row_fields import RowError, json_object, optional_text, test_ids, text
 from services.evaluator.imports.swebench_rows import grading_table
+from services.evaluator.test_logs import TestStatus, parse_test_log
 
 WORKDIR = "/testbed"
 # R2E-Gym links its held-out tests into the repository only while they run (its runtime does
@@ -57,6 +62,26 @@ def import_r2e_row(row: Mapping[str, Any]) -> ImportedTask | Refusal:
         return Refusal(id=instance_id, field=err.field, why=err.why)
 
 
+def passed_before(row: Mapping[str, Any]) -> frozenset[str]:
+    """Tests that passed at the old commit, from the row's `execution_result_content` (empty
+    when the row has none: then nothing is known to pass before the fix).
+
+    Example: {"execution_result_content": '{"old_commit_res_stdout":
+              "PASSED r2e_tests/test_1.py::TestX::test_a"}'} -> {"TestX.test_a"}
+    """
+    raw = row.get("execution_result_content")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return frozenset()
+    result = json_object(row, "execution_result_content")
+    log = result.get("old_commit_res_stdout")
+    if log is None:
+        return frozenset()
+    if not isinstance(log, str):
+        raise RowError("execution_result_content", "old_commit_res_stdout must be the test log as text")
+    parsed = parse_test_log("r2e", log)
+    return frozenset(k.split(" - ")[0] for k, v in parsed.items() if v == TestStatus.PASSED)
+
+
 def _task(row: Mapping[str, Any], instance_id: str) -> ImportedTask:
     repo = text(row, "repo_name")
     image = text(row, "docker_image")
@@ -71,8 +96,10 @@ def _task(row: Mapping[str, Any], instance_id: str) -> ImportedTask:
         expected = json_object(row, "expected_output_json")
         if not all(isinstance(v, str) for v in expected.values()):
             raise RowError("expected_output_json", "must map each test name to a status string")
-        fail_to_pass = sorted(k.split(" - ")[0] for k, v in expected.items() if v.upper() == "PASSED")
-        pass_to_pass = []
+        passing = sorted({k.split(" - ")[0] for k, v in expected.items() if v.upper() == "PASSED"})
+        before = passed_before(row)
+        fail_to_pass = [k for k in passing if k not in before]
+        pass_to_pass = [k for k in passing if k in before]
     if not fail_to_pass:
         raise RowError("expected_output_json", "names no test the reference solution passes")
     source: dict[str, Any] = {"format": "r2e", "id": instance_id, "repo": repo, "base_commit": old.strip()}
