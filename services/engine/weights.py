@@ -152,6 +152,10 @@ def apply_adapter_source(model: Any, source_uri: str, *, sha256: str = "", loade
     call returned): every other weight is then the base's already. Returns that mark."""
     params: dict[str, torch.Tensor] = model.state_dict()
     update = read_adapter_update(params, source_uri, sha256=sha256)
+    for name in update.merged:
+        shared = [n for n, t in params.items() if n != name and t.data_ptr() == params[name].data_ptr()]
+        if shared:  # a tied weight: merging into it would change the other layer too
+            raise InvalidArgument("source_uri", f"the adapter changes {name}, tied here to {shared[0]}")
     mark = update.mark
     if loaded_base != mark:
         load_weight_source(model, update.base_uri, sha256=update.base_sha256)

@@ -55,11 +55,11 @@ class LoraSpec:
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
-    """The last path segment of every linear layer LoRA could adapt (the output head excepted)."""
+    """The last path segment of every linear layer LoRA could adapt."""
     names = {
         path.rsplit(".", 1)[-1]
         for path, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and path != "lm_head"
+        if isinstance(module, torch.nn.Linear)
     }
     return sorted(names)
 
@@ -74,6 +74,10 @@ def check_targets(model: torch.nn.Module, spec: LoraSpec) -> None:
             f"the model has no linear layer named {', '.join(map(repr, missing))}; "
             f"its linear layers are {', '.join(have)}",
         )
+    config = getattr(model, "config", None)
+    if "lm_head" in spec.target_modules and getattr(config, "tie_word_embeddings", False):
+        # Merged into the engines' lm_head, the adapter would change the tied input embedding too.
+        raise InvalidArgument(TARGETS_FIELD, "lm_head shares its weight with the input embedding here")
 
 
 def peft_config(spec: LoraSpec, *, base_model: str = "") -> Any:
