@@ -16,6 +16,7 @@ from trainer_builders import tiny_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from gyre.errors import InvalidArgument
+from gyre_app.cli import main as gyre_main
 from gyre_app.export_hf import export_step
 from services.engine.torch_engine import TorchEngine
 from services.trainer.checkpoint import checkpoint_folder, save_checkpoint
@@ -85,18 +86,28 @@ def test_the_exported_adapter_loads_in_peft_with_the_trainers_logits(run: LoraRu
     assert float((logits(loaded) - logits(run.model)).abs().max()) <= 1e-5
 
 
-def test_a_merged_export_is_a_full_folder_with_the_trainers_logits(run: LoraRun, tmp_path: Path) -> None:
-    exported = export_step(run.root / "checkpoints", 3, tmp_path / "merged", tokenizer_dir=None, merge=True)
-    assert {"config.json", WEIGHTS_FILE, "generation_config.json"} <= set(exported.files)
-    assert ADAPTER_FILE not in exported.files
-    loaded = AutoModelForCausalLM.from_pretrained(exported.folder).float()
+def test_gyre_export_merge_writes_a_full_folder_with_the_trainers_logits(
+    run: LoraRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "merged"
+    argv = ["export", "3", "--out", str(out), "--checkpoints", str(run.root / "checkpoints")]
+    assert gyre_main([*argv, "--merge", "--json"]) == 0
+    files = set(json.loads(capsys.readouterr().out)["files"])
+    assert {"config.json", WEIGHTS_FILE, "generation_config.json"} <= files
+    assert ADAPTER_FILE not in files
+    loaded = AutoModelForCausalLM.from_pretrained(out).float()
     assert float((logits(loaded) - logits(run.model)).abs().max()) <= 1e-5
 
 
-def test_merging_a_full_weight_checkpoint_is_refused(tmp_path: Path) -> None:
+def test_merging_a_full_weight_checkpoint_is_refused_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters())
     save_checkpoint(model, optimizer, checkpoint_folder(tmp_path / "checkpoints", 1), version=1)
-    with pytest.raises(InvalidArgument, match="--merge"):
-        export_step(tmp_path / "checkpoints", 1, tmp_path / "out", tokenizer_dir=None, merge=True)
+    capsys.readouterr()  # transformers' progress bar while saving
+    argv = ["export", "1", "--out", str(tmp_path / "out"), "--checkpoints", str(tmp_path / "checkpoints")]
+    assert gyre_main([*argv, "--merge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "gyre export: --merge: step 1 is a full-weight checkpoint (not LoRA): nothing to merge"
     assert not (tmp_path / "out").exists()
