@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from services.trainer.dp import DataParallelCore
+from services.trainer.lora import LoraSpec, attach_lora
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import microbatch_gradient, plan_microbatches
 from services.trainer.packing import pack_sequences
@@ -164,10 +165,16 @@ def bench_packing(reps: int) -> dict[str, float | int]:
     }
 
 
-def bench_learning(steps: int, seed: int) -> dict[str, object]:
-    """Verifiable task: after a 2-token prompt, each of 4 generated tokens earns 1/4 when it is below 256."""
+def bench_learning(
+    steps: int, seed: int, *, lora: LoraSpec | None = None, learning_rate: float = 1e-2
+) -> dict[str, object]:
+    """Verifiable task: after a 2-token prompt, each of 4 generated tokens earns 1/4 when it is below 256.
+
+    `lora`: train LoRA adapters on the frozen model instead of every weight (bench.workflow)."""
     model = build_model(tiny_config(), seed=seed)
-    config = OptimConfig(learning_rate=1e-2, max_grad_norm=1.0, loss=LossConfig())
+    if lora is not None:
+        model = attach_lora(model, lora, seed=seed)
+    config = OptimConfig(learning_rate=learning_rate, max_grad_norm=1.0, loss=LossConfig())
     core = DataParallelCore(model_config=model.config, loss_config=config.loss)
     trainer = PolicyTrainer(model, make_optimizer(model, config), config, core, version=0)
     rng = random.Random(seed)

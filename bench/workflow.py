@@ -13,6 +13,15 @@
 - `compose_up_s`, `compose_demo_ok` (where Podman is installed): deploy/docker-compose.yml brought
   up with podman-compose, the quick demo's loop against it, brought down (`make compose-smoke`);
   `compose_build_s` is the image build before it (0 when the images' hash is cached).
+- `lora_update_bytes_ratio`: the bytes of the weight update a LoRA run publishes (the adapter,
+  rank 8 on q/k/v/o, the default) over a full-weight update's, both written by the trainer's
+  `publish` from bench.trainer's tiny model; `lora_update_bytes_ratio_7b_shape`: the same ratio
+  from parameter counts for a Qwen2-7B-shaped model built on the meta device (no weights).
+- `lora_reward_gain`: bench.trainer's learning task (`reward_gain`: mean reward of the last 5
+  steps minus the first 5, 15 steps, seed 0) trained with LoRA adapters; beside it the controls
+  on the same samples' seed: `lora_reward_gain_lr0` (learning rate 0: luck alone),
+  `full_reward_gain` (every weight, bench.trainer's settings) and
+  `lora_reward_gain_attention_only` (the default targets, without lm_head).
 """
 
 from __future__ import annotations
@@ -237,6 +246,72 @@ def export_diff(root: Path) -> dict[str, Any]:
     }
 
 
+LORA_LEARNING_TARGETS = ("k_proj", "lm_head", "o_proj", "q_proj", "v_proj")
+"""The toy task rewards output tokens below 256, a property of the output head: adapters on the
+attention alone barely move it in 15 steps (`lora_reward_gain_attention_only`)."""
+LORA_LEARNING_RATE = 5e-2
+"""Adapters start at B = 0 and move by about the learning rate per step: LoRA is usually trained
+at a higher rate than full fine-tuning (bench.trainer's 1e-2)."""
+
+
+def lora_update_ratio(root: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from services.trainer.lora import LoraSpec, attach_lora
+    from services.trainer.policy import build_model, tiny_config
+    from services.trainer.weights import publish, write_base_folder
+
+    model = build_model(tiny_config(), seed=0)
+    full = publish(model, root / "full", version=1)
+    base = write_base_folder(model, root / "lora-base")
+    adapter = publish(attach_lora(model, LoraSpec(), seed=0), root / "lora", version=1, base=base)
+    with torch.device("meta"):
+        shape = Qwen2Config(  # Qwen2-7B's published configuration
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            tie_word_embeddings=False,
+        )
+        big = AutoModelForCausalLM.from_config(shape)  # type: ignore[no-untyped-call]
+        total = sum(p.numel() for p in big.parameters())
+        attach_lora(big, LoraSpec(), seed=0)
+        lora = sum(p.numel() for n, p in big.named_parameters() if ".lora_" in n)
+    return {
+        "lora_update_bytes": adapter.size_bytes,
+        "full_update_bytes": full.size_bytes,
+        "lora_update_bytes_ratio": round(adapter.size_bytes / full.size_bytes, 5),
+        "lora_update_bytes_ratio_7b_shape": round(lora / total, 6),
+    }
+
+
+def lora_learning(steps: int) -> dict[str, Any]:
+    import torch
+
+    from bench.trainer import bench_learning
+    from services.trainer.lora import LoraSpec
+
+    torch.set_num_threads(1)
+    spec = LoraSpec(target_modules=LORA_LEARNING_TARGETS)
+    runs = {
+        "lora_reward_gain": bench_learning(steps, 0, lora=spec, learning_rate=LORA_LEARNING_RATE),
+        "lora_reward_gain_lr0": bench_learning(steps, 0, lora=spec, learning_rate=0.0),
+        "full_reward_gain": bench_learning(steps, 0),
+        "lora_reward_gain_attention_only": bench_learning(
+            steps, 0, lora=LoraSpec(), learning_rate=LORA_LEARNING_RATE
+        ),
+    }
+    return {
+        **{name: run["reward_gain"] for name, run in runs.items()},
+        "lora_reward_by_step": runs["lora_reward_gain"]["reward_by_step"],
+        "lora_learning": f"rank 8, alpha 16, targets {','.join(spec.target_modules)}, "
+        f"lr {LORA_LEARNING_RATE}, {steps} steps, seed 0",
+    }
+
+
 def docs_figures() -> dict[str, Any]:
     t0 = time.perf_counter()
     strict = subprocess.run(["make", "docs"], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -291,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", action="store_true", help="track a real run on a private stack instead")
     parser.add_argument("--live-timeout-s", type=float, default=900.0)
     parser.add_argument("--no-compose", action="store_true", help="skip the compose smoke run")
+    parser.add_argument("--lora-steps", type=int, default=15, help="steps of each LoRA learning run")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-workflow-"))
     try:
@@ -299,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             tracker_live(root, args.live_timeout_s) if args.live else tracker_from_events(args.steps, root)
         )
         figures |= export_diff(root)
+        figures |= lora_update_ratio(root)
+        figures |= lora_learning(args.lora_steps)
         figures |= docs_figures()
         if not args.no_compose:
             figures |= compose_figures()

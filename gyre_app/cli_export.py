@@ -27,9 +27,18 @@ def export(
         Path | None,
         typer.Option(help="folder of the tokenizer (default: the stack's initial model, <state>/model)"),
     ] = None,
+    merge: Annotated[
+        bool,
+        typer.Option(
+            "--merge", help="a LoRA run: merge the adapter into the base and write a full model folder"
+        ),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Write a step's checkpoint as a Hugging Face folder: weights, configs, tokenizer; no optimizer."""
+    """Write a step's checkpoint as a Hugging Face folder: weights, configs, tokenizer; no optimizer.
+
+    A LoRA run's step is written as a PEFT adapter (adapter_model.safetensors, adapter_config.json)
+    that `peft` loads onto the base, or with --merge as a full model folder."""
     from gyre_app.export_hf import export_step  # here: it brings transformers only when named
 
     state_dir = KernelSettings().state_dir.resolve()
@@ -38,7 +47,11 @@ def export(
         default_tokenizer if (default_tokenizer / "tokenizer_config.json").is_file() else None
     )
     exported = export_step(
-        checkpoints or state_dir / "trainer" / "checkpoints", step, out, tokenizer_dir=tokenizer_dir
+        checkpoints or state_dir / "trainer" / "checkpoints",
+        step,
+        out,
+        tokenizer_dir=tokenizer_dir,
+        merge=merge,
     )
     if json_:
         print_json(

@@ -7,6 +7,12 @@ copies the model files byte for byte (so the exported weights are exactly the tr
 the tokenizer with its chat template, makes sure a `generation_config.json` is there, and leaves
 the optimizer state and Gyre's bookkeeping behind. It is written under a temporary name and
 renamed, so a failed export leaves nothing half-written.
+
+A LoRA run's checkpoint holds the adapter alone: it is exported as a PEFT adapter folder
+(`adapter_model.safetensors` + `adapter_config.json`, copied byte for byte, with the tokenizer),
+which `peft` loads onto the base; with `merge` the adapter is merged into the base instead and
+the export is a full Hugging Face folder like any other (the merge is the engines' own,
+`services.engine.adapter_merge`).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from gyre.errors import InvalidArgument, NotFound
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
 """What a checkpoint holds that a Hugging Face loader reads; sharded weights are matched apart."""
-LEFT_BEHIND = ("optimizer.pt", "meta.json")
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+"""A LoRA checkpoint's PEFT files."""
+LEFT_BEHIND = ("optimizer.pt", "meta.json", "gyre_base.json")
 """Trainer-only state an exported model never carries."""
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
@@ -43,7 +51,8 @@ def checkpoint_steps(checkpoints_root: Path) -> list[int]:
     steps = []
     for folder in checkpoints_root.glob("step-*"):
         number = folder.name.removeprefix("step-")
-        if folder.is_dir() and number.isdigit() and (folder / "config.json").is_file():
+        model_files = (folder / "config.json").is_file() or (folder / ADAPTER_FILES[1]).is_file()
+        if folder.is_dir() and number.isdigit() and model_files:
             steps.append(int(number))
     return sorted(steps)
 
@@ -60,8 +69,11 @@ def find_checkpoint(checkpoints_root: Path, step: int) -> Path:
     raise NotFound(f"STEP: no checkpoint of step {step}; steps with a checkpoint: {have}")
 
 
-def export_step(checkpoints_root: Path, step: int, out: Path, *, tokenizer_dir: Path | None) -> ExportedModel:
-    """Write the checkpoint of `step` into `out` (absent or empty) as a Hugging Face model folder.
+def export_step(
+    checkpoints_root: Path, step: int, out: Path, *, tokenizer_dir: Path | None, merge: bool = False
+) -> ExportedModel:
+    """Write the checkpoint of `step` into `out` (absent or empty) as a Hugging Face model folder,
+    or as a PEFT adapter folder when the run trained LoRA adapters (`merge`: merged into the base).
 
     `tokenizer_dir` is the folder of the initial weights, where the tokenizer is; `None` exports
     the weights and configs alone (a model trained from `tiny_config` has no tokenizer).
@@ -69,6 +81,11 @@ def export_step(checkpoints_root: Path, step: int, out: Path, *, tokenizer_dir: 
     if step < 0:
         raise InvalidArgument("STEP", f"a step number, 0 or more, got {step}")
     source = find_checkpoint(checkpoints_root, step)
+    adapter = (source / ADAPTER_FILES[1]).is_file()
+    if merge and not adapter:
+        raise InvalidArgument(
+            "--merge", f"step {step} is a full-weight checkpoint (not LoRA): nothing to merge"
+        )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidArgument("--out", f"an absent or empty folder (nothing is overwritten), got {out}")
     if tokenizer_dir is not None and not (tokenizer_dir / "tokenizer_config.json").is_file():
@@ -77,12 +94,15 @@ def export_step(checkpoints_root: Path, step: int, out: Path, *, tokenizer_dir: 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
+        if merge:
+            _write_merged(source, staging)
         for path in sorted(source.iterdir()):
-            if path.name in MODEL_FILES or (path.name.startswith("model-") and path.suffix == ".safetensors"):
+            shard = path.name.startswith("model-") and path.suffix == ".safetensors"
+            if not merge and (path.name in MODEL_FILES + ADAPTER_FILES or shard):
                 shutil.copy2(path, staging / path.name)
         if tokenizer_dir is not None:
             _write_tokenizer(tokenizer_dir, staging)
-        if not (staging / "generation_config.json").is_file():
+        if (merge or not adapter) and not (staging / "generation_config.json").is_file():
             _write_generation_config(staging, tokenizer_dir)
         if out.exists():
             out.rmdir()  # empty, checked above
@@ -94,6 +114,24 @@ def export_step(checkpoints_root: Path, step: int, out: Path, *, tokenizer_dir: 
     return ExportedModel(
         step=step, folder=out, files=files, size_bytes=sum((out / f).stat().st_size for f in files)
     )
+
+
+def _write_merged(source: Path, out: Path) -> None:
+    """The base named by a LoRA checkpoint with its adapter merged in, saved as transformers does."""
+    from safetensors.torch import load_file
+
+    from services.engine.adapter_merge import merged_state
+    from services.trainer.lora import ADAPTER_CONFIG, ADAPTER_FILE, BaseRef
+    from services.trainer.policy import load_model
+
+    base = BaseRef.read(source)
+    if not (base.folder / "config.json").is_file():
+        raise NotFound(f"STEP: the base weights of this LoRA checkpoint are not at {base.folder}")
+    model = load_model(base.folder)
+    config = json.loads((source / ADAPTER_CONFIG).read_text())
+    merged = merged_state(model.state_dict(), load_file(str(source / ADAPTER_FILE)), config)
+    model.load_state_dict(merged, strict=False)
+    model.save_pretrained(out, safe_serialization=True)
 
 
 def _write_tokenizer(tokenizer_dir: Path, out: Path) -> None:

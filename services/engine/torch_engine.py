@@ -49,7 +49,7 @@ from services.engine.sequence import (
     common_prefix_len,
     finish_after,
 )
-from services.engine.weights import load_weight_source
+from services.engine.weights import apply_adapter_source, is_adapter_source, load_weight_source
 
 MAX_FINISHED_KEPT = 4096
 """Finished generations remembered so a repeated request replays instead of starting over."""
@@ -119,6 +119,8 @@ class TorchEngine:
         self.engine_id = engine_id
         self.config: Any = AutoConfig.from_pretrained(self.model_dir)
         self.model: Any = self._load_model()
+        self._lora_base = ""
+        """Which LoRA base (and adapted layers) the model holds under its merged adapter; "" none."""
         self.version = policy_version
         self.max_batch = max_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -462,7 +464,13 @@ class TorchEngine:
             self.model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                 self.config, dtype=torch.float32, attn_implementation=PREFILL_ATTENTION
             ).eval()
-        load_weight_source(self.model, source_uri, sha256=sha256)
+        if is_adapter_source(source_uri):  # a LoRA run: merged into its base, see weights.py
+            self._lora_base = apply_adapter_source(
+                self.model, source_uri, sha256=sha256, loaded_base=self._lora_base
+            )
+        else:
+            load_weight_source(self.model, source_uri, sha256=sha256)
+            self._lora_base = ""
         self.version = version
 
     def release_memory(self) -> None:
@@ -470,6 +478,7 @@ class TorchEngine:
         self._unbatch()
         self._prefix.clear()
         self.model = None
+        self._lora_base = ""
 
     def kv_tokens_used(self) -> int:
         in_batch = self._batch.length * len(self._batch.ids) if self._batch is not None else 0

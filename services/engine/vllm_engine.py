@@ -31,7 +31,7 @@ from services.engine.kv import ExportedKv, KvLayout
 from services.engine.port import DrainResult, EngineState, EngineStats, PausedGeneration, WeightsUpdate
 from services.engine.sampling import Sampling, validate_sampling, validate_token_ids
 from services.engine.sequence import Emission, Finish
-from services.engine.weights import weights_path
+from services.engine.weights import is_adapter_source, read_adapter_update, weights_path
 
 NO_KV_MOVES = "KV migration with vLLM needs the NIXL KV connector, which this build does not wire"
 
@@ -70,6 +70,8 @@ class VllmEngine:
         self.settings = settings
         self.engine_id = settings.engine_id
         self.version = settings.policy_version
+        self._lora_base = ""
+        """Which LoRA base (and adapted layers) the workers hold under the merged adapter; "" none."""
         self.state = EngineState.SERVING
         config = AutoConfig.from_pretrained(settings.model_dir)
         self.vocab_size = int(config.vocab_size)
@@ -246,17 +248,32 @@ class VllmEngine:
     async def update_weights(
         self, *, request_id: str, version: int, source_uri: str, sha256: str
     ) -> WeightsUpdate:
-        path = str(weights_path(source_uri))
         started = time.perf_counter()
+        # A LoRA version is merged into its base on the host (as the torch engine does) and the
+        # adapted layers' merged weights are loaded; the base in full only when not held already.
+        # Written to the same contract as the torch engine's, not yet run on a GPU.
+        adapter = (
+            await asyncio.to_thread(read_adapter_update, None, source_uri, sha256=sha256)
+            if is_adapter_source(source_uri)
+            else None
+        )
+        path = "" if adapter is not None else str(weights_path(source_uri))
+        if adapter is not None and adapter.mark != self._lora_base:
+            path = str(weights_path(adapter.base_uri))
+        merged = list(adapter.merged.items()) if adapter is not None else []
         if self.state is EngineState.DRAINED:
             await self.llm.wake_up()
 
         def load(worker: Any) -> None:
             from safetensors.torch import load_file
 
-            worker.model_runner.model.load_weights(weights=list(load_file(path).items()))
+            if path:
+                worker.model_runner.model.load_weights(weights=list(load_file(path).items()))
+            if merged:
+                worker.model_runner.model.load_weights(weights=merged)
 
         await self.llm.collective_rpc(load)
+        self._lora_base = adapter.mark if adapter is not None else ""
         await self.llm.reset_prefix_cache()
         previous, self.version, self.state = self.version, version, EngineState.SERVING
         return WeightsUpdate(

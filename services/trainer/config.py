@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.trainer.device import DevicePlan
+from services.trainer.lora import LoraSpec
 from services.trainer.loss import LossConfig
 from services.trainer.samples import StalenessAction
 from services.trainer.steps import EmulatedCompute, OptimConfig
@@ -83,6 +85,63 @@ class TrainerSettings(BaseSettings):
             gradient_bytes=self.emulated_gradient_bytes,
             link_bytes_per_s=self.emulated_link_bytes_per_s,
             time_scale=self.emulated_time_scale,
+        )
+
+    lora: bool = False
+    """Train LoRA adapters instead of every weight: the base is frozen, the optimizer holds the
+    adapter alone, and engines and satellites receive the adapter alone (needs `gyre[lora]`)."""
+    lora_rank: int = 8
+    """r, the adapters' rank (above 0)."""
+    lora_alpha: float = 16.0
+    """The adapters' scale is lora_alpha / lora_rank (above 0)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input while training, in [0, 1). Above 0 a step's gradient
+    depends on the dropout draws, so data-parallel members no longer reproduce each other."""
+    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj"
+    """Comma-separated names of the linear layers to adapt (the last part of a module's path);
+    one the model does not have is refused at start, with the names it has."""
+
+    @field_validator("lora_rank")
+    @classmethod
+    def _rank_positive(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"GYRE_TRAINER_LORA_RANK must be above 0, got {v}")
+        return v
+
+    @field_validator("lora_alpha")
+    @classmethod
+    def _alpha_positive(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"GYRE_TRAINER_LORA_ALPHA must be above 0, got {v}")
+        return v
+
+    @field_validator("lora_dropout")
+    @classmethod
+    def _dropout_fraction(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"GYRE_TRAINER_LORA_DROPOUT must be in [0, 1), got {v}")
+        return v
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _targets_named(cls, v: str) -> str:
+        names = [t.strip() for t in v.split(",")]
+        if not all(names) or any(not t.isidentifier() for t in names):
+            raise ValueError(
+                f"GYRE_TRAINER_LORA_TARGET_MODULES must be comma-separated layer names "
+                f"such as q_proj,v_proj, got {v!r}"
+            )
+        return ",".join(names)
+
+    def lora_spec(self) -> LoraSpec | None:
+        """The adapters' configuration, or None when LoRA is off (every weight trains)."""
+        if not self.lora:
+            return None
+        return LoraSpec(
+            rank=self.lora_rank,
+            alpha=self.lora_alpha,
+            dropout=self.lora_dropout,
+            target_modules=tuple(sorted(set(self.lora_target_modules.split(",")))),
         )
 
     def device_plan(self) -> DevicePlan:

@@ -3,6 +3,10 @@
 `open_core_cell` resumes from the last step the database recorded (its checkpoint), or starts
 from the initial weights; a checkpoint on disk newer than that step is ignored (its step did
 not commit and will be trained again from the same groups).
+
+A LoRA run (`GYRE_TRAINER_LORA`) writes the base weights once to `<state>/base` at its start and
+attaches the adapters; its checkpoints, published versions and satellites carry the adapter
+alone, each naming that base.
 """
 
 from __future__ import annotations
@@ -12,13 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from gyre.errors import InvalidArgument
 from services.trainer.checkpoint import checkpoint_folder, load_checkpoint
 from services.trainer.config import TrainerSettings
 from services.trainer.device import check_device, place
 from services.trainer.dp import DataParallelCore
+from services.trainer.lora import (
+    BaseRef,
+    attach_lora,
+    check_targets,
+    is_adapter_folder,
+    lora_spec_of,
+    peft_config,
+)
 from services.trainer.policy import build_model, load_model, tiny_config
 from services.trainer.steps import PolicyTrainer, make_optimizer
-from services.trainer.weights import PublishedWeights, publish
+from services.trainer.weights import PublishedWeights, publish, write_base_folder
 
 
 def path_from_uri(uri: str) -> Path:
@@ -33,6 +46,8 @@ class CoreCell:
     checkpoints_root: Path
     weights_root: Path
     weights_uri: str
+    base: BaseRef | None = None
+    """LoRA: the frozen base weights the adapter applies to; None when every weight trains."""
 
 
 def open_core_cell(
@@ -45,19 +60,34 @@ def open_core_cell(
     optim = settings.optim()
     device_plan = settings.device_plan()
     check_device(device_plan)
+    lora = settings.lora_spec()
+    base: BaseRef | None = None
     if checkpoint_uri is not None:
-        model, optimizer_state, saved = load_checkpoint(path_from_uri(checkpoint_uri))
+        folder = path_from_uri(checkpoint_uri)
+        model, optimizer_state, saved = load_checkpoint(folder)
         assert saved == version, f"checkpoint {checkpoint_uri} holds version {saved}, expected {version}"
+        if lora_spec_of(model) != lora:
+            raise InvalidArgument(
+                "GYRE_TRAINER_LORA",
+                f"the run's checkpoint of step {version} has LoRA {lora_spec_of(model)}, the settings "
+                f"ask for {lora}; resume with the run's own LoRA settings",
+            )
+        base = BaseRef.read(folder) if is_adapter_folder(folder) else None
         model = place(model, device_plan)
         optimizer = make_optimizer(model, optim)
         optimizer.load_state_dict(optimizer_state)
     else:
-        model = place(
+        model = (
             load_model(settings.model_dir)
             if settings.model_dir
-            else build_model(tiny_config(), seed=settings.seed),
-            device_plan,
+            else build_model(tiny_config(), seed=settings.seed)
         )
+        if lora is not None:
+            peft_config(lora)  # before anything is written: refused at start (peft missing,
+            check_targets(model, lora)  # or a target the model does not have)
+            base = write_base_folder(model, root / "base")
+            model = attach_lora(model, lora, seed=settings.seed)
+        model = place(model, device_plan)
         optimizer = make_optimizer(model, optim)
     for stale in checkpoints_root.glob("step-*"):  # uncommitted leftovers of a crash
         if stale.name > checkpoint_folder(checkpoints_root, version).name or not stale.name[5:].isdigit():
@@ -74,9 +104,11 @@ def open_core_cell(
         max_attempts=settings.step_attempts,
         backend=device_plan.backend,
         autocast_bf16=device_plan.autocast_bf16,
+        lora=lora,
+        base_folder=base.folder if base else None,
     )
     trainer = PolicyTrainer(model, optimizer, optim, core, version=version, emulation=settings.emulation())
-    published = publish(model, weights_root, version=version)
+    published = publish(model, weights_root, version=version, base=base)
     return (
         CoreCell(
             trainer=trainer,
@@ -84,6 +116,7 @@ def open_core_cell(
             checkpoints_root=checkpoints_root,
             weights_root=weights_root,
             weights_uri=published.source_uri,
+            base=base,
         ),
         published if version == 0 else None,
     )

@@ -253,8 +253,11 @@ class StepLoop:
             trainer.optimizer,
             checkpoint_folder(self.cell.checkpoints_root, version),
             version=version,
+            base=self.cell.base,
         )
-        weights = await asyncio.to_thread(publish, trainer.model, self.cell.weights_root, version=version)
+        weights = await asyncio.to_thread(
+            publish, trainer.model, self.cell.weights_root, version=version, base=self.cell.base
+        )
         events = [
             new_event(
                 events_pb2.StepCompleted(

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import structlog
 import torch
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from transformers import PretrainedConfig, PreTrainedModel
 
 from services.trainer.dp.membership import POLL_S, EpochPlan, Membership, StepFailed, make_group
+from services.trainer.lora import LoraSpec
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import encode_microbatch, microbatch_gradient, parameters_vector
 from services.trainer.samples import Sample
@@ -61,7 +63,11 @@ class DataParallelCore(Membership):
         max_attempts: int = 3,
         backend: str = "gloo",
         autocast_bf16: bool = False,
+        lora: LoraSpec | None = None,
+        base_folder: Path | None = None,
     ) -> None:
+        """`lora` and `base_folder`: a LoRA run; satellites load the frozen base from that folder
+        (on shared storage, or a copy at the same path) and every epoch broadcasts the adapter alone."""
         super().__init__(
             host=host,
             port=port,
@@ -81,6 +87,10 @@ class DataParallelCore(Membership):
             "loss/config",
             json.dumps({**asdict(loss_config), "packed": packed, "autocast_bf16": autocast_bf16}),
         )
+        if lora is not None:
+            assert base_folder is not None, "satellites of a LoRA run need the base weights' folder"
+            self.store.set("lora/config", lora.to_json())
+            self.store.set("model/base_folder", str(base_folder.resolve()))
         self._attempts_started = 0
         """Attempts numbered across steps: a step computed again after an error (same version)
         must not find the counters of the failed one, or it waits for microbatches never done."""

@@ -1,9 +1,11 @@
 """The satellite process's side of dynamic data parallelism: wait to be admitted, compute, reduce (shell).
 
 A satellite reads the model and loss configuration from the core's store, builds the model
-(its weights come from each epoch's broadcast), then per epoch takes microbatches off the shared
-counter until the core ends the epoch, all-reduces its float64 partial sum (unless the epoch was
-aborted because a member died) and waits for the next epoch or its release.
+(its weights come from each epoch's broadcast; in a LoRA run it loads the frozen base from the
+folder the store names and attaches the adapters, and the broadcast is the adapter alone), then
+per epoch takes microbatches off the shared counter until the core ends the epoch, all-reduces
+its float64 partial sum (unless the epoch was aborted because a member died) and waits for the
+next epoch or its release.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
@@ -26,6 +29,7 @@ from services.trainer.dp.membership import (
     make_group,
     parse_rendezvous,
 )
+from services.trainer.lora import LoraSpec, attach_lora
 from services.trainer.loss import LossConfig
 from services.trainer.microbatch import (
     decode_microbatch,
@@ -33,7 +37,7 @@ from services.trainer.microbatch import (
     microbatch_gradient,
     parameters_vector,
 )
-from services.trainer.policy import build_model
+from services.trainer.policy import build_model, load_model
 
 IDLE_POLL_S = 0.02
 
@@ -102,7 +106,7 @@ def _satellite_loop(
     packed = bool(loss_fields.pop("packed"))
     autocast_bf16 = bool(loss_fields.pop("autocast_bf16", False))
     loss_config = LossConfig(**loss_fields)
-    model = place(build_model(config, seed=0), device_plan)  # weights: the core's broadcast
+    model = place(_satellite_model(store, config), device_plan)
     released = f"released/{cell_id}/{session}"
 
     def is_released() -> bool:
@@ -127,6 +131,16 @@ def _satellite_loop(
                 backend=device_plan.backend,
             )
         epoch = plan.epoch + 1  # also after an epoch aborted before it started
+
+
+def _satellite_model(store: TCPStore, config: Qwen2Config) -> PreTrainedModel:
+    """The model before its first broadcast: any weights (the broadcast overwrites them), or in a
+    LoRA run the frozen base from its folder with the adapters attached (the broadcast fills them)."""
+    if not store.check(["lora/config"]):
+        return build_model(config, seed=0)
+    spec = LoraSpec.from_json(store.get("lora/config"))
+    base_folder = Path(store.get("model/base_folder").decode())
+    return attach_lora(load_model(base_folder), spec, seed=0)
 
 
 def _started(store: TCPStore, epoch: int, *, timeout_s: float, is_released: Callable[[], bool]) -> bool:
