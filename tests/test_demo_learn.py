@@ -14,7 +14,8 @@ from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
-from gyre_app.demo_learn import Progress, interleave, timeouts
+from gyre_app.learn_progress import Progress, timeouts
+from gyre_app.learn_run import interleave
 from services.runner.agent.client import ChatClient
 
 
