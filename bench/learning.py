@@ -35,18 +35,30 @@ from gyre.settings import KernelSettings
 from gyre_app.learn_probe import ProbeProtocol, score, weights_digest
 from gyre_app.learn_progress import groups
 from gyre_app.learn_run import ArmRun, LearnConfig, TaskSet, prepare_tasks, run_arm, warm_start
-from gyre_app.learn_stats import bootstrap_mean, instance_means, paired_differences, pooled, zero_advantage_share
+from gyre_app.learn_stats import (
+    bootstrap_mean,
+    instance_means,
+    paired_differences,
+    pooled,
+    zero_advantage_share,
+)
 
 Scores = dict[str, list[float]]
 
 
-def score_arm(arm: ArmRun, tokenizer: Path, tasks: TaskSet, protocol: ProbeProtocol, cache: Path) -> dict[int, dict[str, Scores]]:
+def score_arm(
+    arm: ArmRun, tokenizer: Path, tasks: TaskSet, protocol: ProbeProtocol, cache: Path
+) -> dict[int, dict[str, Scores]]:
     """Version -> {"probe", "heldout"} -> instance -> rewards."""
     out = {}
     for version, folder in sorted(arm.kept.items()):
         out[version] = {
-            "probe": score(folder, tokenizer, tasks.folder, tasks.train, protocol, cache_dir=cache, say=print),
-            "heldout": score(folder, tokenizer, tasks.folder, tasks.heldout, protocol, cache_dir=cache, say=print),
+            "probe": score(
+                folder, tokenizer, tasks.folder, tasks.train, protocol, cache_dir=cache, say=print
+            ),
+            "heldout": score(
+                folder, tokenizer, tasks.folder, tasks.heldout, protocol, cache_dir=cache, say=print
+            ),
         }
     return out
 
@@ -55,7 +67,9 @@ def arm_figures(arm: ArmRun, scored: dict[int, dict[str, Scores]], seed: int) ->
     out: dict[str, Any] = {"learning_rate": arm.learning_rate}
     for version, sets in scored.items():
         for name, samples in sets.items():
-            out |= bootstrap_mean(list(instance_means(samples).values()), seed=seed).as_dict(f"{name}_v{version}")
+            out |= bootstrap_mean(list(instance_means(samples).values()), seed=seed).as_dict(
+                f"{name}_v{version}"
+            )
     rewards = arm.progress.rewards
     out |= {
         "train_reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None,
@@ -83,7 +97,11 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--groups-per-step", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
-    parser.add_argument("--samples", type=int, default=4, help="samples per probe / held-out instance and version")
+    parser.add_argument(
+        "--samples", type=int, default=4, help="samples per probe / held-out instance and version"
+    )
+    parser.add_argument("--train-pool", type=int, default=None, help="training instances (the probe set)")
+    parser.add_argument("--heldout", type=int, default=None, help="held-out instances (32 for the targets)")
     parser.add_argument("--state-dir", type=Path, default=None, help="default: a fresh temporary folder")
     ns = parser.parse_args()
     seeds = 1 if ns.quick else ns.seeds
@@ -96,6 +114,8 @@ def main() -> None:
         learning_rate=base.learning_rate if ns.learning_rate is None else ns.learning_rate,
         groups_per_step=ns.groups_per_step or base.groups_per_step,
         group_size=ns.group_size or base.group_size,
+        train_pool=ns.train_pool or base.train_pool,
+        heldout=ns.heldout or base.heldout,
     )
     if config.learning_rate <= 0:
         parser.error("--learning-rate: the trained arm needs a learning rate > 0 (the control is at 0)")
@@ -104,6 +124,7 @@ def main() -> None:
     # The warm start is cached in the user's state folder (GYRE_STATE_DIR); the runs go elsewhere.
     home = KernelSettings()
     state = ns.state_dir or Path(tempfile.mkdtemp(prefix="gyre-bench-learning-"))
+    state.mkdir(parents=True, exist_ok=True)
     kernel = home.model_copy(update={"state_dir": state})
     model = warm_start(home, config)
     tasks = prepare_tasks(state / "tasks", config)
@@ -115,7 +136,9 @@ def main() -> None:
     policy_timeouts = 0
     unchanged = True
     for seed in range(seeds):
-        protocol = dataclasses.replace(config.probe, seed=seed, samples=ns.samples, temperature=config.temperature)
+        protocol = dataclasses.replace(
+            config.probe, seed=seed, samples=ns.samples, temperature=config.temperature
+        )
         arms: dict[str, tuple[ArmRun, dict[int, dict[str, Scores]]]] = {}
         for name, lr in (("trained", config.learning_rate), ("control", 0.0)):
             arm_config = dataclasses.replace(config, learning_rate=lr, order_seed=seed)
@@ -143,10 +166,12 @@ def main() -> None:
                 "trained": arm_figures(trained, t_scores, seed),
                 "control": arm_figures(control, c_scores, seed),
                 **bootstrap_mean(
-                    paired_differences(t_scores[config.steps]["probe"], c_scores[config.steps]["probe"]), seed=seed
+                    paired_differences(t_scores[config.steps]["probe"], c_scores[config.steps]["probe"]),
+                    seed=seed,
                 ).as_dict("gain_vs_control"),
                 **bootstrap_mean(
-                    paired_differences(t_scores[config.steps]["heldout"], c_scores[config.steps]["heldout"]), seed=seed
+                    paired_differences(t_scores[config.steps]["heldout"], c_scores[config.steps]["heldout"]),
+                    seed=seed,
                 ).as_dict("heldout_gain_vs_control"),
             }
         )

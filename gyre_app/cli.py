@@ -155,13 +155,17 @@ def demo(
     ] = False,
     quick: Annotated[bool, typer.Option(help="the narrated one-task loop (the default)")] = False,
     steps: Annotated[int, typer.Option(help="--learn: training steps", min=1)] = 12,
-    groups_per_step: Annotated[int, typer.Option(help="--learn: groups (tasks) each step trains on", min=1)] = 2,
+    groups_per_step: Annotated[
+        int, typer.Option(help="--learn: groups (tasks) each step trains on", min=1)
+    ] = 2,
     train_pool: Annotated[
-        int, typer.Option(help="--learn: training instances cycled epoch after epoch (also the probe set)", min=1)
+        int,
+        typer.Option(help="--learn: training instances cycled epoch after epoch (also the probe set)", min=1),
     ] = 12,
     heldout: Annotated[int, typer.Option(help="--learn: held-out instances scored", min=1)] = 32,
     probe_samples: Annotated[
-        int, typer.Option(help="--learn: samples of each probe and held-out instance per version scored", min=1)
+        int,
+        typer.Option(help="--learn: samples of each probe and held-out instance per version scored", min=1),
     ] = 4,
     group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 6,
     timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 15,
@@ -172,7 +176,10 @@ def demo(
         str, typer.Option(help="--learn: families of the task set trained on, comma-separated, or all")
     ] = "terminal",
     count: Annotated[
-        int, typer.Option(help="--learn: instances per family (every 4th held out; 32 held out are scored)", min=4)
+        int,
+        typer.Option(
+            help="--learn: instances per family (every 4th held out; 32 held out are scored)", min=4
+        ),
     ] = 128,
     warm_start_families: Annotated[
         str,
@@ -203,11 +210,12 @@ def demo(
         from services.evaluator.generate.families import parse_families
 
         fams = parse_families(families)
-        if len(fams) * (count - count // 4) < train_pool or len(fams) * (count // 4) < heldout:
+        num_train, num_heldout = len(fams) * (count - count // 4), len(fams) * (count // 4)
+        if num_train < train_pool or num_heldout < heldout:
             raise typer.BadParameter(
-                f"--count {count} of {len(fams)} families gives {len(fams) * (count - count // 4)} training and "
-                f"{len(fams) * (count // 4)} held-out instances (every 4th held out); --train-pool {train_pool} "
-                f"and --heldout {heldout} need more"
+                f"--count {count} of {len(fams)} families gives {num_train} training and {num_heldout} "
+                f"held-out instances (every 4th held out); --train-pool {train_pool} and --heldout "
+                f"{heldout} need more"
             )
         if 0 < warm_start_count < 4:
             raise typer.BadParameter(

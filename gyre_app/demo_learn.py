@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -40,22 +41,30 @@ console = Console(highlight=False, stderr=True)
 __all__ = ["LearnConfig", "main"]
 
 
-def scores(model: Path, tokenizer: Path, tasks: TaskSet, config: LearnConfig, cache: Path) -> dict[str, dict[str, list[float]]]:
+def scores(
+    model: Path, tokenizer: Path, tasks: TaskSet, config: LearnConfig, cache: Path
+) -> dict[str, dict[str, list[float]]]:
     """{"probe": ..., "heldout": ...}: instance -> rewards at the weights in `model`."""
     say = lambda m: console.print(f"  {m}")  # noqa: E731
     return {
         "probe": score(model, tokenizer, tasks.folder, tasks.train, config.probe, cache_dir=cache, say=say),
-        "heldout": score(model, tokenizer, tasks.folder, tasks.heldout, config.probe, cache_dir=cache, say=say),
+        "heldout": score(
+            model, tokenizer, tasks.folder, tasks.heldout, config.probe, cache_dir=cache, say=say
+        ),
     }
 
 
-def figures(first: dict[str, dict[str, list[float]]], last: dict[str, dict[str, list[float]]], seed: int) -> dict[str, float]:
+def figures(
+    first: dict[str, dict[str, list[float]]], last: dict[str, dict[str, list[float]]], seed: int
+) -> dict[str, float]:
     """Each set's mean reward at v0 and at the last version with intervals, and the paired gain."""
     out: dict[str, float] = {}
     for name in ("probe", "heldout"):
         out |= bootstrap_mean(list(instance_means(first[name]).values()), seed=seed).as_dict(f"{name}_v0")
         out |= bootstrap_mean(list(instance_means(last[name]).values()), seed=seed).as_dict(f"{name}_last")
-        out |= bootstrap_mean(paired_differences(last[name], first[name]), seed=seed).as_dict(f"{name}_gain_vs_v0")
+        out |= bootstrap_mean(paired_differences(last[name], first[name]), seed=seed).as_dict(
+            f"{name}_gain_vs_v0"
+        )
     return out
 
 
@@ -75,6 +84,8 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
     started = time.monotonic()
     state_dir = kernel.state_dir.resolve()
     model = warm_start(kernel, config)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(state_dir / "learn-tasks", ignore_errors=True)  # the writer refuses to overwrite
     tasks = prepare_tasks(state_dir / "learn-tasks", config)
     cache = state_dir / "learn-scores"
     console.print(
@@ -89,7 +100,9 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
     )
     keep_dir = state_dir / "learn-weights"
 
-    def after_training(state: StackState, prefix: str, run: str) -> tuple[dict[str, dict[str, list[float]]], Report, Path]:
+    def after_training(
+        state: StackState, prefix: str, run: str
+    ) -> tuple[dict[str, dict[str, list[float]]], Report, Path]:
         console.print(f"scoring the probe set and held-out with v{config.steps} ...")
         last = scores(keep_dir / f"v{config.steps}", model, tasks, config, cache)
         heldout = {
@@ -101,7 +114,14 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
         return last, report, path
 
     arm, after = run_arm(
-        kernel, config, model=model, tasks=tasks, keep_dir=keep_dir, keep=(0, config.steps), then=after_training, keep_up=keep
+        kernel,
+        config,
+        model=model,
+        tasks=tasks,
+        keep_dir=keep_dir,
+        keep=(0, config.steps),
+        then=after_training,
+        keep_up=keep,
     )
     assert after is not None
     last, report, path = after
@@ -112,7 +132,7 @@ def main(kernel: KernelSettings, config: LearnConfig, *, keep: bool = False) -> 
         "zero_advantage_group_share": round(zero_advantage_share(groups(arm.progress)), 4),
         "policy_timeouts": sum(arm.progress.out_of_turns.values()),
         **timeouts(arm.progress, len(arm.progress.submitted)),
-        "control": "not run here: python -m bench.learning --json runs the same arm at learning rate 0 beside it",
+        "control": "not run here: python -m bench.learning runs the same arm at learning rate 0 beside it",
         "report": str(path),
         "groups_per_step": config.groups_per_step,
         "group_size": config.group_size,

@@ -7,7 +7,7 @@ two versions scored with the same seed share their random numbers, so a paired g
 weights rather than the draw.
 
 Scores are cached by the SHA-256 of the weights file and the protocol (temperature, turns,
-seed, samples): a version whose weights are byte-identical to one already scored (the control
+seed, samples), each instance by its name and its files' digest: a version whose weights are byte-identical to one already scored (the control
 arm's, which a learning rate of 0 leaves untouched) is not scored again. The cache is a JSON
 file per digest under `cache_dir`.
 """
@@ -44,6 +44,15 @@ def weights_digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
+def instance_digest(folder: Path) -> str:
+    """SHA-256 over an instance folder's files: a cached score is for this instance's content, not
+    only its name (another task set reuses the names)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def sample_seed(seed: int, name: str, k: int) -> int:
     """The torch seed of sample `k` of instance `name` (stable across processes, unlike hash()).
 
@@ -76,7 +85,8 @@ def score(
     path = cache_dir / f"{key}.json" if cache_dir else None
     if path and path.is_file():
         cached = json.loads(path.read_text())
-    todo = [n for n in names if n not in cached]
+    entry = {n: f"{n}@{instance_digest(tasks / n)}" for n in names}
+    todo = [n for n in names if entry[n] not in cached]
     if todo:
         torch.set_num_threads(1)  # see TrainConfig.threads: a second thread only spins on a busy machine
         policy = LocalPolicy(
@@ -91,14 +101,14 @@ def score(
             for k in range(protocol.samples):
                 torch.manual_seed(sample_seed(protocol.seed, name, k))
                 rewards.append(solve(policy, tasks / name, grader=grader, max_turns=protocol.max_turns).score)
-            cached[name] = rewards
+            cached[entry[name]] = rewards
             if (i + 1) % 8 == 0:
-                say(f"scored {i + 1}/{len(todo)} instances of {model_dir.name}")
+                say(f"scored {i + 1}/{len(todo)} instances with {model_dir}")
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(cached))
             tmp.replace(path)
     else:
-        say(f"{model_dir.name}: {len(names)} instances already scored with these weights")
-    return {n: cached[n] for n in names}
+        say(f"{len(names)} instances already scored with the weights in {model_dir}")
+    return {n: cached[entry[n]] for n in names}

@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 
 from rich.table import Table
 
-from gyre.events import DecodedEvent
 from gyre.evaluator.v1 import events_pb2 as evaluator_events
+from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
 from gyre.trainer.v1 import events_pb2 as trainer_events

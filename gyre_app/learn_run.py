@@ -33,8 +33,8 @@ from gyre.scheduler.v1 import scheduler_pb2
 from gyre.settings import KernelSettings
 from gyre_app.client import GyreClient, ServiceAddresses
 from gyre_app.demo import WATCHED, EventTap
-from gyre_app.learn_progress import Progress
 from gyre_app.learn_probe import ProbeProtocol
+from gyre_app.learn_progress import Progress
 from gyre_app.stack import StackState, down, up
 from gyre_app.warmstart.build import WarmStartConfig
 
@@ -169,7 +169,9 @@ def warm_start(kernel: KernelSettings, config: LearnConfig) -> Path:
     folder, built = cached_warm_start(
         kernel.state_dir.resolve(), config.warm_start, say=lambda m: console.print(f"  warm start: {m}")
     )
-    console.print(f"warm start {'built' if built else 'reused'} ({folder}) in {time.monotonic() - started:.0f} s")
+    console.print(
+        f"warm start {'built' if built else 'reused'} ({folder}) in {time.monotonic() - started:.0f} s"
+    )
     return folder
 
 
@@ -298,7 +300,10 @@ def run_arm(
     # a second, and on a busy machine a second thread multiplies a training step's CPU time.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["GYRE_TRAINER_LEARNING_RATE"] = repr(config.learning_rate)
-    agent_env = {"GYRE_AGENT_TEMPERATURE": str(config.temperature), "GYRE_AGENT_MAX_TURNS": str(config.max_turns)}
+    agent_env = {
+        "GYRE_AGENT_TEMPERATURE": str(config.temperature),
+        "GYRE_AGENT_MAX_TURNS": str(config.max_turns),
+    }
     # Ten processes import torch at once: on the shared 2-core machine (load 12) that passed
     # `up`'s 180 s default before the first cell answered.
     state = up(
@@ -310,8 +315,9 @@ def run_arm(
     )
     stack_up_s = time.monotonic() - started
     console.print(
-        f"stack up in {stack_up_s:.0f} s (lr {config.learning_rate:g}); training {config.steps} steps of "
-        f"{config.groups_per_step} groups of {config.group_size}, deadline {config.timeout_s} s, mode {config.mode}"
+        f"stack up in {stack_up_s:.0f} s (lr {config.learning_rate:g}); training {config.steps} steps "
+        f"of {config.groups_per_step} groups of {config.group_size}, deadline {config.timeout_s} s, "
+        f"mode {config.mode}"
     )
     after: T | None = None
     try:

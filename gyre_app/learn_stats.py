@@ -23,7 +23,11 @@ class Interval:
     num_instances: int
 
     def as_dict(self, name: str) -> dict[str, float]:
-        return {name: round(self.mean, 4), f"{name}_ci_low": round(self.low, 4), f"{name}_ci_high": round(self.high, 4)}
+        return {
+            name: round(self.mean, 4),
+            f"{name}_ci_low": round(self.low, 4),
+            f"{name}_ci_high": round(self.high, 4),
+        }
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -84,7 +88,9 @@ def paired_differences(
     """
     if set(after) != set(before):
         only = sorted(set(after) ^ set(before))
-        raise ValueError(f"a paired gain needs the same instances on both sides; unmatched: {', '.join(only)}")
+        raise ValueError(
+            f"a paired gain needs the same instances on both sides; unmatched: {', '.join(only)}"
+        )
     a, b = instance_means(after), instance_means(before)
     return [a[name] - b[name] for name in sorted(a)]
 
