@@ -7,9 +7,9 @@ two versions scored with the same seed share their random numbers, so a paired g
 weights rather than the draw.
 
 Scores are cached by the SHA-256 of the weights file and the protocol (temperature, turns,
-seed, samples), each instance by its name and its files' digest: a version whose weights are byte-identical to one already scored (the control
-arm's, which a learning rate of 0 leaves untouched) is not scored again. The cache is a JSON
-file per digest under `cache_dir`.
+seed, samples), each instance by its name and its files' digest: a version whose weights are
+byte-identical to one already scored (the control arm's, which a learning rate of 0 leaves
+untouched) is not scored again. The cache is a JSON file per digest under `cache_dir`.
 """
 
 from __future__ import annotations
