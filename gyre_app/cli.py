@@ -154,7 +154,24 @@ def demo(
         bool, typer.Option(help="train the warm-started policy on generated tasks and write a report")
     ] = False,
     quick: Annotated[bool, typer.Option(help="the narrated one-task loop (the default)")] = False,
-    steps: Annotated[int, typer.Option(help="--learn: training steps (one group each)", min=1)] = 15,
+    steps: Annotated[int, typer.Option(help="--learn: training steps", min=1)] = 12,
+    groups_per_step: Annotated[
+        int, typer.Option(help="--learn: groups (tasks) each step trains on", min=1)
+    ] = 2,
+    train_pool: Annotated[
+        int,
+        typer.Option(help="--learn: training instances cycled epoch after epoch (also the probe set)", min=1),
+    ] = 12,
+    heldout: Annotated[
+        int,
+        typer.Option(
+            help="--learn: held-out instances scored (bench.learning scores 32; the demo 8, for time)", min=1
+        ),
+    ] = 8,
+    probe_samples: Annotated[
+        int,
+        typer.Option(help="--learn: samples of each probe and held-out instance per version scored", min=1),
+    ] = 4,
     group_size: Annotated[int, typer.Option(help="--learn: executions per task (G)", min=2)] = 6,
     timeout_s: Annotated[int, typer.Option(help="--learn: each execution's deadline", min=5)] = 15,
     mode: Annotated[
@@ -164,8 +181,11 @@ def demo(
         str, typer.Option(help="--learn: families of the task set trained on, comma-separated, or all")
     ] = "terminal",
     count: Annotated[
-        int, typer.Option(help="--learn: instances per family (every 4th held out)", min=4)
-    ] = 16,
+        int,
+        typer.Option(
+            help="--learn: instances per family (every 4th held out; 32 held out are scored)", min=4
+        ),
+    ] = 128,
     warm_start_families: Annotated[
         str,
         typer.Option(
@@ -194,6 +214,14 @@ def demo(
         from gyre_app.warmstart.build import WarmStartConfig, each
         from services.evaluator.generate.families import parse_families
 
+        fams = parse_families(families)
+        num_train, num_heldout = len(fams) * (count - count // 4), len(fams) * (count // 4)
+        if num_train < train_pool or num_heldout < heldout:
+            raise typer.BadParameter(
+                f"--count {count} of {len(fams)} families gives {num_train} training and {num_heldout} "
+                f"held-out instances (every 4th held out); --train-pool {train_pool} and --heldout "
+                f"{heldout} need more"
+            )
         if 0 < warm_start_count < 4:
             raise typer.BadParameter(
                 f"--warm-start-count: 0 (the default mix) or at least 4, got {warm_start_count}"
@@ -202,8 +230,14 @@ def demo(
         if warm_start_families or warm_start_count:
             names = parse_families(warm_start_families or "all")
             warm = dataclasses.replace(warm, counts=each(names, warm_start_count or 48))
+        from gyre_app.learn_probe import ProbeProtocol
+
         config = LearnConfig(
             steps=steps,
+            groups_per_step=groups_per_step,
+            train_pool=train_pool,
+            heldout=heldout,
+            probe=ProbeProtocol(samples=probe_samples, temperature=temperature),
             group_size=group_size,
             timeout_s=timeout_s,
             mode=mode,

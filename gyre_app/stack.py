@@ -217,6 +217,7 @@ def up(
     agent_env: dict[str, str] | None = None,
     supervise: bool = True,
     secure: bool = False,
+    groups_per_step: int = DEMO_GROUPS_PER_STEP,
 ) -> StackState:
     """Start (or find running) servers, services and cells; returns what runs. Idempotent.
 
@@ -227,6 +228,7 @@ def up(
     127.0.0.1, recorded as its `metrics_url`. `services` short of all of them starts those alone,
     without cells (tests of the stack's plumbing). `agent_env` adds to (or overrides) the built-in
     agent's settings (`LOCAL_AGENT_ENV`) for this start (a `restart` keeps them).
+    `groups_per_step` is B for the scheduler and the trainer: a step as soon as B groups are in.
     A stack found running with some services dead gets those alone started again, in place; with
     `supervise` a detached supervisor (`gyre_app.supervise`) does that on its own from then on.
     With `secure`, gRPC between processes is mutual TLS and the embedded NATS and Postgres ask
@@ -238,6 +240,8 @@ def up(
         raise ValueError(f"cells: at least 2 (a core and one satellite), got {cells}")
     if mode not in MODES:
         raise ValueError(f"mode: one of {', '.join(MODES)}, got {mode!r}")
+    if groups_per_step < 1:
+        raise ValueError(f"groups_per_step: at least 1, got {groups_per_step}")
     planned = processes(cells) if set(services) == set(SERVICES) else [(name, name) for name in services]
     state_dir = kernel.state_dir.resolve()
     secure = secure or (state_dir / "secure").is_dir()  # its Postgres and clients know no other way
@@ -317,6 +321,8 @@ def up(
             extra_env=(
                 {"GYRE_RUNNER_HARNESS_ENV": json.dumps({**LOCAL_AGENT_ENV, **agent_env})}
                 if agent_env and name == "runner"
+                else {f"GYRE_{name.upper()}_GROUPS_PER_STEP": str(groups_per_step)}
+                if name in ("scheduler", "trainer")
                 else None
             ),
         )

@@ -14,7 +14,8 @@ from gyre.common.v1 import envelope_pb2, ids_pb2
 from gyre.events import DecodedEvent
 from gyre.runner.v1 import events_pb2 as runner_events
 from gyre.scheduler.v1 import events_pb2 as scheduler_events
-from gyre_app.demo_learn import Progress, interleave, timeouts
+from gyre_app.learn_progress import Progress, timeouts
+from gyre_app.learn_run import interleave
 from services.runner.agent.client import ChatClient
 
 
@@ -102,6 +103,7 @@ def test_the_agent_sends_its_temperature_only_when_configured(
     [
         (["--mode", "nope"], 2, "--mode: one of colocate, async, gyre, burst, got 'nope'"),
         (["--families", "poetry"], 2, "family: unknown family poetry: expected repo-gen, repair, terminal"),
+        (["--count", "8"], 2, "--count 8 of 1 families gives 6 training and 2 held-out instances"),
     ],
 )
 def test_bad_options_are_refused_naming_them_before_anything_starts(
