@@ -17,7 +17,9 @@ from gyre_app.images import DEFAULT_BASE, build_base
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(find_engine() is None, reason="no container engine (.ci/run installs podman and runc)"),
+    pytest.mark.skipif(
+        find_engine() is None, reason="no container engine (.ci/run installs podman and runc)"
+    ),
     pytest.mark.skipif(bool(disk_unsupported()), reason=f"no hard disk limit here: {disk_unsupported()}"),
 ]
 CALC = next(f for f in FIXTURES if f.name == "mini-calc-1")
@@ -51,14 +53,24 @@ def test_writes_past_the_quota_get_enospc_and_the_host_holds_at_most_the_quota(i
         assert disk is not None
         try:
             head = await box.exec(["git", "rev-parse", "HEAD"], timeout_s=30, workdir=CALC.workdir)
-            work = await box.exec(["python3", "-c", FILL.format(path="fill.bin")], timeout_s=60, workdir=CALC.workdir)
+            work = await box.exec(
+                ["python3", "-c", FILL.format(path="fill.bin")], timeout_s=60, workdir=CALC.workdir
+            )
             blocks = disk.image.stat().st_blocks * 512 >> 20
             used = disk.used_mb() - box.storage_base_mb
             tmp = await box.exec(["python3", "-c", FILL.format(path="/tmp/fill.bin")], timeout_s=60)
             root = await box.exec(["sh", "-c", "echo x > /usr/x; echo x > /root/x"], timeout_s=30)
             hidden = await box.exec(["ls", "-A", "/root/r2e_tests"], timeout_s=30)
-            return {"head": head, "work": work, "used": used, "blocks": blocks, "tmp": tmp, "root": root,
-                    "hidden": hidden, "over": work.storage_exceeded}
+            return {
+                "head": head,
+                "work": work,
+                "used": used,
+                "blocks": blocks,
+                "tmp": tmp,
+                "root": root,
+                "hidden": hidden,
+                "over": work.storage_exceeded,
+            }
         finally:
             await box.close()
             gone = not disk.image.exists() and not disk.mount.exists()
@@ -80,7 +92,11 @@ def test_a_sweep_removes_the_disks_a_killed_owner_left(image: str) -> None:
         names = [f"gyre-test-disk-{uuid.uuid4().hex[:8]}" for _ in range(2)]
         for name in names:  # as a killed owner leaves them: never closed
             await backend.create(
-                name=name, image=image, limits=ContainerLimits(storage_mb=8), workdir=CALC.workdir, owner=owner
+                name=name,
+                image=image,
+                limits=ContainerLimits(storage_mb=8),
+                workdir=CALC.workdir,
+                owner=owner,
             )
         removed = await backend.sweep(owner, keep=frozenset(names[1:]))
         first, second = WorkDisk(names[0]), WorkDisk(names[1])

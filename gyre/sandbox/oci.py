@@ -405,22 +405,12 @@ class Container:
         """A host file to `dest`, or a folder's contents into `dest` (a trailing "/." alike), as
         root: a tar stream into `tar -x` inside, since `podman cp` cannot write into a tmpfs of a
         container with a user namespace (nor into a read-only root)."""
-        src = Path(source)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            if src.is_dir():
-                for child in sorted(src.iterdir()):
-                    tar.add(child, arcname=child.name, filter=_root_owned)
-                folder = dest
-            else:
-                tar.add(src, arcname=os.path.basename(dest), filter=_root_owned)
-                folder = os.path.dirname(dest) or "/"
+        data, folder = await asyncio.to_thread(_tar, Path(source), dest)
         script = f"mkdir -p {_q(folder)} && tar -x -f - -C {_q(folder)}"
-        done = await self.exec(["sh", "-c", script], timeout_s=CLI_TIMEOUT_S, stdin=buffer.getvalue())
+        done = await self.exec(["sh", "-c", script], timeout_s=CLI_TIMEOUT_S, stdin=data)
         if done.exit_code != 0:
-            raise Unavailable(
-                f"upload of {source} to {self.name}:{dest} failed: {done.output.decode(errors='replace')[-400:]}"
-            )
+            why = done.output.decode(errors="replace")[-400:]
+            raise Unavailable(f"upload of {source} to {self.name}:{dest} failed: {why}")
 
     async def write_file(self, dest: str, data: bytes, *, mode: str = "644") -> None:
         """Write bytes to `dest` inside (its folder created), as root."""
@@ -467,6 +457,18 @@ class Container:
             shutil.rmtree(self.staged, ignore_errors=True)
         if self.disk is not None and code == 0:
             await self.disk.remove()
+
+
+def _tar(src: Path, dest: str) -> tuple[bytes, str]:
+    """A tar of a file (named as `dest`) or of a folder's contents, and where to unpack it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        if src.is_dir():
+            for child in sorted(src.iterdir()):
+                tar.add(child, arcname=child.name, filter=_root_owned)
+            return buffer.getvalue(), dest
+        tar.add(src, arcname=os.path.basename(dest), filter=_root_owned)
+    return buffer.getvalue(), os.path.dirname(dest) or "/"
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -44,7 +44,10 @@ def disk_unsupported() -> str:
 
 async def _tool(*argv: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=TOOL_TIMEOUT_S)
@@ -113,11 +116,11 @@ class WorkDisk:
     async def fill_from(self, source: Path) -> None:
         """The image's workdir copied in, owners and modes kept (they are already the container's
         host uids: `source` is the container's own mounted root)."""
-        if source.is_dir():
+        if await asyncio.to_thread(os.path.isdir, source):
             code, out = await _tool("cp", "-a", "--", f"{source}/.", f"{self.mount}/")
             if code != 0:
                 raise Unavailable(f"the workdir did not fit the disk of {self.name}: {out[-300:]}")
-            st = source.stat()
+            st = os.stat(source)
             os.chown(self.mount, st.st_uid, st.st_gid)
             os.chmod(self.mount, st.st_mode & 0o7777)
 
@@ -130,6 +133,9 @@ class WorkDisk:
                 if code != 0:
                     log.warning("workdir_disk_umount_failed", disk=self.name, error=out[-300:])
                     return
+        await asyncio.to_thread(self._delete)
+
+    def _delete(self) -> None:
         for path in (self.image, self.owner_file):
             path.unlink(missing_ok=True)
         if self.mount.is_dir():
@@ -138,16 +144,20 @@ class WorkDisk:
 
 async def sweep_disks(owner: str, *, keep: frozenset[str] = frozenset()) -> int:
     """Remove every disk `owner` made but those of the containers named in `keep`; how many."""
-    if not DISK_ROOT.is_dir():
-        return 0
-    removed = 0
-    for marker in sorted(DISK_ROOT.glob("*.owner")):
-        name = marker.name.removesuffix(".owner")
+    names = await asyncio.to_thread(_owned, owner)
+    for name in names:
+        if name not in keep:
+            await WorkDisk(name).remove()
+    return len([n for n in names if n not in keep])
+
+
+def _owned(owner: str) -> list[str]:
+    """Names of the disks whose marker names `owner`."""
+    names = []
+    for marker in sorted(DISK_ROOT.glob("*.owner")) if DISK_ROOT.is_dir() else []:
         try:
-            mine = marker.read_text() == owner
+            if marker.read_text() == owner:
+                names.append(marker.name.removesuffix(".owner"))
         except OSError:
             continue
-        if mine and name not in keep:
-            await WorkDisk(name).remove()
-            removed += 1
-    return removed
+    return names
