@@ -74,9 +74,10 @@ async def container_attacks(
         await through_container(backend, image_tag(fixture), fixture.workdir, a, t, forward, listener, root)
         for a in ATTACKS
     ]
-    # The grader's deadline cut to the corpus's: attacks that sleep end with the container.
+    # The grader's deadline and storage cut to the corpus's: attacks that sleep end with the
+    # container, and `fill_disk` is judged against the quota the grading container had.
     loaded = load_container_task(write_task(fixture, root / "container-tasks"))
-    task = dataclasses.replace(loaded, grader_timeout_s=GRADE_DEADLINE_S)
+    task = dataclasses.replace(loaded, grader_timeout_s=GRADE_DEADLINE_S, limits=CONTAINER_LIMITS)
     grader = ContainerGrader(backend, attempts=1)
     for a in ATTACKS:
         results.append(await through_grader(grader, task, fixture.base, a, t, listener))
@@ -147,7 +148,7 @@ async def through_grader(
                 with contextlib.suppress(Exception):
                     out = await box.download(GRADER_OUT)
                     seen["output"] = (out or b"").decode(errors="replace")
-                    seen["used"] = await box.storage_used_mb()
+                    seen["used"] = await box.storage_used_mb() - box.storage_base_mb
             return result
 
         box.exec = exec_and_look  # type: ignore[method-assign]

@@ -8,17 +8,24 @@ task's cpus, memory and process limits, lowered open-file limits, no added capab
 in that folder, the one way out, exactly as in the bubblewrap root. Without one it sleeps and
 commands run beside it with `exec`.
 
-Storage: the engines here cannot cap a writable layer on overlay over ext4, so `exec` measures
-the layer after each command (`storage_exceeded`) and the caller scores an over-quota workspace.
+Storage: the engines here cannot cap a writable layer on overlay over ext4. A container created
+with a `workdir` on Podman as root therefore gets a hard limit (`gyre.sandbox.oci_disk`): a
+read-only root, the workdir on a loop-mounted ext4 of `storage_mb` over what the image's workdir
+holds, and sized tmpfs for every other writable path (TMPFS_PATHS, /dev/shm, the caller's
+`writable` ones). Elsewhere (Docker, not root, no workdir) the root stays writable. Either way
+`exec` measures what was written after each command (`storage_exceeded`), the second line, and
+the caller scores an over-quota workspace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
+import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +35,7 @@ import structlog
 
 from gyre.errors import InvalidArgument, Unavailable
 from gyre.sandbox.backend import ContainerLimits, ExecResult
+from gyre.sandbox.oci_disk import WorkDisk, disk_unsupported, sweep_disks, tree_mb
 from gyre.sandbox.oci_policy import DEFAULT_SECCOMP, engine_security_args, host_uid, seccomp_profile
 
 log = structlog.get_logger(__name__)
@@ -38,6 +46,8 @@ FORWARD_DIR = "/run/gyre-forward"
 mount point cannot be made inside a read-only mount)."""
 INIT = Path(__file__).resolve().parent / "init.py"
 CLI_TIMEOUT_S = 120.0
+TMPFS_PATHS = ("/tmp", "/var/tmp")
+"""Writable in every read-only container, in its memory (each at most `storage_mb`)."""
 RELAY = (
     "import selectors, sys\n"
     "sys.path.insert(0, '/run/gyre')\n"
@@ -93,6 +103,10 @@ class OciBackend:
         self.engine = found
         self.podman = os.path.basename(found[0]).startswith("podman")
         self._seccomp = ""
+        why = disk_unsupported() if self.podman else "Docker: no `podman mount` of a created container"
+        self.hard_disk = not why
+        if why:
+            log.warning("container_disk_not_enforced", why=why, fallback="the writable layer is measured")
 
     def seccomp_file(self) -> str:
         """The container profile (`oci_policy.seccomp_profile`) written once per process; empty
@@ -134,13 +148,19 @@ class OciBackend:
         forward_folder: str = "",
         listen_port: int = 18080,
         owner: str = "",
+        workdir: str = "",
+        writable: Sequence[str] = (),
+        hidden: Sequence[str] = (),
     ) -> Container:
-        """`owner` labels the container (`gyre.owner`) so its owner can sweep what a crash left."""
+        """`owner` labels the container (`gyre.owner`) so its owner can sweep what a crash left.
+        With a `workdir` (and `hard_disk`) the root is read-only, the workdir a disk of its own,
+        `writable` paths empty tmpfs, `hidden` paths covered by an empty read-only tmpfs."""
         limits.validate()
+        hard = bool(workdir) and self.hard_disk
         argv = [
             *self.engine,
-            "run",
-            "-d",
+            "create" if hard else "run",
+            *([] if hard else ["-d"]),
             "--name",
             name,
             "--network",
@@ -166,6 +186,19 @@ class OciBackend:
             "--label",
             f"gyre.owner={owner}",
         ]
+        if hard:
+            size = f"size={limits.storage_mb}m"
+            argv += ["--read-only", "--read-only-tmpfs=false", "--shm-size", f"{limits.storage_mb}m"]
+            for path in TMPFS_PATHS:
+                argv += ["--tmpfs", f"{path}:rw,nosuid,nodev,mode=1777,{size}"]
+            for path in writable:
+                argv += ["--tmpfs", f"{path}:rw,nosuid,nodev,mode=755,{size}"]
+            for path in hidden:
+                argv += ["--tmpfs", f"{path}:ro,nosuid,nodev,noexec,mode=0,size=4k"]
+            # The mount point must exist for `create`; the disk is mounted on it before `start`.
+            mount = WorkDisk(name).mount
+            await asyncio.to_thread(mount.mkdir, mode=0o700, parents=True, exist_ok=True)
+            argv += ["-v", f"{mount}:{workdir}"]
         staged = ""
         if forward_folder:
             # The relay's code and the forwarder's socket, read-only: the container can connect
@@ -180,14 +213,49 @@ class OciBackend:
         else:
             argv += ["--entrypoint", "sleep", image, "infinity"]
         code, _, err = await _run(argv)
+        disk: WorkDisk | None = None
+        try:
+            if code == 0 and hard:
+                disk = await self._attach_disk(name, workdir, limits, owner=owner)
+                code, _, err = await _run([*self.engine, "start", name])
+        except BaseException:
+            code, err = 1, b"the workdir disk could not be made"
+            raise
+        finally:
+            if code != 0:
+                if staged:
+                    shutil.rmtree(staged, ignore_errors=True)
+                await _run([*self.engine, "rm", "-f", name])
+                if hard:
+                    await (disk or WorkDisk(name)).remove()
         if code != 0:
-            if staged:
-                shutil.rmtree(staged, ignore_errors=True)
-            await _run([*self.engine, "rm", "-f", name])
             raise Unavailable(
                 f"container {name} from {image!r} did not start: {err.decode(errors='replace')[-800:]}"
             )
-        return Container(name=name, engine=self.engine, limits=limits, staged=staged)
+        box = Container(name=name, engine=self.engine, limits=limits, staged=staged, disk=disk)
+        if disk is not None:
+            box.storage_base_mb = disk.used_mb()
+        return box
+
+    async def _attach_disk(self, name: str, workdir: str, limits: ContainerLimits, *, owner: str) -> WorkDisk:
+        """The created container's workdir volume: sized to the image's workdir plus the quota,
+        filled from the container's own root (mounted, so owners are already its host uids)."""
+        code, out, err = await _run([*self.engine, "mount", name])
+        if code != 0:
+            raise Unavailable(f"container {name} could not be mounted: {err.decode(errors='replace')[-300:]}")
+        try:
+            source = Path(out.decode().strip()) / workdir.lstrip("/")
+            base_mb = await asyncio.to_thread(tree_mb, source)
+            size_mb = int(base_mb * 1.1) + limits.storage_mb + 4
+            disk = await WorkDisk.make(name, size_mb, owner=owner)
+            try:
+                await disk.fill_from(source)
+            except BaseException:
+                await disk.remove()
+                raise
+            return disk
+        finally:
+            await _run([*self.engine, "umount", name])
 
     async def sweep(self, owner: str, *, keep: frozenset[str] = frozenset()) -> int:
         """Remove every container labelled with `owner` (what a killed process left) but those
@@ -198,14 +266,27 @@ class OciBackend:
         names = [n for n in out.decode().split() if n not in keep] if code == 0 else []
         if names:
             await _run([*self.engine, "rm", "-f", "-t", "0", *names])
+        # Disks go after their containers (a mounted one is busy); also those whose container
+        # was already gone when the owner died.
+        await sweep_disks(owner, keep=keep)
         return len(names)
 
 
 class Container:
     """One running container; every method is safe to call after `close` (it does nothing)."""
 
-    def __init__(self, *, name: str, engine: list[str], limits: ContainerLimits, staged: str = ""):
+    def __init__(
+        self,
+        *,
+        name: str,
+        engine: list[str],
+        limits: ContainerLimits,
+        staged: str = "",
+        disk: WorkDisk | None = None,
+    ):
         self.name = name
+        self.disk = disk
+        """The workdir's own volume (hard limit), or None: the writable layer is measured."""
         self.engine = engine
         self.limits = limits
         self.staged = staged
@@ -307,6 +388,9 @@ class Container:
             )
 
     async def storage_used_mb(self) -> float:
+        """What the workdir's disk holds (the rest is read-only or memory), else the writable layer."""
+        if self.disk is not None:
+            return self.disk.used_mb()
         code, out, _ = await _run(
             [*self.engine, "container", "inspect", "--size", "--format", "{{.SizeRw}}", self.name]
         )
@@ -318,11 +402,15 @@ class Container:
             return 0.0
 
     async def upload(self, source: str, dest: str) -> None:
-        code, _, err = await _run([*self.engine, "cp", source, f"{self.name}:{dest}"])
-        if code != 0:
-            raise Unavailable(
-                f"upload of {source} to {self.name}:{dest} failed: {err.decode(errors='replace')[-400:]}"
-            )
+        """A host file to `dest`, or a folder's contents into `dest` (a trailing "/." alike), as
+        root: a tar stream into `tar -x` inside, since `podman cp` cannot write into a tmpfs of a
+        container with a user namespace (nor into a read-only root)."""
+        data, folder = await asyncio.to_thread(_tar, Path(source), dest)
+        script = f"mkdir -p {_q(folder)} && tar -x -f - -C {_q(folder)}"
+        done = await self.exec(["sh", "-c", script], timeout_s=CLI_TIMEOUT_S, stdin=data)
+        if done.exit_code != 0:
+            why = done.output.decode(errors="replace")[-400:]
+            raise Unavailable(f"upload of {source} to {self.name}:{dest} failed: {why}")
 
     async def write_file(self, dest: str, data: bytes, *, mode: str = "644") -> None:
         """Write bytes to `dest` inside (its folder created), as root."""
@@ -367,6 +455,26 @@ class Container:
             )
         if self.staged:
             shutil.rmtree(self.staged, ignore_errors=True)
+        if self.disk is not None and code == 0:
+            await self.disk.remove()
+
+
+def _tar(src: Path, dest: str) -> tuple[bytes, str]:
+    """A tar of a file (named as `dest`) or of a folder's contents, and where to unpack it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        if src.is_dir():
+            for child in sorted(src.iterdir()):
+                tar.add(child, arcname=child.name, filter=_root_owned)
+            return buffer.getvalue(), dest
+        tar.add(src, arcname=os.path.basename(dest), filter=_root_owned)
+    return buffer.getvalue(), os.path.dirname(dest) or "/"
+
+
+def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
 
 
 def _q(text: str) -> str:

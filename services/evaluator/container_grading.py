@@ -113,6 +113,9 @@ class ContainerGrader:
             image=task.image,
             limits=self.limits(task),
             owner=self.owner,
+            workdir=task.workdir,
+            # Harbor's hidden tests and the verifier's reward go to these only after the agent.
+            writable=("/tests", "/logs") if task.family == "harbor" else (),
         )
         try:
             if diff.strip():
@@ -217,7 +220,8 @@ class ContainerGrader:
     async def _verify_harbor(self, box: Container, task: ContainerTask, *, deadline: float) -> Scored:
         # The tests arrive only now, into folders wiped of anything the diff may have put there.
         wiped = await box.exec(
-            ["sh", "-c", "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier"],
+            # (Contents only: on a read-only root both are tmpfs mount points.)
+            ["sh", "-c", "mkdir -p /tests /logs/verifier && find /tests /logs/verifier -mindepth 1 -delete"],
             timeout_s=SETUP_TIMEOUT_S,
         )
         if wiped.exit_code != 0:

@@ -19,6 +19,7 @@ from gyre.sandbox.backend import ContainerLimits
 from gyre.sandbox.forward import Forwarder
 from gyre.sandbox.host import Forward
 from gyre.sandbox.oci import Container, OciBackend
+from gyre.sandbox.oci_disk import WorkDisk
 from services.runner.config import RunnerSettings
 from services.runner.container_exec import STATE_FILE, ContainerSandbox, ContainerSpec, owner_label
 
@@ -40,6 +41,7 @@ def adopt_container(root: Path, execution_id: str, backend: OciBackend | None) -
         sandbox.base, sandbox.image_path = state["base"], state["image_path"]
         box = Container(name=sandbox.name, engine=backend.engine, limits=limits, staged=state["staged"])
         box.storage_base_mb = float(state["storage_base_mb"])
+        box.disk = WorkDisk(sandbox.name) if state.get("disk") else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     sandbox.box = box

@@ -162,6 +162,9 @@ class ContainerSandbox:
             forward_folder=str(self.forwarder.folder),
             listen_port=forward.listen_port,
             owner=owner_label(self.path.parent),
+            workdir=spec.workdir,
+            writable=(AGENT_HOME,),
+            hidden=spec.hidden_paths,
         )
         made = await self.box.exec(["sh", "-c", ENSURE_REPO, "repo", spec.workdir], timeout_s=120)
         if made.exit_code != 0:
@@ -169,7 +172,7 @@ class ContainerSandbox:
                 f"{spec.workdir} is not a git repository and none could be made: {made.output[-300:]!r}"
             )
         await scrub_future_history(self.box, workdir=spec.workdir, base_commit=spec.base_commit)
-        if spec.hidden_paths:
+        if spec.hidden_paths and self.box.disk is None:  # else covered by empty tmpfs (`create`)
             hidden = await self.box.exec(["rm", "-rf", "--", *spec.hidden_paths], timeout_s=60)
             if hidden.exit_code != 0:
                 raise OSError(f"the dataset's tests could not be hidden: {hidden.output[-300:]!r}")
@@ -212,6 +215,7 @@ class ContainerSandbox:
             "staged": self.box.staged,
             "image_path": self.image_path,
             "storage_base_mb": self.box.storage_base_mb,
+            "disk": self.box.disk is not None,
         }
 
     def base_url(self, forward: Forward) -> str:
@@ -285,10 +289,11 @@ class ContainerSandbox:
             await asyncio.sleep(REATTACH_POLL_S)
 
     async def _watch_storage(self) -> None:
-        """The disk quota, by measurement: overlay on ext4 cannot cap a writable layer, so the
-        layer is measured every STORAGE_POLL_S and the harness killed (`disk_quota`, the agent's
-        own doing) once it wrote more than its task's storage_mb. What it writes within one poll
-        still reaches the host's disk."""
+        """The disk quota's second line: what the agent wrote is measured every STORAGE_POLL_S and
+        the harness killed (`disk_quota`, the agent's own doing) once it is past its task's
+        storage_mb. The first is the workdir's own disk (`gyre.sandbox.oci_disk`), full at that
+        size; without one (Docker, not root) this is the only line, and what is written within
+        one poll reaches the host's disk."""
         assert self.box is not None and self.spec is not None
         while True:
             await asyncio.sleep(STORAGE_POLL_S)
