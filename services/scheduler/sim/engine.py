@@ -45,8 +45,12 @@ class Simulation:
         initial_training: int,
         core_cell: bool,
         trace: bool = False,
+        fixed_roles: bool = False,
     ) -> None:
         self.w, self.x, self.policy, self.trace = workload, executions, policy, trace
+        # A policy that never switches a cell (the fixed splits): `run_within` may then stop a
+        # run by a lower bound on its end, not only once its clock passes the limit.
+        self.fixed_roles = fixed_roles
         self.core_cell = core_cell  # cell 0 holds the optimizer and never leaves training
         self.slots = workload.executions_per_cell
         self.now = 0.0
@@ -75,6 +79,13 @@ class Simulation:
         self.group_version = [0] * g_count
         self.admitted = 0
         self.waiting: deque[int] = deque()  # executions of admitted groups waiting for a slot
+        # Executions start in admission order (0, 1, 2, ...): the first `started` have started,
+        # and `unstarted_s[i]` is the rollout time of executions i.. (for `_end_at_least`).
+        self.started = 0
+        self.unstarted_s = [0.0] * (workload.total_executions + 1)
+        for i in range(workload.total_executions - 1, -1, -1):
+            self.unstarted_s[i] = self.unstarted_s[i + 1] + executions.duration_s[i]
+        self.total_tokens = sum(executions.tokens)
         self.running_by_version: dict[int, int] = {}
         self.ready: list[ReadyGroup] = []
         # The view's copies of `ready` and `running_by_version`, rebuilt only after they change:
@@ -122,11 +133,18 @@ class Simulation:
         event lies beyond it, and the run ends at an event no earlier): a split sweep then stops
         a split that cannot be its best instead of simulating it to the end."""
         self._decide()
+        # Past this the run is certain to end after `past_s` (the margin keeps a float rounding
+        # in the bound from stopping a run that ties with it).
+        bound_past = past_s + 1e-9 * abs(past_s) + 1e-6
+        # The bound is asked every 16th event: it moves slowly, and asking costs a tenth of one.
+        bounded = self.fixed_roles and past_s < math.inf
+        events = 0
         while self.version < self.w.steps:
             if not self.heap:
                 raise RuntimeError(f"simulation stalled at t={self.now:.1f}s, version {self.version}")
             time_s = self.heap[0][0]
-            if time_s > past_s:
+            events += 1
+            if time_s > past_s or (bounded and events % 16 == 0 and self._end_at_least(time_s) > bound_past):
                 return None
             self.now = time_s
             while self.heap and self.heap[0][0] == time_s:
@@ -144,6 +162,25 @@ class Simulation:
             if self.version < self.w.steps:
                 self._decide()
         return self._result()
+
+    def _end_at_least(self, next_s: float) -> float:
+        """A lower bound on the run's end, with roles fixed and no event before `next_s`.
+
+        Training: the tokens no round has taken yet train no faster than on every training
+        cell at once, and every update not started yet follows, one at a time. Rollout: the
+        executions not started yet run no faster than on every slot at once, and the last
+        step's update follows the last of them. Both start no earlier than the next event.
+        """
+        w = self.w
+        updates = w.steps - self.version - (1 if self.in_update else 0)
+        rest_tokens = self.total_tokens - self.trained_tokens - (self.round_tokens if self.in_round else 0)
+        bound = next_s + updates * w.step_overhead_s
+        if self.training:
+            bound += rest_tokens / (len(self.training) * w.tokens_per_s_per_cell)
+        if self.serving and self.started < w.total_executions:
+            rollout = next_s + self.unstarted_s[self.started] / (self.serving * self.slots)
+            bound = max(bound, rollout + w.step_overhead_s)
+        return bound
 
     # -- policy ---------------------------------------------------------------------------------
 
@@ -214,6 +251,7 @@ class Simulation:
         """Start waiting executions, in admission order, in the free slots."""
         while self.waiting and self.serving * self.slots > self.serving_running:
             e = self.waiting.popleft()
+            self.started += 1
             self._host(e, self._fullest_with_room())
             self.exec_start[e] = self.now
             self.exec_end[e] = self.now + self.x.duration_s[e]
@@ -332,6 +370,7 @@ class Simulation:
                 self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
 
     def _switch(self, cell: int, role: str, duration_s: float) -> None:
+        assert not self.fixed_roles, "a fixed-split policy switched a cell"
         c = self.cells[cell]
         self._close(cell)
         if c.role == ROLLOUT:
