@@ -217,6 +217,7 @@ def up(
     agent_env: dict[str, str] | None = None,
     supervise: bool = True,
     secure: bool = False,
+    proxy_processes: int = 1,
 ) -> StackState:
     """Start (or find running) servers, services and cells; returns what runs. Idempotent.
 
@@ -317,6 +318,8 @@ def up(
             extra_env=(
                 {"GYRE_RUNNER_HARNESS_ENV": json.dumps({**LOCAL_AGENT_ENV, **agent_env})}
                 if agent_env and name == "runner"
+                else {"GYRE_PROXY_PROCESSES": str(proxy_processes)}
+                if name == "proxy" and proxy_processes > 1
                 else None
             ),
         )
