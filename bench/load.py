@@ -347,12 +347,14 @@ def _tree_cpu_s(pid: int) -> float:
 
 
 async def main_async(ns: argparse.Namespace) -> dict[str, object]:
-    """One run per `--proxies` count, the same load each; ratios against the first count."""
+    """One run per `--proxies` count, the same load each; calls/s ratios against the first run."""
     runs: dict[str, dict[str, object]] = {}
-    for count in ns.proxy_counts:
+    for i, count in enumerate(ns.proxy_counts):
         ns.proxies = count
+        # A count given twice (1,2,1,2: interleaved repeats) is keyed by its place too.
+        key = str(count) if str(count) not in runs else f"{count}@{i}"
         async with scratch_servers("load") as (nats_url, database_url, prefix):
-            runs[str(count)] = await measure(nats_url, database_url, prefix, ns)
+            runs[key] = await measure(nats_url, database_url, prefix, ns)
     if len(runs) == 1:
         return next(iter(runs.values()))
     first = runs[str(ns.proxy_counts[0])]
