@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import ClusterView, Decision, ReadyGroup
+from services.scheduler.sim.end_bound import EndBound, view_of
 from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result, Segment, admitted_by_version
 from services.scheduler.sim.workload import Executions, Workload
 
@@ -79,13 +80,7 @@ class Simulation:
         self.group_version = [0] * g_count
         self.admitted = 0
         self.waiting: deque[int] = deque()  # executions of admitted groups waiting for a slot
-        # Executions start in admission order (0, 1, 2, ...): the first `started` have started,
-        # and `unstarted_s[i]` is the rollout time of executions i.. (for `_end_at_least`).
-        self.started = 0
-        self.unstarted_s = [0.0] * (workload.total_executions + 1)
-        for i in range(workload.total_executions - 1, -1, -1):
-            self.unstarted_s[i] = self.unstarted_s[i + 1] + executions.duration_s[i]
-        self.total_tokens = sum(executions.tokens)
+        self.started = 0  # executions start in admission order: 0 .. started-1 have
         self.running_by_version: dict[int, int] = {}
         self.ready: list[ReadyGroup] = []
         # The view's copies of `ready` and `running_by_version`, rebuilt only after they change:
@@ -137,14 +132,14 @@ class Simulation:
         # in the bound from stopping a run that ties with it).
         bound_past = past_s + 1e-9 * abs(past_s) + 1e-6
         # The bound is asked every 16th event: it moves slowly, and asking costs a tenth of one.
-        bounded = self.fixed_roles and past_s < math.inf
+        bound = EndBound(self.w, self.x) if self.fixed_roles and past_s < math.inf else None
         events = 0
         while self.version < self.w.steps:
             if not self.heap:
                 raise RuntimeError(f"simulation stalled at t={self.now:.1f}s, version {self.version}")
             time_s = self.heap[0][0]
             events += 1
-            if time_s > past_s or (bounded and events % 16 == 0 and self._end_at_least(time_s) > bound_past):
+            if time_s > past_s or (bound and events % 16 == 0 and bound.at_least(self, time_s) > bound_past):
                 return None
             self.now = time_s
             while self.heap and self.heap[0][0] == time_s:
@@ -163,58 +158,10 @@ class Simulation:
                 self._decide()
         return self._result()
 
-    def _end_at_least(self, next_s: float) -> float:
-        """A lower bound on the run's end, with roles fixed and no event before `next_s`.
-
-        Training: the tokens no round has taken yet train no faster than on every training
-        cell at once, and every update not started yet follows, one at a time. Rollout: the
-        executions not started yet run no faster than on every slot at once, and the last
-        step's update follows the last of them. Both start no earlier than the next event.
-        """
-        w = self.w
-        updates = w.steps - self.version - (1 if self.in_update else 0)
-        rest_tokens = self.total_tokens - self.trained_tokens - (self.round_tokens if self.in_round else 0)
-        bound = next_s + updates * w.step_overhead_s
-        if self.training:
-            bound += rest_tokens / (len(self.training) * w.tokens_per_s_per_cell)
-        if self.serving and self.started < w.total_executions:
-            rollout = next_s + self.unstarted_s[self.started] / (self.serving * self.slots)
-            bound = max(bound, rollout + w.step_overhead_s)
-        return bound
-
     # -- policy ---------------------------------------------------------------------------------
 
     def view(self) -> ClusterView:
-        if self.ready_view is None:
-            self.ready_view = tuple(self.ready)
-        if self.running_view is None:
-            self.running_view = tuple(sorted((v, n) for v, n in self.running_by_version.items() if n))
-        return ClusterView(
-            now_s=self.now,
-            version=self.version,
-            rollout_cells=self.serving,
-            training_cells=len(self.training) - self.leaving,
-            switching_to_rollout=self.to_rollout,
-            switching_to_training=self.to_training,
-            running=self.serving_running,
-            waiting=len(self.waiting),
-            groups_admitted=self.admitted,
-            queued_groups=self.w.total_groups - self.admitted,
-            running_groups=self.running_view,
-            ready=self.ready_view,
-            step_groups=self.step_groups,
-            step_untrained_tokens=self.pending_tokens + (self.round_tokens if self.in_round else 0),
-            in_overhead=self.in_update,
-            training_starved_since_s=self.starved_since,
-            rollout_cell_s_per_group=(
-                self.finished_duration / self.slots / self.finished_groups if self.finished_groups else None
-            ),
-            training_cell_s_per_group=(
-                self.finished_tokens / self.w.tokens_per_s_per_cell / self.finished_groups
-                if self.finished_groups
-                else None
-            ),
-        )
+        return view_of(self)
 
     def _decide(self) -> None:
         for _ in range(4):
