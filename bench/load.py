@@ -222,7 +222,7 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
     answered: dict[str, int] = {}
     chunks = 0
     try:
-        await _wait_http(url)
+        await _wait_http(url, timeout_s=300)  # a loaded machine imports slowly
         baseline = await engines_alone(
             addresses,
             prompt_ids,
