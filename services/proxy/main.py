@@ -27,7 +27,7 @@ from services.proxy.http_app import build_app
 from services.proxy.model import ServedModel, load_model
 from services.proxy.peers import PeerLink, add_control_routes, pin_middleware
 from services.proxy.pinning import Peers
-from services.proxy.processes import Children, plan_peers
+from services.proxy.processes import Children, plan_peers, shared_socket
 from services.proxy.recorder import Recorder
 from services.proxy.render import ReusableOutput
 from services.proxy.router import Router
@@ -99,19 +99,23 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
         add_control_routes(app, link=link, calls=calls)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    # Several processes share the public port; each has a private one for its peers too.
-    site = web.TCPSite(runner, settings.host, settings.http_port, reuse_port=bool(peers))
-    await site.start()
-    port = runner.addresses[0][1]
-    http_url = f"http://{settings.host}:{port}"
-    if peers:
-        await web.TCPSite(runner, settings.host, int(peers.urls[peers.index].rsplit(":", 1)[1])).start()
-    log.info("proxy_http_listening", url=http_url, model=model.name if model else None, peers=peers)
     workers = [relay.run, recorder.run]
-    if peers and peers.index == 0:
-        children = Children(peers, http_port=port, settings=settings, kernel=kernel)
-        await children.start()
-        workers.append(children.watch)
+    if peers:
+        # The shared port is bound (not yet listening) first, so the others can join it, and
+        # it listens only once they all serve: a /health answer means every process is up.
+        shared = shared_socket(settings.host, settings.http_port)
+        port = shared.getsockname()[1]
+        await web.TCPSite(runner, settings.host, int(peers.urls[peers.index].rsplit(":", 1)[1])).start()
+        if peers.index == 0:
+            children = Children(peers, http_port=port, settings=settings, kernel=kernel)
+            await children.start()
+            workers.append(children.watch)
+        await web.SockSite(runner, shared).start()
+    else:
+        await web.TCPSite(runner, settings.host, settings.http_port).start()
+        port = runner.addresses[0][1]
+    http_url = f"http://{settings.host}:{port}"
+    log.info("proxy_http_listening", url=http_url, model=model.name if model else None, peers=peers)
 
     async def serve_http(stop: asyncio.Event) -> None:
         await stop.wait()

@@ -42,6 +42,17 @@ def plan_peers(host: str, processes: int) -> Peers:
     return Peers(index=0, urls=tuple(f"http://{host}:{p}" for p in ports), secret=secrets.token_hex(16))
 
 
+def shared_socket(host: str, port: int) -> socket.socket:
+    """The API port every proxy process binds (SO_REUSEPORT), bound but not listening yet: the
+    kernel hands connections only to the processes listening on it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
 def settings_env(settings: BaseSettings) -> dict[str, str]:
     """`settings` as the environment that reads them back (its prefix, names upper-cased)."""
     prefix = str(settings.model_config.get("env_prefix", ""))
