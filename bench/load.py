@@ -208,6 +208,7 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
         "GYRE_PROXY_MODEL_NAME": "tiny",
         "GYRE_PROXY_HTTP_PORT": str(http_port),
         "GYRE_LOG_LEVEL": "warning",
+        "GYRE_PROXY_PROCESSES": str(ns.proxies),
     }
     procs = _spawn_engines(
         env, engine_ports, tokens=ns.output_tokens, stop_id=stop_id, interval_s=ns.token_interval_s
@@ -221,7 +222,7 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
     answered: dict[str, int] = {}
     chunks = 0
     try:
-        await _wait_http(url)
+        await _wait_http(url, timeout_s=300)  # a loaded machine imports slowly
         baseline = await engines_alone(
             addresses,
             prompt_ids,
@@ -272,14 +273,14 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
         watcher = asyncio.create_task(watch())
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-        started, cpu_before = time.perf_counter(), _cpu_s(proxy_proc.pid)
+        started, cpu_before = time.perf_counter(), _tree_cpu_s(proxy_proc.pid)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             runs = [session(http, t, e) for t, e in zip(tokens, executions, strict=True)]
             try:
                 await asyncio.wait_for(asyncio.gather(*runs), timeout=ns.timeout_s)
             except TimeoutError:
                 errors.append(f"load phase passed --timeout-s {ns.timeout_s}")
-        load_s, proxy_cpu_s = time.perf_counter() - started, _cpu_s(proxy_proc.pid) - cpu_before
+        load_s, proxy_cpu_s = time.perf_counter() - started, _tree_cpu_s(proxy_proc.pid) - cpu_before
         done.set()
         await watcher
         recorded = await _revoke_all(proxy, executions)
@@ -297,6 +298,7 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
     lost_events = sum(max(0, n - events.get(e, 0)) for e, n in answered.items())
     num_calls = sum(answered.values())
     return {
+        "proxies": ns.proxies,
         "sessions": ns.sessions,
         "sessions_completed": sum(1 for n in answered.values() if n == ns.calls),
         "calls_per_session": ns.calls,
@@ -329,9 +331,43 @@ async def measure(nats_url: str, database_url: str, prefix: str, ns: argparse.Na
     }
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of the proxy and of the proxy processes it started (`--proxies` > 1)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    total = _cpu_s(pid)
+    for child in children:
+        try:
+            total += _cpu_s(int(child))
+        except (OSError, IndexError, ValueError):  # it exited meanwhile
+            pass
+    return total
+
+
 async def main_async(ns: argparse.Namespace) -> dict[str, object]:
-    async with scratch_servers("load") as (nats_url, database_url, prefix):
-        return await measure(nats_url, database_url, prefix, ns)
+    """One run per `--proxies` count, the same load each; calls/s ratios against the first run."""
+    runs: dict[str, dict[str, object]] = {}
+    for i, count in enumerate(ns.proxy_counts):
+        ns.proxies = count
+        # A count given twice (1,2,1,2: interleaved repeats) is keyed by its place too.
+        key = str(count) if str(count) not in runs else f"{count}@{i}"
+        async with scratch_servers("load") as (nats_url, database_url, prefix):
+            runs[key] = await measure(nats_url, database_url, prefix, ns)
+    if len(runs) == 1:
+        return next(iter(runs.values()))
+    first = runs[str(ns.proxy_counts[0])]
+    return {
+        "by_proxies": runs,
+        "calls_per_s_ratio": {
+            k: round(float(r["calls_per_s"]) / max(float(first["calls_per_s"]), 1e-9), 3)  # type: ignore[arg-type]
+            for k, r in runs.items()
+        },
+        "errors": sum(int(r["errors"]) for r in runs.values()),  # type: ignore[call-overload]
+        "lost_calls": sum(int(r["lost_calls"]) for r in runs.values()),  # type: ignore[call-overload]
+        "cpu_cores": os.cpu_count(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,8 +378,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=16, help="tokens per reply")
     parser.add_argument("--token-interval-s", type=float, default=0.1, help="engine pacing per token")
     parser.add_argument("--timeout-s", type=float, default=300, help="bound on each phase")
+    parser.add_argument(
+        "--proxies",
+        default="1",
+        help="proxy processes serving the one address (GYRE_PROXY_PROCESSES); a list such as 1,2"
+        " runs the load once per count and prints calls/s ratios",
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     ns = parser.parse_args(argv)
+    try:
+        ns.proxy_counts = [int(c) for c in ns.proxies.split(",")]
+    except ValueError:
+        ns.proxy_counts = []
+    if not ns.proxy_counts or min(ns.proxy_counts) < 1:
+        parser.error(f"--proxies must be counts >= 1 separated by commas, got {ns.proxies!r}")
     result = asyncio.run(main_async(ns))
     if not ns.json:
         for key, value in result.items():

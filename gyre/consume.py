@@ -47,7 +47,7 @@ from gyre.events import (
     unpack_payload,
 )
 from gyre.logs import bind_ids
-from gyre.metrics import CONSUMER_PENDING, CONSUMER_WAITING, EVENTS_HANDLED
+from gyre.metrics import CONSUMER_PENDING, CONSUMER_WAITING, EVENT_LAG_SECONDS, EVENTS_HANDLED
 from gyre.outages import database_answers, failure_fate, is_outage
 from gyre.settle import APPLIED, Action, Fate, Hold, Limits, Outcome, after_failure, probe_delay_s, settle
 from gyre.tracing import TRACE_HEADERS, continued_from
@@ -185,6 +185,7 @@ class Consumer:
                 if not await self._wait_out(await self.dependencies_away() or ["nats"], []):
                     break
                 continue
+            _observe_lag(self.spec.durable, msgs)
             if self.spec.inbox is not None:
                 await self.handle_batch(msgs)
             else:
@@ -368,3 +369,14 @@ class Consumer:
         await msg.term()
         self.dead_lettered += 1
         log.error("message_dead_lettered", consumer=self.spec.durable, subject=msg.subject, reason=reason)
+
+
+def _observe_lag(consumer: str, msgs: list[Msg]) -> None:
+    """Each fetched message's lag: now minus the time its stream stored it (a redelivery counts
+    again, from the same time: the event waited that long)."""
+    now = time.time()
+    histogram = EVENT_LAG_SECONDS.labels(consumer=consumer)
+    for msg in msgs:
+        stored = msg.metadata.timestamp
+        if stored is not None:
+            histogram.observe(max(0.0, now - stored.timestamp()))

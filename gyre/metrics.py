@@ -61,6 +61,13 @@ OUTBOX_WAIT_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 
+EVENT_LAG_SECONDS = Histogram(
+    "gyre_event_lag_seconds",
+    "From an event's storage in its JetStream stream (its publication) to its fetch by a consumer.",
+    ["consumer"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+
 Reading = Callable[[], float | Mapping[str, float]]
 M = TypeVar("M", bound=message.Message)
 

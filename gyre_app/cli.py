@@ -64,6 +64,14 @@ def up(
         typer.Option(help="mutual TLS between services; embedded NATS and Postgres ask for passwords"),
     ] = False,
     track: Annotated[str | None, typer.Option(help=cli_track.TRACK_HELP)] = None,
+    proxy_processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="proxy processes sharing the one API address, each execution served by one of them",
+        ),
+    ] = 1,
 ) -> None:
     """Start NATS, Postgres (embedded unless configured), every service and the cells."""
     from gyre_app.stack import MODES
@@ -72,7 +80,14 @@ def up(
     if mode not in MODES:
         raise typer.BadParameter(f"must be one of {', '.join(MODES)}, got {mode!r}", param_hint="--mode")
     sinks = cli_track.up_sinks(track)  # refused here, before anything starts
-    state = stack_up(KernelSettings(), metrics=metrics, cells=cells, mode=mode, secure=secure)
+    state = stack_up(
+        KernelSettings(),
+        metrics=metrics,
+        cells=cells,
+        mode=mode,
+        secure=secure,
+        proxy_processes=proxy_processes,
+    )
     tracking = cli_track.start_for_up(sinks)
     print(
         json.dumps(

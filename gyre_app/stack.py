@@ -218,6 +218,7 @@ def up(
     supervise: bool = True,
     secure: bool = False,
     groups_per_step: int = DEMO_GROUPS_PER_STEP,
+    proxy_processes: int = 1,
 ) -> StackState:
     """Start (or find running) servers, services and cells; returns what runs. Idempotent.
 
@@ -323,6 +324,8 @@ def up(
                 if agent_env and name == "runner"
                 else {f"GYRE_{name.upper()}_GROUPS_PER_STEP": str(groups_per_step)}
                 if name in ("scheduler", "trainer")
+                else {"GYRE_PROXY_PROCESSES": str(proxy_processes)}
+                if name == "proxy" and proxy_processes > 1
                 else None
             ),
         )

@@ -143,6 +143,7 @@ async def start_rig(
     num_engines: int = 2,
     token_interval_s: float = 0.0,
     context_window_tokens: int = 0,
+    processes: int = 1,
 ) -> Rig:
     from transformers import AutoTokenizer
 
@@ -150,7 +151,10 @@ async def start_rig(
     await _forget_routes(kernel)
     scripter = Scripter(tokenizer=tokenizer)
     settings = ProxySettings(
-        model_dir=model_dir, model_name="tiny", context_window_tokens=context_window_tokens
+        model_dir=model_dir,
+        model_name="tiny",
+        context_window_tokens=context_window_tokens,
+        processes=processes,
     )
     proxy = await build_proxy(settings, kernel)
     await proxy.host.start()

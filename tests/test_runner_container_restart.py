@@ -19,9 +19,11 @@ from bench.scripted_model import ScriptedModel
 from gyre.common.v1 import ids_pb2
 from gyre.runner.v1 import runner_pb2, runner_pb2_grpc
 from gyre.sandbox.oci import find_engine
+from gyre.sandbox.oci_disk import WorkDisk, sweep_disks
 from gyre.settings import KernelSettings
 from gyre_app.images import DEFAULT_BASE, build_base
 from services.runner.config import RunnerSettings
+from services.runner.container_exec import owner_label
 from services.runner.main import build_with_supervisor
 
 pytestmark = [
@@ -106,6 +108,9 @@ async def test_a_runner_restart_reattaches_a_live_container_and_fails_a_gone_one
             assert ended[gone].state == runner_pb2.EXECUTION_STATE_FAILED, ended[gone]
             assert ended[gone].failure.kind == runner_pb2.EXECUTION_FAILURE_KIND_RUNNER_LOST
             assert "gone" in ended[gone].failure.reason
+            # The gone container's workdir disk is unmounted and deleted, not left behind.
+            assert not WorkDisk(f"gyre-run-{gone}").mounted()
+            assert not WorkDisk(f"gyre-run-{gone}").image.exists()
             assert ended[kept].state == runner_pb2.EXECUTION_STATE_FINISHED, ended[kept]
             workspace = Path(ended[kept].workspace_uri.removeprefix("file://"))
             diff = (workspace / "agent.diff").read_text()
@@ -117,4 +122,6 @@ async def test_a_runner_restart_reattaches_a_live_container_and_fails_a_gone_one
         for eid in (kept, gone):
             rm = [*(find_engine() or []), "rm", "-f", "-t", "0", f"gyre-run-{eid}"]
             await asyncio.to_thread(subprocess.run, rm, capture_output=True)
+        # The kept execution's workspace was never released (no evaluator here): its disk too.
+        await sweep_disks(owner_label(settings.sandbox_root))
         shutil.rmtree(settings.sandbox_root, ignore_errors=True)

@@ -41,6 +41,16 @@ class ProxySettings(BaseSettings):
     """An engine stream with no token for this long is treated as a failed engine: the call moves
     to another engine (recomputing its prefix) and the engine rests. Long enough for a long
     prompt's prefill on a loaded CPU cell; 0 turns the check off."""
+    processes: int = Field(default=1, ge=1, le=64)
+    """Proxy processes serving the HTTP APIs on one port (SO_REUSEPORT), each execution's calls
+    served by one of them (`pinning`): more cores for the proxy's CPU work. The first process
+    starts the others and serves the gRPC API."""
+    process_index: int = Field(default=0, ge=0)
+    """Set by the first process for the ones it starts; leave unset."""
+    peer_urls: str = ""
+    """Set by the first process for the ones it starts (every process's private URL); leave unset."""
+    peer_secret: str = ""
+    """Set by the first process for the ones it starts; leave unset."""
     thread_switch_interval_s: float = Field(default=0.0005, gt=0)
     """How long a worker thread rendering a prompt (the chat template is Python) may hold the GIL
     while the event loop waits for it (Python's default is 5 ms). Every streamed chunk of every

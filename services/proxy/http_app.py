@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from opentelemetry.trace import SpanKind
 
 from gyre.errors import GyreError, InvalidArgument, NotFound, Unavailable
@@ -377,9 +378,17 @@ async def trace_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def build_app(
-    *, calls: Calls, tokens: TokenBook, failed_calls: FailedCalls, max_body_bytes: int
+    *,
+    calls: Calls,
+    tokens: TokenBook,
+    failed_calls: FailedCalls,
+    max_body_bytes: int,
+    pin: Middleware | None = None,
 ) -> web.Application:
-    app = web.Application(middlewares=[trace_middleware, errors_middleware], client_max_size=max_body_bytes)
+    """`pin`: with several proxy processes, the middleware that sends a call to the process
+    serving its execution (`peers.pin_middleware`)."""
+    middlewares: list[Middleware] = [trace_middleware, errors_middleware, *([pin] if pin else [])]
+    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[CALLS_KEY] = calls
     app[TOKENS_KEY] = tokens
     app[FAILED_CALLS_KEY] = failed_calls

@@ -25,6 +25,9 @@ from services.proxy.failed_calls import FailedCalls
 from services.proxy.generation import EnginePool
 from services.proxy.http_app import build_app
 from services.proxy.model import ServedModel, load_model
+from services.proxy.peers import PeerLink, add_control_routes, pin_middleware
+from services.proxy.pinning import Peers
+from services.proxy.processes import Children, plan_peers, shared_socket
 from services.proxy.recorder import Recorder
 from services.proxy.render import ReusableOutput
 from services.proxy.router import Router
@@ -76,40 +79,65 @@ async def build_proxy(settings: ProxySettings, kernel: KernelSettings) -> Proxy:
     )
     recorder.on_lost = calls.forget_lost
     tokens = TokenBook(conns.sessions, cache_s=settings.token_cache_s)
+    peers = _peers(settings)
+    link = PeerLink(peers, tokens) if peers else None
     server = GrpcServer(
         service_names=[proxy_pb2.DESCRIPTOR.services_by_name["ProxyService"].full_name],
         host=settings.host,
         port=settings.port,
     )
     proxy_pb2_grpc.add_ProxyServiceServicer_to_server(
-        ProxyServicer(conns.sessions, relay, calls=calls, tokens=tokens), server.server
+        ProxyServicer(conns.sessions, relay, calls=calls, tokens=tokens, link=link), server.server
     )
-    runner = web.AppRunner(
-        build_app(
-            calls=calls,
-            tokens=tokens,
-            failed_calls=FailedCalls(conns.sessions),
-            max_body_bytes=settings.max_body_bytes,
-        ),
-        access_log=None,
+    app = build_app(
+        calls=calls,
+        tokens=tokens,
+        failed_calls=FailedCalls(conns.sessions),
+        max_body_bytes=settings.max_body_bytes,
+        pin=pin_middleware(link) if link else None,
     )
+    if link:
+        add_control_routes(app, link=link, calls=calls)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.http_port)
-    await site.start()
-    port = runner.addresses[0][1]
+    workers = [relay.run, recorder.run]
+    if peers:
+        # The shared port is bound (not yet listening) first, so the others can join it, and
+        # it listens only once they all serve: a /health answer means every process is up.
+        shared = shared_socket(settings.host, settings.http_port)
+        port = shared.getsockname()[1]
+        await web.TCPSite(runner, settings.host, int(peers.urls[peers.index].rsplit(":", 1)[1])).start()
+        if peers.index == 0:
+            children = Children(peers, http_port=port, settings=settings, kernel=kernel)
+            await children.start()
+            workers.append(children.watch)
+        await web.SockSite(runner, shared).start()
+    else:
+        await web.TCPSite(runner, settings.host, settings.http_port).start()
+        port = runner.addresses[0][1]
     http_url = f"http://{settings.host}:{port}"
-    log.info("proxy_http_listening", url=http_url, model=model.name if model else None)
+    log.info("proxy_http_listening", url=http_url, model=model.name if model else None, peers=peers)
 
     async def serve_http(stop: asyncio.Event) -> None:
         await stop.wait()
         await runner.cleanup()
         await pool.close()
+        if link:
+            await link.close()
         calls.shutdown()
 
-    host = ServiceHost(
-        name=NAME, server=server, connections=conns, workers=[relay.run, recorder.run, serve_http]
-    )
+    host = ServiceHost(name=NAME, server=server, connections=conns, workers=[*workers, serve_http])
     return Proxy(host=host, calls=calls, http_url=http_url)
+
+
+def _peers(settings: ProxySettings) -> Peers | None:
+    """None for a lone proxy; process 0 plans its peers; the others read theirs from settings."""
+    if settings.processes == 1 and not settings.peer_urls:
+        return None
+    if settings.process_index == 0:
+        return plan_peers(settings.host, settings.processes)
+    urls = tuple(settings.peer_urls.split(","))
+    return Peers(index=settings.process_index, urls=urls, secret=settings.peer_secret)
 
 
 def _load_or_none(settings: ProxySettings) -> ServedModel | None:

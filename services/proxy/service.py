@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from services.proxy import repo
 from services.proxy.auth import TokenBook, token_digest
 from services.proxy.calls import Calls
 from services.proxy.drain import drain_cell
+from services.proxy.peers import PeerLink, combine
 from services.proxy.routing import Route
 
 log = structlog.get_logger(__name__)
@@ -50,11 +52,15 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         *,
         calls: Calls,
         tokens: TokenBook,
+        link: PeerLink | None = None,
     ) -> None:
         self.sessions = sessions
         self.relay = relay
         self.calls = calls
         self.tokens = tokens
+        self.link = link
+        """The other proxy processes, when several serve (`peers`): what changes every process's
+        state goes to them too."""
 
     async def _idempotent(
         self,
@@ -128,7 +134,15 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         # Stop the execution's calls here first: the count below must be final, so no call may
         # start after it and every running one must have a durable record by then.
         self.tokens.forget_execution(request.execution_id)
-        cancelled = await self.calls.close(request.execution_id, cancel_in_flight=request.cancel_in_flight)
+        owner = self.link.peers.owner_of(request.execution_id) if self.link else 0
+        if self.link and owner != self.link.peers.index:
+            cancelled = await self.link.close_execution(
+                owner, request.execution_id, cancel_in_flight=request.cancel_in_flight
+            )
+        else:
+            cancelled = await self.calls.close(
+                request.execution_id, cancel_in_flight=request.cancel_in_flight
+            )
 
         async def act(session: AsyncSession) -> tuple[proxy_pb2.RevokeExecutionTokenResponse, list[Message]]:
             revoked = await repo.revoke_tokens(session, request.execution_id, now=datetime.now(UTC))
@@ -172,6 +186,8 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
 
         answer = await self._idempotent("RegisterEngine", request, proxy_pb2.RegisterEngineResponse, act)
         self.calls.router.register(route)
+        if self.link:
+            await self.link.register(route)
         log.info("engine_registered", cell_id=route.cell_id, engine_id=route.engine_id, address=route.address)
         return answer
 
@@ -189,12 +205,18 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         )
         if first is not None:  # answered before: do not drain again (the cell may serve again since)
             return first
-        result = await drain_cell(
-            self.calls,
-            cell_id=request.cell_id,
-            target_cells=tuple(request.target_cell_ids),
-            timeout_s=request.timeout_s,
+        targets = tuple(request.target_cell_ids)
+        local = drain_cell(
+            self.calls, cell_id=request.cell_id, target_cells=targets, timeout_s=request.timeout_s
         )
+        if self.link:  # every process moves the calls it serves
+            here, there = await asyncio.gather(
+                local,
+                self.link.drain(cell_id=request.cell_id, target_cells=targets, timeout_s=request.timeout_s),
+            )
+            result = combine([here, *there])
+        else:
+            result = await local
         answer = proxy_pb2.DrainCellResponse(
             drained=result.drained,
             num_calls_migrated=result.num_migrated,
@@ -227,10 +249,11 @@ class ProxyServicer(proxy_pb2_grpc.ProxyServiceServicer):
         self, request: proxy_pb2.GetRoutingRequest, context: Context
     ) -> proxy_pb2.GetRoutingResponse:
         loads = sorted(self.calls.router.loads(), key=lambda load: (load.route.cell_id, load.route.engine_id))
+        elsewhere = await self.link.loads() if self.link else {}
         routes = []
         for load in loads:
             route = self._route_proto(load.route)
-            route.num_in_flight_calls = load.num_in_flight
+            route.num_in_flight_calls = load.num_in_flight + elsewhere.get(load.route.engine_id, 0)
             routes.append(route)
         return proxy_pb2.GetRoutingResponse(routes=routes)
 

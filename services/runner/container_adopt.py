@@ -69,7 +69,12 @@ async def adopt_running(
     """A running execution's container, re-attached with a new forwarder; None when it is gone
     (the execution then ends as runner lost, an infrastructure fact)."""
     sandbox = adopt_container(settings.sandbox_root, execution_id, backend)
-    if sandbox is None or sandbox.box is None or backend is None or not await sandbox.box.alive():
+    if sandbox is None or sandbox.box is None or backend is None:
+        return None
+    if not await sandbox.box.alive():
+        # Its container is gone, so nothing will close it: its disk would stay mounted for good.
+        if sandbox.box.disk is not None:
+            await sandbox.box.disk.remove()
         return None
     await resume(sandbox, backend, forward, max_connections=settings.limits().max_connections)
     return sandbox

@@ -56,6 +56,7 @@ from services.scheduler.codec import execution_scheduled, task_to_proto
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.live_facts import Queued, load_cluster, load_facts
 from services.scheduler.live_policy import policy_for
+from services.scheduler.metrics import DECISION_SECONDS
 from services.scheduler.policy.liveness import SatelliteRole, misplaced_satellites
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import Decision, PolicyConfig
@@ -92,7 +93,8 @@ class LiveDriver:
         while not stop.is_set():
             self.wake.clear()
             try:
-                await self.decide_once()
+                with DECISION_SECONDS.time():
+                    await self.decide_once()
                 await self.watchdog.check_if_due()
             except grpc.aio.AioRpcError as exc:  # the proxy is away: decide again at the next tick
                 log.warning("driver_proxy_unreachable", error=exc.code().name)

@@ -81,6 +81,27 @@ def cell_roles(facts: LiveFacts, cells: list[CellRecord]) -> None:
             facts.cell_role(cell.cell_id, f"to_{cell.target_role}")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRow:
+    """A task not yet out of the ready pool, as the fold reads it."""
+
+    seq: int
+    task_id: uuid.UUID
+    state: str
+    group_size: int
+    admitted_version: int | None
+    assigned_step: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoneGroups:
+    """The groups out of the ready pool (trained or set aside), summed: all the fold needs of them."""
+
+    count: int = 0
+    duration_s: float = 0.0  # their executions' durations, summed
+    max_group_size: int = 0
+
+
 async def load_facts(
     session: AsyncSession,
     *,
@@ -90,32 +111,84 @@ async def load_facts(
     tokens_per_group: int,
     tokens_per_s_per_cell: float,
 ) -> tuple[LiveFacts, list[Queued]]:
-    """The fold as of now, and the tasks still queued (not admitted), oldest first."""
+    """The fold as of now, and the tasks still queued (not admitted), oldest first.
+
+    Groups out of the ready pool are read as one sum (`GoneGroups`), so a decision reads the
+    tasks still in play, not the run's whole history (thousands of executions per step)."""
     t, e = repo.tasks.c, repo.executions.c
-    tasks = (
-        await session.execute(
-            sa.select(t.seq, t.task_id, t.state, t.group_size, t.admitted_version, t.assigned_step)
-            .where(t.state != "cancelled")
-            .order_by(t.seq)
+    in_play = sa.and_(t.state != "cancelled", t.state.not_in(GONE))
+    tasks = [
+        TaskRow(
+            seq=r.seq,
+            task_id=r.task_id,
+            state=r.state,
+            group_size=r.group_size,
+            admitted_version=r.admitted_version,
+            assigned_step=r.assigned_step,
         )
-    ).all()
+        for r in (
+            await session.execute(
+                sa.select(t.seq, t.task_id, t.state, t.group_size, t.admitted_version, t.assigned_step)
+                .where(in_play)
+                .order_by(t.seq)
+            )
+        ).all()
+    ]
     rows = (
         await session.execute(
             sa.select(e.task_id, e.state, e.duration_s)
             .join(repo.tasks, t.task_id == e.task_id)
-            .where(t.admitted_version.is_not(None), t.state != "cancelled")
+            .where(t.admitted_version.is_not(None), in_play)
         )
     ).all()
-    by_task: dict[uuid.UUID, list[tuple[str, float]]] = {}
+    members: dict[uuid.UUID, list[tuple[str, float]]] = {}
     for row in rows:
-        by_task.setdefault(row.task_id, []).append((row.state, row.duration_s or 0.0))
+        members.setdefault(row.task_id, []).append((row.state, row.duration_s or 0.0))
+    gone_tasks = sa.select(t.task_id, t.group_size).where(t.state.in_(GONE)).subquery()
+    gone = (
+        await session.execute(
+            sa.select(
+                sa.select(sa.func.count()).select_from(gone_tasks).scalar_subquery(),
+                sa.select(sa.func.coalesce(sa.func.max(gone_tasks.c.group_size), 0)).scalar_subquery(),
+                sa.select(sa.func.coalesce(sa.func.sum(e.duration_s), 0.0))
+                .where(e.task_id.in_(sa.select(gone_tasks.c.task_id)))
+                .scalar_subquery(),
+            )
+        )
+    ).one()
+    return fold_facts(
+        tasks,
+        members,
+        gone=GoneGroups(count=gone[0], max_group_size=gone[1], duration_s=float(gone[2])),
+        cluster=cluster,
+        cells=cells,
+        slots_per_cell=slots_per_cell,
+        tokens_per_group=tokens_per_group,
+        tokens_per_s_per_cell=tokens_per_s_per_cell,
+    )
+
+
+def fold_facts(
+    tasks: list[TaskRow],
+    members: dict[uuid.UUID, list[tuple[str, float]]],
+    *,
+    gone: GoneGroups,
+    cluster: Cluster,
+    cells: list[CellRecord],
+    slots_per_cell: int,
+    tokens_per_group: int,
+    tokens_per_s_per_cell: float,
+) -> tuple[LiveFacts, list[Queued]]:
+    """The fold of the tasks in play (in `seq` order, with their executions' states and
+    durations) after the groups already gone (pure)."""
     facts = LiveFacts(
-        total_groups=len(tasks),
-        group_size=max((r.group_size for r in tasks), default=1),
+        total_groups=len(tasks) + gone.count,
+        group_size=max([gone.max_group_size, *(r.group_size for r in tasks)]) or 1,
         slots_per_cell=slots_per_cell,
         tokens_per_s_per_cell=tokens_per_s_per_cell,
     )
     cell_roles(facts, cells)
+    facts.groups_gone(gone.count, duration_s=gone.duration_s, tokens_per_group=tokens_per_group)
     queued: list[Queued] = []
     assigned: list[int] = []
     for task in tasks:
@@ -123,22 +196,20 @@ async def load_facts(
             queued.append(Queued(seq=task.seq, task_id=task.task_id, group_size=task.group_size))
             continue
         facts.version = task.admitted_version
-        members = by_task.get(task.task_id, [])
+        states = members.get(task.task_id, [])
         # Replacements of infrastructure failures are members too: the group waits for them.
-        facts.group_admitted(task.seq, size=max(task.group_size, len(members)))
+        facts.group_admitted(task.seq, size=max(task.group_size, len(states)))
         # A ready group's executions all ended, whatever order the runner's and the trajectory
         # service's streams arrived in (they are not ordered with each other).
-        ready = task.state in ("graded", *GONE)
-        for state, _ in members:
+        ready = task.state == "graded"
+        for state, _ in states:
             if ready or state in STARTED:
                 facts.execution_started()
             if ready or state in ENDED:
                 facts.execution_ended(task.seq)
         if ready:
-            facts.group_ready(task.seq, tokens=tokens_per_group, duration_s=sum(d for _, d in members))
-            if task.state in GONE:
-                facts.ready = [g for g in facts.ready if g.group_id != task.seq]
-            elif task.assigned_step == cluster.version:
+            facts.group_ready(task.seq, tokens=tokens_per_group, duration_s=sum(d for _, d in states))
+            if task.assigned_step == cluster.version:
                 assigned.append(task.seq)
     facts.version = cluster.version
     facts.groups_assigned(assigned)

@@ -96,6 +96,15 @@ class LiveFacts:
         self.finished_duration_s += duration_s
         self.finished_tokens += tokens
 
+    def groups_gone(self, count: int, *, duration_s: float, tokens_per_group: int) -> None:
+        """`count` groups admitted, ready and gone from the pool (trained or set aside) before
+        the facts at hand: what `group_admitted`, their executions and `group_ready` leave of
+        them once they leave the pool, in one step."""
+        self.admitted += count
+        self.finished_groups += count
+        self.finished_duration_s += duration_s
+        self.finished_tokens += count * tokens_per_group
+
     # -- training -------------------------------------------------------------------------------
 
     def groups_assigned(self, group_ids: Iterable[int]) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from services.scheduler.policy.migration import plan_drain
 from services.scheduler.policy.state import ClusterView, Decision, ReadyGroup
+from services.scheduler.sim.end_bound import EndBound, view_of
 from services.scheduler.sim.result import ROLLOUT, SWITCHING, TRAINING, Result, Segment, admitted_by_version
 from services.scheduler.sim.workload import Executions, Workload
 
@@ -45,8 +46,12 @@ class Simulation:
         initial_training: int,
         core_cell: bool,
         trace: bool = False,
+        fixed_roles: bool = False,
     ) -> None:
         self.w, self.x, self.policy, self.trace = workload, executions, policy, trace
+        # A policy that never switches a cell (the fixed splits): `run_within` may then stop a
+        # run by a lower bound on its end, not only once its clock passes the limit.
+        self.fixed_roles = fixed_roles
         self.core_cell = core_cell  # cell 0 holds the optimizer and never leaves training
         self.slots = workload.executions_per_cell
         self.now = 0.0
@@ -75,6 +80,7 @@ class Simulation:
         self.group_version = [0] * g_count
         self.admitted = 0
         self.waiting: deque[int] = deque()  # executions of admitted groups waiting for a slot
+        self.started = 0  # executions start in admission order: 0 .. started-1 have
         self.running_by_version: dict[int, int] = {}
         self.ready: list[ReadyGroup] = []
         # The view's copies of `ready` and `running_by_version`, rebuilt only after they change:
@@ -122,11 +128,18 @@ class Simulation:
         event lies beyond it, and the run ends at an event no earlier): a split sweep then stops
         a split that cannot be its best instead of simulating it to the end."""
         self._decide()
+        # Past this the run is certain to end after `past_s` (the margin keeps a float rounding
+        # in the bound from stopping a run that ties with it).
+        bound_past = past_s + 1e-9 * abs(past_s) + 1e-6
+        # The bound is asked every 16th event: it moves slowly, and asking costs a tenth of one.
+        bound = EndBound(self.w, self.x) if self.fixed_roles and past_s < math.inf else None
+        events = 0
         while self.version < self.w.steps:
             if not self.heap:
                 raise RuntimeError(f"simulation stalled at t={self.now:.1f}s, version {self.version}")
             time_s = self.heap[0][0]
-            if time_s > past_s:
+            events += 1
+            if time_s > past_s or (bound and events % 16 == 0 and bound.at_least(self, time_s) > bound_past):
                 return None
             self.now = time_s
             while self.heap and self.heap[0][0] == time_s:
@@ -148,36 +161,7 @@ class Simulation:
     # -- policy ---------------------------------------------------------------------------------
 
     def view(self) -> ClusterView:
-        if self.ready_view is None:
-            self.ready_view = tuple(self.ready)
-        if self.running_view is None:
-            self.running_view = tuple(sorted((v, n) for v, n in self.running_by_version.items() if n))
-        return ClusterView(
-            now_s=self.now,
-            version=self.version,
-            rollout_cells=self.serving,
-            training_cells=len(self.training) - self.leaving,
-            switching_to_rollout=self.to_rollout,
-            switching_to_training=self.to_training,
-            running=self.serving_running,
-            waiting=len(self.waiting),
-            groups_admitted=self.admitted,
-            queued_groups=self.w.total_groups - self.admitted,
-            running_groups=self.running_view,
-            ready=self.ready_view,
-            step_groups=self.step_groups,
-            step_untrained_tokens=self.pending_tokens + (self.round_tokens if self.in_round else 0),
-            in_overhead=self.in_update,
-            training_starved_since_s=self.starved_since,
-            rollout_cell_s_per_group=(
-                self.finished_duration / self.slots / self.finished_groups if self.finished_groups else None
-            ),
-            training_cell_s_per_group=(
-                self.finished_tokens / self.w.tokens_per_s_per_cell / self.finished_groups
-                if self.finished_groups
-                else None
-            ),
-        )
+        return view_of(self)
 
     def _decide(self) -> None:
         for _ in range(4):
@@ -214,6 +198,7 @@ class Simulation:
         """Start waiting executions, in admission order, in the free slots."""
         while self.waiting and self.serving * self.slots > self.serving_running:
             e = self.waiting.popleft()
+            self.started += 1
             self._host(e, self._fullest_with_room())
             self.exec_start[e] = self.now
             self.exec_end[e] = self.now + self.x.duration_s[e]
@@ -332,6 +317,7 @@ class Simulation:
                 self._switch(cell, ROLLOUT, self.w.training_to_rollout_s)
 
     def _switch(self, cell: int, role: str, duration_s: float) -> None:
+        assert not self.fixed_roles, "a fixed-split policy switched a cell"
         c = self.cells[cell]
         self._close(cell)
         if c.role == ROLLOUT:

@@ -73,5 +73,13 @@ def simulate_within(
 ) -> Result | None:
     """`simulate`, or None once the run is certain to take longer than `past_s`."""
     s = setup(name, w, rollout_cells=rollout_cells)
-    sim = Simulation(w, x, s.policy, initial_training=s.initial_training, core_cell=s.core_cell, trace=trace)
+    sim = Simulation(
+        w,
+        x,
+        s.policy,
+        initial_training=s.initial_training,
+        core_cell=s.core_cell,
+        trace=trace,
+        fixed_roles=name in FIXED_SPLIT,
+    )
     return sim.run_within(past_s)
