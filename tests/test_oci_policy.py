@@ -4,7 +4,9 @@ container's agent user as the harness sees itself (Podman)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +89,34 @@ def test_the_agent_in_a_container_is_an_unprivileged_host_user_without_capabilit
     assert lines[1].split() == ["0", str(USERNS_HOST_BASE), "65536"]  # root inside is no host root
     assert "CapEff:\t0000000000000000" in out and "NoNewPrivs:\t1" in out and "Seccomp:\t2" in out
     assert "USERNS_OK" not in out and "WROTE_USR" not in out and "MOUNTED" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_engine() is None, reason="no container engine (.ci/run installs podman and runc)")
+def test_a_bare_workdir_of_the_image_is_the_containers_own_not_nobodys(tmp_path: Path) -> None:
+    """A Dockerfile's `WORKDIR /app` with nothing after it puts no /app in any layer: Podman made
+    it at start outside the uid map, where not even the container's root could write (Harbor
+    tasks' solutions and diffs failed)."""
+    build_base(DEFAULT_BASE)
+    image = "localhost/gyre-test-bare-workdir:1"
+    (tmp_path / "Containerfile").write_text(f"FROM {DEFAULT_BASE}\nWORKDIR /app\n")
+    engine = find_engine() or []
+    subprocess.run([*engine, "build", "-q", "--network", "none", "-t", image, str(tmp_path)], check=True)
+
+    async def write(workdir: str) -> tuple[int, str]:
+        box = await OciBackend().create(
+            name=f"gyre-policy-{uuid.uuid4().hex[:8]}",
+            image=image,
+            limits=ContainerLimits(memory_mb=256),
+            workdir=workdir,
+        )
+        try:
+            done = await box.exec(
+                ["sh", "-c", "mkdir -p /app && touch /app/made && stat -c %u /app"], timeout_s=60
+            )
+            return done.exit_code, done.output.decode().strip()
+        finally:
+            await box.close()
+
+    for workdir in ("", "/app"):  # the engine's writable root, and the workdir's own disk
+        assert asyncio.run(write(workdir)) == (0, "0"), workdir

@@ -168,6 +168,11 @@ class OciBackend:
             # A real init as pid 1 (the engine's catatonit or tini): it reaps orphans, so a fork
             # bomb's zombies do not hold the pids limit after the harness is killed.
             "--init",
+            # Not the image's WorkingDir: where the image has none in a layer (a Dockerfile's bare
+            # `WORKDIR /app`), Podman 4.3 makes it at start outside the uid map (owned by nobody,
+            # unwritable even by the container's root). Commands name their folder; set-up makes it.
+            "--workdir",
+            "/",
             *engine_security_args(podman=self.podman, seccomp_file=self.seccomp_file()),
             "--cpus",
             f"{limits.cpus:g}",
@@ -235,6 +240,11 @@ class OciBackend:
         box = Container(name=name, engine=self.engine, limits=limits, staged=staged, disk=disk)
         if disk is not None:
             box.storage_base_mb = disk.used_mb()
+        elif workdir:  # not made by the engine (`--workdir /` above); a no-op where the image has it
+            made = await box.exec(["mkdir", "-p", workdir], timeout_s=CLI_TIMEOUT_S)
+            if made.exit_code != 0:
+                await box.close()
+                raise Unavailable(f"container {name}: its workdir {workdir} could not be made")
         return box
 
     async def _attach_disk(self, name: str, workdir: str, limits: ContainerLimits, *, owner: str) -> WorkDisk:
@@ -249,7 +259,8 @@ class OciBackend:
             size_mb = int(base_mb * 1.1) + limits.storage_mb + 4
             disk = await WorkDisk.make(name, size_mb, owner=owner)
             try:
-                await disk.fill_from(source)
+                # No workdir in the image (a bare `WORKDIR`): an empty one, the container root's.
+                await disk.fill_from(source, owner_uid=self.host_uid(0))
             except BaseException:
                 await disk.remove()
                 raise

@@ -113,16 +113,20 @@ class WorkDisk:
     def mounted(self) -> bool:
         return os.path.ismount(self.mount)
 
-    async def fill_from(self, source: Path) -> None:
+    async def fill_from(self, source: Path, *, owner_uid: int) -> None:
         """The image's workdir copied in, owners and modes kept (they are already the container's
-        host uids: `source` is the container's own mounted root)."""
-        if await asyncio.to_thread(os.path.isdir, source):
-            code, out = await _tool("cp", "-a", "--", f"{source}/.", f"{self.mount}/")
-            if code != 0:
-                raise Unavailable(f"the workdir did not fit the disk of {self.name}: {out[-300:]}")
-            st = os.stat(source)
-            os.chown(self.mount, st.st_uid, st.st_gid)
-            os.chmod(self.mount, st.st_mode & 0o7777)
+        host uids: `source` is the container's own mounted root); where the image has none, the
+        empty volume is `owner_uid`'s (the container's root as the host sees it), mode 755."""
+        if not await asyncio.to_thread(os.path.isdir, source):
+            os.chown(self.mount, owner_uid, owner_uid)
+            os.chmod(self.mount, 0o755)
+            return
+        code, out = await _tool("cp", "-a", "--", f"{source}/.", f"{self.mount}/")
+        if code != 0:
+            raise Unavailable(f"the workdir did not fit the disk of {self.name}: {out[-300:]}")
+        st = os.stat(source)
+        os.chown(self.mount, st.st_uid, st.st_gid)
+        os.chmod(self.mount, st.st_mode & 0o7777)
 
     async def remove(self) -> None:
         """Unmount (lazily when something still holds it) and delete; safe to repeat."""

@@ -53,7 +53,7 @@ GIT_LOG = "/tmp/gyre/git-commands.log"
 MAX_DIFF_BYTES = 64 << 20
 STORAGE_POLL_S = 1.0
 ENSURE_REPO = (
-    'cd "$1" && { git rev-parse --git-dir >/dev/null 2>&1 || { git init -q && git add -A && '
+    'mkdir -p "$1" && cd "$1" && { git rev-parse --git-dir >/dev/null 2>&1 || { git init -q && git add -A && '
     "git -c user.email=gyre@localhost -c user.name=gyre commit -q --allow-empty -m base; }; }"
 )
 EXPORT = 'cd "$1" && git add -A >/dev/null 2>&1; git diff --cached --binary "$2"'
