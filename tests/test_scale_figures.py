@@ -4,13 +4,14 @@ agent's shapes, and the live-versus-simulated comparison."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from bench.scale_figures import compare_modes, quantile, rel_err, scaled_workload, shapes
 from gyre.errors import InvalidArgument
 
-WORKLOAD = {
+WORKLOAD: dict[str, Any] = {
     "name": "w",
     "cells": 16,
     "async_rollout_cells": 8,
