@@ -137,12 +137,14 @@ async def run_mode(
             pb.SubmitTasksRequest(request_id=f"scale-{uuid.uuid4().hex[:8]}", tasks=specs)
         )
         steps = 0
+        step_end_s: list[float] = []
         try:
             async with asyncio.timeout(RUN_TIMEOUT_S):
                 while steps < workload.steps:
                     event = await tap.queue.get()
                     if isinstance(event.payload, trainer_events.StepCompleted):
                         steps += 1
+                        step_end_s.append(round(time.monotonic() - started, 2))
         except TimeoutError:
             pass
         finally:
@@ -157,6 +159,7 @@ async def run_mode(
     return {
         "wall_s": round(wall, 2) if steps == workload.steps else None,
         "steps": steps,
+        "step_end_s": step_end_s,
         "executions": agent.count,
         "peak_concurrent_executions": peak[0],
         "calls": calls,
@@ -167,17 +170,20 @@ async def run_mode(
     }
 
 
-def simulate(path: Path) -> tuple[dict[str, float], float]:
-    """Every mode of the scaled workload at `path` (what `gyre sim PATH --json` runs), and the
-    seconds it took."""
+def simulate(path: Path) -> tuple[dict[str, float], dict[str, list[float]], float]:
+    """Every mode of the scaled workload at `path` (what `gyre sim PATH --json` runs): its wall
+    time, when each step ended, and the seconds the simulation took."""
     from services.scheduler.sim.report import compare, run_modes
     from services.scheduler.sim.workload import draw_executions, load_workload
 
     started = time.perf_counter()
     w = load_workload(path)
     x = draw_executions(w)
-    report = compare(w, x, run_modes(w, x))
-    return {name: m["wall_s"] for name, m in report["modes"].items()}, time.perf_counter() - started
+    runs = run_modes(w, x)
+    report = compare(w, x, runs)
+    ends = {name: [round(t, 2) for t in result.step_end_s] for name, (result, _) in runs.items()}
+    walls = {name: m["wall_s"] for name, m in report["modes"].items()}
+    return walls, ends, time.perf_counter() - started
 
 
 async def main_async(
@@ -217,11 +223,12 @@ async def main_async(
                     time_scale=time_scale,
                     metrics_url=metrics_url,
                 )
-        sim_walls, sim_s = simulate(scaled_path)
+        sim_walls, sim_ends, sim_s = simulate(scaled_path)
     sim = {m: sim_walls[m] for m in (*LIVE_MODES, "async_streaming")}
     comparison = compare_modes({m: runs[m]["wall_s"] for m in modes}, sim)
     for mode, run in runs.items():
         comparison["modes"][mode]["run"] = run
+        comparison["modes"][mode]["sim_step_end_s"] = sim_ends.get(mode)
     lags = [r["loop_lag_p99_ms"] for r in runs.values() if r["loop_lag_p99_ms"] is not None]
     return {
         "label": "emulation only: emulated accelerators, a scripted agent as runner and evaluator",
