@@ -3,7 +3,7 @@ EMULATION ONLY: the accelerators are timing models and a scripted agent plays th
 the evaluator).
 
     python -m bench.scale --json [--workload FILE] [--cells N] [--time-scale X]
-        [--modes colocate,async,burst,gyre] [--profile FILE]
+        [--modes colocate,async,burst,gyre] [--profile FILE] [--out DIR]
 
 One workload in the simulator's format (default `bench/scale_workloads/small-16.yaml`) and one
 emulation profile (default `bench/profiles/h100-emulated.yaml`). The profile's costs replace the
@@ -187,7 +187,13 @@ def simulate(path: Path) -> tuple[dict[str, float], dict[str, list[float]], floa
 
 
 async def main_async(
-    *, workload_path: Path, profile: Path, cells: int | None, time_scale: float, modes: list[str]
+    *,
+    workload_path: Path,
+    profile: Path,
+    cells: int | None,
+    time_scale: float,
+    modes: list[str],
+    out: Path | None = None,
 ) -> dict[str, Any]:
     from prometheus_client import start_http_server
 
@@ -205,7 +211,7 @@ async def main_async(
     metrics_url = f"http://127.0.0.1:{port}/metrics"
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="gyre-scale-") as tmp:
-        scaled_path = Path(tmp) / f"{scaled['name']}.yaml"
+        scaled_path = (out or Path(tmp)) / f"{scaled['name']}.yaml"
         scaled_path.write_text(yaml.safe_dump(scaled, sort_keys=False))
         w = load_workload(scaled_path)
         durations = list(draw_executions(w).duration_s)
@@ -244,7 +250,8 @@ async def main_async(
         "control_plane": {m: r["control_plane"] for m, r in runs.items()},
         "loop_lag_p99_ms": max(lags, default=None),
         "emulator_saturated": any(lag >= TICK_S * 1000 for lag in lags),
-        "sim_command": f"gyre sim {scaled_path.name} --json  # the scaled workload, profile costs merged",
+        # The scaled workload, the profile's costs merged (kept only with --out).
+        "sim_command": f"gyre sim {scaled_path if out else scaled_path.name} --json",
         "simulated_in_s": round(sim_s, 2),
         "load_avg_1m": os.getloadavg()[0],
         "cpu_count": os.cpu_count(),
@@ -259,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", type=int, default=None, help="default: the workload's")
     parser.add_argument("--time-scale", type=float, default=20.0)
     parser.add_argument("--modes", default=",".join(LIVE_MODES))
+    parser.add_argument("--out", type=Path, default=None, help="keep the scaled workload here (a folder)")
     ns = parser.parse_args(argv)
     modes = ns.modes.split(",")
     unknown = [m for m in modes if m not in LIVE_MODES]
@@ -268,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cells must be at least 2 (a core and a satellite), got {ns.cells}")
     if not ns.time_scale > 0:
         parser.error(f"--time-scale must be positive, got {ns.time_scale}")
+    if ns.out is not None and not ns.out.is_dir():
+        parser.error(f"--out: no such folder: {ns.out}")
     for name, path in (("--workload", ns.workload), ("--profile", ns.profile)):
         if not path.is_file():
             parser.error(f"{name}: no such file: {path}")
@@ -279,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells=ns.cells,
                 time_scale=ns.time_scale,
                 modes=modes,
+                out=ns.out,
             )
         )
     except GyreError as exc:
